@@ -1,0 +1,24 @@
+"""Stage zero_shot_eval: evaluate the base model on the eval tasks (data/eval/zero_shot)."""
+
+from __future__ import annotations
+
+import sys
+
+from components.common import parser, run
+from longturn.evaluation import evaluate_model
+
+
+def body(args, params) -> None:
+    evaluate_model(args.model_dir, params, args.out, policy_version=args.policy_version)
+
+
+def main(argv=None) -> int:
+    p = parser(__doc__)
+    p.add_argument("--model-dir", default="data/models/base")
+    p.add_argument("--out", default="data/eval/zero_shot")
+    p.add_argument("--policy-version", default="base", help="label stored in every row")
+    return run("zero_shot_eval", body, p, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

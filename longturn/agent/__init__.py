@@ -1,0 +1,1 @@
+"""Prompt construction and the agent's history window."""

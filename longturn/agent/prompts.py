@@ -1,0 +1,117 @@
+"""Chat prompts for one turn: instructions, the history window, the current observation.
+
+The prompt is rendered with the model's own chat template. When it exceeds the token budget the
+oldest history turns are dropped first (and the caller is told how many); if the current turn alone
+does not fit, `PromptTooLong` is raised. A prompt is never cut in the middle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from longturn.agent.memory import HistoryEntry
+from longturn.envs.base import Instructions
+
+EMPTY_VIEW = "(nothing noteworthy in view)"
+
+
+class PromptTooLong(ValueError):
+    """The current observation with the instructions does not fit `max_prompt_tokens`."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A rendered prompt: token ids for the engine, text for people, what history it kept."""
+
+    ids: list[int]
+    text: str
+    history_used: int
+    history_dropped: int
+
+
+def system_prompt(instructions: Instructions) -> str:
+    """Actions with descriptions and tips. The goal is not here but in each current turn, so the
+    system prompt and the worked example form a prefix shared by every prompt of the env family
+    (engines compute it once per batch)."""
+    actions = ",\n".join(f"{name}: {desc}" for name, desc in instructions.actions.items())
+    parts = [
+        "You are an agent in a text game. Each turn you are given your goal and what you "
+        "observe. These are the actions you can take, each with a short description:",
+        actions + ".",
+        "After each action you receive an observation describing what you see.",
+    ]
+    if instructions.tips:
+        parts.append("Tips:\n" + "\n".join(f"- {tip}" for tip in instructions.tips))
+    parts.append("PLAY!")
+    return "\n\n".join(parts)
+
+
+def answer_format(instructions: Instructions) -> str:
+    """The THINK/ACTION instruction appended to the current observation."""
+    names = ", ".join(instructions.actions)
+    return (
+        "Answer in exactly this format:\n"
+        "THINK: <one short sentence of reasoning>\n"
+        f"ACTION: <exactly one of: {names}>"
+    )
+
+
+def _view(text: str) -> str:
+    return text if text.strip() else EMPTY_VIEW
+
+
+def _current(instructions: Instructions, goal: str, observation: str) -> str:
+    return (f"Your goal: {goal}.\nCurrent observation:\n{_view(observation)}\n\n"
+            + answer_format(instructions))
+
+
+def build_messages(
+    instructions: Instructions, history: list[HistoryEntry], observation: str,
+    demonstration: bool = True,
+) -> list[dict[str, str]]:
+    """System, the env's worked example (if any and wanted), past observations / replies, then the
+    goal and current observation with the answer format."""
+    messages = [{"role": "system", "content": system_prompt(instructions)}]
+    if demonstration and instructions.demonstration:
+        demo_goal, demo_obs, demo_reply = instructions.demonstration
+        messages.append({"role": "user", "content": _current(instructions, demo_goal, demo_obs)})
+        messages.append({"role": "assistant", "content": demo_reply})
+    for entry in history:
+        messages.append({"role": "user", "content": "Observation:\n" + _view(entry.observation)})
+        messages.append({"role": "assistant", "content": entry.reply})
+    messages.append({"role": "user", "content": _current(instructions, instructions.goal, observation)})
+    return messages
+
+
+def history_reply(
+    output: str, action: str, valid: bool,
+    content: Literal["output", "action"], invalid: Literal["default_action", "raw_output"],
+) -> str:
+    """What the model sees of its own past turn: its output, or just the action it executed."""
+    if content == "action" or (not valid and invalid == "default_action"):
+        return f"ACTION: {action}"
+    return output
+
+
+def render(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[str, list[int]]:
+    """Chat-template text (with the assistant header) and its token ids."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return text, tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def build_prompt(
+    tokenizer: Any, instructions: Instructions, history: list[HistoryEntry],
+    observation: str, max_prompt_tokens: int, demonstration: bool = True,
+) -> Prompt:
+    """Render within budget, dropping the oldest history turns first."""
+    for dropped in range(len(history) + 1):
+        kept = history[dropped:]
+        messages = build_messages(instructions, kept, observation, demonstration)
+        text, ids = render(tokenizer, messages)
+        if len(ids) <= max_prompt_tokens:
+            return Prompt(ids, text, len(kept), dropped)
+    raise PromptTooLong(
+        f"the prompt for the current observation alone is {len(ids)} tokens, over "
+        f"prompt.max_prompt_tokens={max_prompt_tokens}; raise the budget or shorten the instructions"
+    )

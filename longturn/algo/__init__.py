@@ -1,0 +1,1 @@
+"""RL algorithms: dual-discount GAE, PPO losses, the DeepSpeed trainer."""

@@ -1,0 +1,141 @@
+"""Typed parameters: one pydantic model per params.yaml section.
+
+Stage scripts call `load_params(path)`; library code receives the validated models, never the file.
+An unknown key, a wrong type or an impossible value raises `ParamsError` naming the dotted key, before
+any work starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class Section(BaseModel):
+    """Base for every section: unknown keys are errors, values are checked on assignment too."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+class ModelParams(Section):
+    """Which weights to start from: the embedded SmolLM2 or a path to a Hugging Face directory."""
+
+    source: str = "smollm2-135m-instruct"
+    dtype: Literal["float32", "bfloat16"] = "bfloat16"
+
+
+class SamplingSection(Section):
+    """Sampling for generation; RL needs the untruncated distribution (top_k 0, top_p 1)."""
+
+    max_new_tokens: int = Field(64, ge=1)
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0)
+
+
+class EngineParams(Section):
+    """Generation backend, looked up by name in the engine registry."""
+
+    name: str = "hf"
+    batch_size: int = Field(16, ge=1)
+    sampling: SamplingSection = SamplingSection()
+
+
+class EnvParams(Section):
+    """Environment family, its tasks and the invalid-action rule."""
+
+    name: str = "babyai"
+    tasks: list[str] = Field(default_factory=lambda: ["goto"], min_length=1)
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    invalid_action_penalty: float = Field(0.1, ge=0.0)
+    max_turns: int | None = Field(None, ge=1)
+
+
+class PromptParams(Section):
+    """How a turn's prompt is assembled from instructions, the history window and the observation."""
+
+    history_turns: int = Field(1, ge=0)
+    history_content: Literal["output", "action"] = "output"
+    invalid_in_history: Literal["default_action", "raw_output"] = "default_action"
+    max_prompt_tokens: int = Field(1024, ge=16)
+    demonstration: bool = True  # show the env's worked example exchange before the history
+
+
+class EvalParams(Section):
+    """Zero-shot and final evaluation: episodes per task, lock-step envs, sampling."""
+
+    tasks: list[str] | None = None
+    episodes_per_task: int = Field(8, ge=1)
+    parallel_envs: int = Field(8, ge=1)
+    seed: int = Field(1000, ge=0)
+    temperature: float | None = Field(None, ge=0.0)
+
+
+class ValidationParams(Section):
+    """Prompt validation: samples per task and the gate on the valid-action ratio."""
+
+    samples_per_task: int = Field(16, ge=1)
+    min_valid_action_ratio: float = Field(0.3, ge=0.0, le=1.0)
+    seed: int = Field(2000, ge=0)
+
+
+class Params(Section):
+    """The whole params.yaml."""
+
+    seed: int = Field(0, ge=0)
+    model: ModelParams = ModelParams()
+    env: EnvParams = EnvParams()
+    prompt: PromptParams = PromptParams()
+    engine: EngineParams = EngineParams()
+    eval: EvalParams = EvalParams()
+    validation: ValidationParams = ValidationParams()
+
+    @model_validator(mode="after")
+    def _eval_tasks_default_to_env_tasks(self) -> "Params":
+        if self.eval.tasks is None:
+            self.eval.tasks = list(self.env.tasks)
+        return self
+
+
+class ParamsError(ValueError):
+    """Bad parameters; the message names the file and the dotted key."""
+
+
+def _describe(err: ValidationError, source: str) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "<root>"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"{source}: unknown key '{key}'")
+        else:
+            got = e.get("input")
+            shown = repr(got) if not isinstance(got, dict) else "a mapping"
+            lines.append(f"{source}: key '{key}': {e['msg']} (got {shown})")
+    return "\n".join(lines)
+
+
+def parse_params(data: dict[str, Any] | None, source: str = "params") -> Params:
+    """Validate an already-loaded mapping."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ParamsError(f"{source}: top level must be a mapping, got {type(data).__name__}")
+    try:
+        return Params.model_validate(data)
+    except ValidationError as err:
+        raise ParamsError(_describe(err, source)) from None
+
+
+def load_params(path: str | Path) -> Params:
+    """Read and validate a params YAML file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ParamsError(f"params file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ParamsError(f"{path}: not valid YAML: {err}") from None
+    return parse_params(data, str(path))

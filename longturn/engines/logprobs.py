@@ -1,0 +1,122 @@
+"""Per-token logprobs of responses under a causal LM, from one plain forward pass.
+
+The engine's behaviour logprobs, the trainer's old/ref logprobs and the training loss all use this
+one layout, so the numbers agree up to kernel noise (~1e-6 in float32).
+
+Layout ("middle aligned"): prompts are LEFT-padded so they all end at the same column P, responses
+start at P and are RIGHT-padded. Position ids follow the attention mask
+(`(mask.cumsum(-1) - 1).clamp(min=0)`), so padding on either side changes nothing for the real
+tokens, and only the logits of columns P-1 .. P+R-2 are projected onto the vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class PackedBatch:
+    """Token tensors for a batch of (prompt, response) pairs in the middle-aligned layout."""
+
+    input_ids: torch.Tensor  # [B, P + R] long
+    attention_mask: torch.Tensor  # [B, P + R] long
+    position_ids: torch.Tensor  # [B, P + R] long
+    response_ids: torch.Tensor  # [B, R] long, pad_id where masked
+    response_mask: torch.Tensor  # [B, R] bool
+    prompt_width: int  # P
+
+
+def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids that ignore padding: 0 at each sequence's first real token."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def pack_prompt_response(
+    prompt_ids: list[list[int]],
+    response_ids: list[list[int]],
+    pad_id: int = 0,
+    device: str | torch.device = "cpu",
+) -> PackedBatch:
+    """Left-pad prompts to a common end column, right-pad responses after it."""
+    if len(prompt_ids) != len(response_ids):
+        raise ValueError(f"{len(prompt_ids)} prompts but {len(response_ids)} responses")
+    if any(len(p) == 0 for p in prompt_ids):
+        raise ValueError("every prompt needs at least one token")
+    width_p = max(len(p) for p in prompt_ids)
+    width_r = max((len(r) for r in response_ids), default=0)
+    rows, masks = [], []
+    for prompt, response in zip(prompt_ids, response_ids):
+        left, right = width_p - len(prompt), width_r - len(response)
+        rows.append([pad_id] * left + list(prompt) + list(response) + [pad_id] * right)
+        masks.append([0] * left + [1] * (len(prompt) + len(response)) + [0] * right)
+    input_ids = torch.tensor(rows, dtype=torch.long, device=device)
+    attention_mask = torch.tensor(masks, dtype=torch.long, device=device)
+    return PackedBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=positions_from_mask(attention_mask),
+        response_ids=input_ids[:, width_p:],
+        response_mask=attention_mask[:, width_p:].bool(),
+        prompt_width=width_p,
+    )
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """log_softmax(logits)[token] in float32, without materialising the full log-softmax."""
+    logits = logits.float()
+    picked = logits.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+def response_logits(model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
+    """Raw logits [B, R, V] predicting each response token (grad follows torch's grad mode)."""
+    width_r = batch.response_ids.shape[1]
+    out = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        use_cache=False,
+        logits_to_keep=width_r + 1,
+    )
+    return out.logits[:, :-1, :]
+
+
+def response_logprobs_tensor(
+    model: torch.nn.Module,
+    prompt_ids: list[list[int]],
+    response_ids: list[list[int]],
+    pad_id: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Padded [B, R] float32 logprobs of each response token, and its bool mask (for training).
+
+    Masked entries are 0. Gradients flow when called with grad enabled.
+    """
+    device = next(model.parameters()).device
+    batch = pack_prompt_response(prompt_ids, response_ids, pad_id, device)
+    if batch.response_ids.shape[1] == 0:
+        empty = torch.zeros(len(prompt_ids), 0, device=device)
+        return empty, empty.bool()
+    logprobs = token_logprobs(response_logits(model, batch), batch.response_ids)
+    return logprobs.masked_fill(~batch.response_mask, 0.0), batch.response_mask
+
+
+def forward_logprobs(
+    model: torch.nn.Module,
+    prompt_ids: list[list[int]],
+    response_ids: list[list[int]],
+    batch_size: int | None = None,
+    pad_id: int = 0,
+) -> list[list[float]]:
+    """Per-sequence lists of response-token logprobs (inference mode, micro-batched if asked)."""
+    size = batch_size or max(len(prompt_ids), 1)
+    result: list[list[float]] = []
+    with torch.inference_mode():
+        for start in range(0, len(prompt_ids), size):
+            prompts = prompt_ids[start : start + size]
+            responses = response_ids[start : start + size]
+            logprobs, _ = response_logprobs_tensor(model, prompts, responses, pad_id)
+            rows = logprobs.cpu().tolist()
+            result.extend(row[: len(resp)] for row, resp in zip(rows, responses))
+    return result

@@ -1,0 +1,92 @@
+"""Prefill of one left-padded micro-batch, computing a shared token prefix only once.
+
+Agent prompts of a batch start with the same system prompt and worked example (~300 of ~450
+tokens), and on CPU the prefill dominates generation. So the common prefix is run once at batch
+size 1, its KV cache repeated to the batch, and only the distinct suffixes are run batched.
+Cache and mask afterwards: `[prefix][left pad of the suffixes][suffixes]`, mask 0 only on the
+pads. Positions follow the mask, so every real token sits at the same position as in a plain
+left-padded prefill and the logits match it up to kernel noise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from longturn.engines.logprobs import positions_from_mask
+
+MIN_SHARED_PREFIX = 16  # below this the second forward call costs more than it saves
+
+
+@dataclass
+class Prefill:
+    """State the decode loop starts from."""
+
+    cache: object  # transformers Cache holding every column of `mask`
+    logits: torch.Tensor  # [B, V] raw logits after each prompt's last token
+    mask: torch.Tensor  # [B, K] long attention mask over the cached columns
+    next_pos: torch.Tensor  # [B] position id of each row's first new token
+
+
+def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device):
+    """(input_ids, attention_mask) with every prompt ending in the last column."""
+    width = max(len(p) for p in prompts)
+    ids = [[pad_id] * (width - len(p)) + list(p) for p in prompts]
+    mask = [[0] * (width - len(p)) + [1] * len(p) for p in prompts]
+    as_tensor = lambda rows: torch.tensor(rows, dtype=torch.long, device=device)  # noqa: E731
+    return as_tensor(ids), as_tensor(mask)
+
+
+def shared_prefix_length(prompts: list[list[int]], minimum: int = MIN_SHARED_PREFIX) -> int:
+    """Tokens worth computing once: the longest common prefix, cut back so every prompt keeps at
+    least one token of its own (its last-token logits come from the suffix pass); 0 when that is
+    under `minimum` or there is nothing to share with."""
+    if len(prompts) < 2:
+        return 0
+    common = 0
+    for column in zip(*prompts):
+        if any(token != column[0] for token in column):
+            break
+        common += 1
+    cut = min(common, min(len(p) for p in prompts) - 1)
+    return cut if cut >= minimum else 0
+
+
+def plain_prefill(
+    model: torch.nn.Module, prompts: list[list[int]], pad_id: int, device: torch.device
+) -> Prefill:
+    """Every prompt left-padded into one batched forward."""
+    input_ids, mask = left_pad(prompts, pad_id, device)
+    positions = positions_from_mask(mask)
+    out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                use_cache=True, logits_to_keep=1)
+    return Prefill(out.past_key_values, out.logits[:, -1, :], mask, positions[:, -1] + 1)
+
+
+def shared_prefill(
+    model: torch.nn.Module, prompts: list[list[int]], cut: int, pad_id: int, device: torch.device
+) -> Prefill:
+    """The first `cut` tokens (identical in all prompts) once, then the suffixes batched on top."""
+    prefix = torch.tensor([prompts[0][:cut]], dtype=torch.long, device=device)
+    out = model(input_ids=prefix, position_ids=torch.arange(cut, device=device)[None],
+                use_cache=True, logits_to_keep=1)
+    cache = out.past_key_values
+    cache.batch_repeat_interleave(len(prompts))  # real copies: rows can be dropped later
+    suffix_ids, suffix_mask = left_pad([p[cut:] for p in prompts], pad_id, device)
+    mask = torch.cat([suffix_mask.new_ones(len(prompts), cut), suffix_mask], dim=-1)
+    positions = positions_from_mask(mask)[:, cut:]
+    out = model(input_ids=suffix_ids, attention_mask=mask, position_ids=positions,
+                past_key_values=cache, use_cache=True, logits_to_keep=1)
+    return Prefill(out.past_key_values, out.logits[:, -1, :], mask, positions[:, -1] + 1)
+
+
+def prefill(
+    model: torch.nn.Module, prompts: list[list[int]], pad_id: int, device: torch.device,
+    share_prefix: bool = True,
+) -> Prefill:
+    """Shared-prefix prefill where the batch has a long enough common prefix, else plain."""
+    cut = shared_prefix_length(prompts) if share_prefix else 0
+    if cut:
+        return shared_prefill(model, prompts, cut, pad_id, device)
+    return plain_prefill(model, prompts, pad_id, device)

@@ -1,0 +1,36 @@
+"""Engine lookup by name, so stage scripts never switch on the backend."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from longturn.config import Params
+from longturn.engines.base import Engine, SamplingParams
+
+
+def _hf(model_dir: str, params: Params) -> Engine:
+    from longturn.engines.hf import HFEngine
+
+    return HFEngine(model_dir, dtype=params.model.dtype, batch_size=params.engine.batch_size)
+
+
+ENGINES: dict[str, Callable[[str, Params], Engine]] = {"hf": _hf}
+
+
+def make_engine(model_dir: str, params: Params) -> Engine:
+    """The engine named by `engine.name`, serving the weights in `model_dir`."""
+    try:
+        factory = ENGINES[params.engine.name]
+    except KeyError:
+        raise ValueError(f"engine.name {params.engine.name!r} is not one of {sorted(ENGINES)}") from None
+    return factory(model_dir, params)
+
+
+def sampling_from_params(params: Params, seed: int, temperature: float | None = None) -> SamplingParams:
+    """The engine.sampling section as SamplingParams, with a seed and an optional temperature."""
+    s = params.engine.sampling
+    return SamplingParams(
+        max_new_tokens=s.max_new_tokens,
+        temperature=s.temperature if temperature is None else temperature,
+        top_p=s.top_p, top_k=s.top_k, seed=seed,
+    )

@@ -1,0 +1,113 @@
+"""BabyAI-Text as a longturn `TextEnv`: MixedTrainLocal levels, described in English, driven by action names.
+
+Mirrors BALROG/Verlog's language wrapper (SPEC_babyai_text.md §5, §8) but keeps rewards raw:
+binarisation and format penalties belong to the training code, not the env.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from longturn.envs.babyai.describe import describe, observation_text
+from longturn.envs.babyai.level import TASKS, MixedTrainLocalLevel
+from longturn.envs.base import Instructions, Observation
+
+# Language action -> Verlog description; the index in this order is the minigrid action int.
+ACTION_DESCRIPTIONS: dict[str, str] = {
+    "turn left": "turn to the left",
+    "turn right": "turn to the right",
+    "go forward": "take one step forward",
+    "pick up": "pick up the object one step in front of you",
+    "drop": "drop the object that you are holding",
+    "toggle": "manipulate the object one step in front of you",
+}
+
+# Not a real level state: it only shows the answer format on a made-up observation.
+DEMONSTRATION = (
+    "go to the blue box",
+    "a wall 2 steps left\na blue box 1 step right and 3 steps forward",
+    "THINK: The blue box is ahead and a little to my right, so I move forward first.\n"
+    "ACTION: go forward",
+)
+
+TIPS: tuple[str, ...] = (
+    "Once the desired object you want to interact or pickup in front of you, "
+    "you can use the 'toggle' action to interact with it.",
+    "It doesn't make sense to repeat the same action over and over if the observation doesn't change.",
+)
+
+
+@lru_cache(maxsize=1)
+def load_synonyms() -> dict[str, str]:
+    """Alias table shipped next to this module (package data)."""
+    text = resources.files(__package__).joinpath("synonyms.yaml").read_text(encoding="utf-8")
+    return {str(k): str(v) for k, v in (yaml.safe_load(text) or {}).items()}
+
+
+class BabyAITextEnv:
+    """One MixedTrainLocal task kind; observations are the original BabyAI-Text lines."""
+
+    name = "babyai"
+    default_action = "go forward"
+
+    def __init__(
+        self,
+        task: str,
+        num_dists: int = 0,
+        max_steps: int | None = None,
+        image: bool = False,
+    ) -> None:
+        if task not in TASKS:
+            raise ValueError(f"unknown BabyAI task {task!r}; valid tasks: {', '.join(TASKS)}")
+        self.task = task
+        self.actions: list[str] = list(ACTION_DESCRIPTIONS)
+        self.synonyms: dict[str, str] = dict(load_synonyms())
+        self.image = image
+        self._level = MixedTrainLocalLevel(task, num_dists=num_dists, max_steps=max_steps)
+        self._mission = ""
+        self._started = False
+
+    @property
+    def unwrapped(self) -> MixedTrainLocalLevel:
+        """The minigrid level (for bots, rendering and tests)."""
+        return self._level
+
+    @property
+    def instructions(self) -> Instructions:
+        return Instructions(goal=self._mission, actions=dict(ACTION_DESCRIPTIONS), tips=list(TIPS),
+                            demonstration=DEMONSTRATION)
+
+    def reset(self, seed: int | None = None) -> tuple[Observation, dict[str, Any]]:
+        self._level.reset(seed=seed)
+        self._mission = self._level.mission
+        self._started = True
+        lines = describe(self._level)
+        info = {"mission": self._mission, "descriptions": lines, "max_steps": self._level.max_steps}
+        return self._observation(lines), info
+
+    def step(self, action: str) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
+        if action not in ACTION_DESCRIPTIONS:
+            raise ValueError(f"invalid BabyAI action {action!r}; allowed: {self.actions}")
+        if not self._started:
+            raise RuntimeError("call reset() before step()")
+        _, reward, terminated, truncated, _ = self._level.step(self.actions.index(action))
+        lines = describe(self._level)
+        info = {
+            "success": bool(terminated and reward > 0),
+            "descriptions": lines,
+            "mission": self._mission,
+            "max_steps": self._level.max_steps,
+            "step_count": self._level.step_count,
+        }
+        return self._observation(lines), float(reward), bool(terminated), bool(truncated), info
+
+    def close(self) -> None:
+        self._level.close()
+
+    def _observation(self, lines: list[str]) -> Observation:
+        image = self._level.get_pov_render(tile_size=16) if self.image else None
+        return Observation(text=observation_text(lines), image=image)

