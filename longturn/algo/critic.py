@@ -1,0 +1,129 @@
+"""The critic: an LM backbone (no LM head) plus a scalar value head, scored per response position.
+
+The critic shares the actor's token layout (engines/logprobs.py: prompts left-padded to a common end
+column P, responses right-padded after it), so ``values[k]`` lines up with the logprob of response
+token k: both are read from the hidden state of the token *preceding* token k, i.e. columns
+P-1 .. P+R-2. ``values[0]`` is therefore V(state) at the last prompt token (DESIGN.md §1, §4).
+
+On disk a critic is a plain HF dir of the backbone (``AutoModel`` loads it) plus
+``value_head.safetensors``; a causal-LM dir without that file also loads, with a fresh head,
+which is how the critic is "initialised from the base model".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import AutoModel
+
+from longturn.algo.lora import merged_model
+from longturn.engines.logprobs import pack_prompt_response
+
+VALUE_HEAD_FILE = "value_head.safetensors"
+
+
+class ValueModel(nn.Module):
+    """Backbone hidden states -> float32 scalar value per position."""
+
+    def __init__(self, backbone: nn.Module, head_std: float = 0.0) -> None:
+        """``head_std`` 0 (default) gives a zero head: V ≡ 0 at start, so an untrained critic adds
+        no noise to the first advantages and the warm-up starts from a neutral baseline (the head
+        weight still gets gradients: they are the hidden states)."""
+        super().__init__()
+        self.backbone = backbone
+        hidden = int(_base_config(backbone).hidden_size)
+        self.value_head = nn.Linear(hidden, 1, dtype=torch.float32)
+        if head_std > 0:
+            nn.init.normal_(self.value_head.weight, std=head_std)
+        else:
+            nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Values [B, T] in float32 (the head runs in its own dtype, float32 unless cast)."""
+        out = self.backbone(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+        )
+        hidden = out.last_hidden_state
+        return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1).float()
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model_dir: str | Path,
+        dtype: torch.dtype = torch.float32,
+        head_std: float = 0.0,
+    ) -> ValueModel:
+        """Load the backbone (base model part of any causal-LM dir) and the head if saved."""
+        backbone = AutoModel.from_pretrained(str(model_dir), dtype=dtype)
+        model = cls(backbone, head_std=head_std)
+        head_path = Path(model_dir) / VALUE_HEAD_FILE
+        if head_path.is_file():
+            state = load_file(str(head_path))
+            model.value_head.load_state_dict({k: v.float() for k, v in state.items()})
+        return model
+
+    def save_pretrained(self, out_dir: str | Path, tokenizer: Any | None = None) -> Path:
+        """Write a plain HF backbone dir (LoRA merged in) + value head (+ tokenizer files)."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        merged_model(self.backbone).save_pretrained(out)
+        head = self.value_head.state_dict()
+        state = {k: v.detach().float().cpu().contiguous() for k, v in head.items()}
+        tmp = out / f".{VALUE_HEAD_FILE}.tmp"
+        save_file(state, str(tmp))
+        tmp.replace(out / VALUE_HEAD_FILE)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(out)
+        return out
+
+
+def _base_config(backbone: nn.Module) -> Any:
+    """The text config of a (possibly peft-wrapped) backbone."""
+    config = backbone.config
+    return getattr(config, "text_config", None) or config
+
+
+def _device(module: nn.Module) -> torch.device:
+    return next(module.parameters()).device
+
+
+def response_values(
+    critic: ValueModel,
+    prompt_ids: list[list[int]],
+    response_ids: list[list[int]],
+    pad_id: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """values [B, R] (V before emitting each response token) and its bool mask [B, R].
+
+    Masked entries are 0. Gradients flow when called with grad enabled.
+    """
+    device = _device(critic)
+    batch = pack_prompt_response(prompt_ids, response_ids, pad_id, device)
+    width_p, width_r = batch.prompt_width, batch.response_ids.shape[1]
+    if width_r == 0:
+        empty = torch.zeros(len(prompt_ids), 0, device=device)
+        return empty, empty.bool()
+    values = critic(batch.input_ids, batch.attention_mask, batch.position_ids)
+    values = values[:, width_p - 1 : width_p + width_r - 1]
+    return values.masked_fill(~batch.response_mask, 0.0), batch.response_mask
+
+
+def state_values(critic: ValueModel, prompt_ids: list[list[int]], pad_id: int = 0) -> torch.Tensor:
+    """V(state) [B] at the last prompt token: bootstraps the next observation at a segment end."""
+    device = _device(critic)
+    batch = pack_prompt_response(prompt_ids, [[] for _ in prompt_ids], pad_id, device)
+    values = critic(batch.input_ids, batch.attention_mask, batch.position_ids)
+    return values[:, -1]

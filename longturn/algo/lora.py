@@ -1,0 +1,72 @@
+"""Optional LoRA for the actor (causal LM) and the critic (ValueModel backbone), via peft.
+
+Saved checkpoints are always plain HF dirs with the LoRA update merged in, so inference engines
+(transformers, SGLang) and the next stage load them without peft.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+
+def apply_lora(
+    model: nn.Module,
+    r: int = 8,
+    alpha: float = 16.0,
+    dropout: float = 0.0,
+    target_modules: list[str] | str | None = "all-linear",
+) -> nn.Module:
+    """Freeze the base weights and add trainable LoRA adapters; returns the model to train.
+
+    A causal LM comes back as a ``PeftModelForCausalLM`` (same forward signature). A ValueModel is
+    returned itself, its ``backbone`` wrapped in place: the value head stays fully trainable, since
+    a fresh head has nothing a low-rank update could build on. ``"all-linear"`` targets every
+    linear layer except the LM output layer.
+    """
+    from peft import LoraConfig, TaskType, get_peft_model
+
+    from longturn.algo.critic import ValueModel  # local: critic imports this module
+
+    is_critic = isinstance(model, ValueModel)
+    config = LoraConfig(
+        r=r,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=target_modules,
+        task_type=None if is_critic else TaskType.CAUSAL_LM,
+    )
+    if not is_critic:
+        return get_peft_model(model, config)
+    model.backbone = get_peft_model(model.backbone, config)
+    for param in model.value_head.parameters():
+        param.requires_grad_(True)
+    return model
+
+
+def merged_model(model: nn.Module) -> nn.Module:
+    """A plain transformers model with LoRA folded in; the model itself when it has no LoRA.
+
+    Merges into a deep copy (peft's own ``merge_and_unload``, so every LoRA variant is handled
+    exactly) instead of merge/unmerge in place, which would leave round-off in the trained base
+    weights after every save (bad in bf16). Costs one extra copy of the weights while saving.
+    """
+    from peft import PeftModel
+
+    if not isinstance(model, PeftModel):
+        return model
+    merged = copy.deepcopy(model).merge_and_unload()
+    return merged
+
+
+def merge_and_save(model: nn.Module, out_dir: str | Path, tokenizer: Any | None = None) -> Path:
+    """Save the actor as a plain HF dir that ``AutoModelForCausalLM`` (or an engine) loads."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    merged_model(model).save_pretrained(out)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+    return out
