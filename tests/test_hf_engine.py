@@ -256,7 +256,9 @@ def test_prefix_sharing_matches_plain_prefill(engine32, engine32_plain, ref_mode
             assert s.logprobs == pytest.approx(ref, abs=1e-4)
 
 
-def test_prefix_sharing_drops_stopped_rows_and_micro_batches(tiny_model_dir, engine32_plain) -> None:
+def test_prefix_sharing_drops_stopped_rows_and_micro_batches(
+    tiny_model_dir, engine32_plain
+) -> None:
     """Rows that stop early leave the expanded cache; micro-batches each share their own prefix."""
     prompts = PREFIX_BATCHES["tails"]
     greedy = SamplingParams(max_new_tokens=10, temperature=0.0)

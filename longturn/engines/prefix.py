@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from transformers.cache_utils import Cache
 
 from longturn.engines.logprobs import positions_from_mask
 
@@ -23,7 +24,7 @@ MIN_SHARED_PREFIX = 16  # below this the second forward call costs more than it 
 class Prefill:
     """State the decode loop starts from."""
 
-    cache: object  # transformers Cache holding every column of `mask`
+    cache: Cache  # holds every column of `mask`
     logits: torch.Tensor  # [B, V] raw logits after each prompt's last token
     mask: torch.Tensor  # [B, K] long attention mask over the cached columns
     next_pos: torch.Tensor  # [B] position id of each row's first new token
