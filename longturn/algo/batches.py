@@ -1,0 +1,160 @@
+"""Tensors for PPO from turn rows: tempered logprobs, padding, and the per-rank training batch.
+
+The trainer reads ONLY the Parquet file (DESIGN.md §3: the file is the hand-off), so this module
+turns its list columns back into right-padded [B, R] tensors, micro-batch by micro-batch.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from longturn.algo.gae import masked_whiten
+from longturn.engines.logprobs import PackedBatch, response_logits, token_logprobs
+
+TRAIN_COLUMNS = ("prompt_ids", "response_ids", "old_logprobs", "ref_logprobs", "values",
+                 "advantages", "returns", "aborted")
+_FLOAT_LISTS = ("old_logprobs", "ref_logprobs", "values", "advantages", "returns")
+
+
+def autocast(enabled: bool, device: torch.device | str = "cpu") -> AbstractContextManager:
+    """bf16 autocast for forward/backward (weights stay fp32), or nothing."""
+    if not enabled:
+        return nullcontext()
+    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
+
+
+def tempered_logits(model: torch.nn.Module, batch: PackedBatch, temperature: float) -> torch.Tensor:
+    """float32 logits / T predicting each response token: the sampling policy is softmax(z / T)."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 for PPO logprobs, got {temperature}")
+    return response_logits(model, batch).float() / temperature
+
+
+def masked_logprobs(logits: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
+    """[B, R] logprobs of the response tokens (0 at padding)."""
+    logprobs = token_logprobs(logits, batch.response_ids)
+    return logprobs.masked_fill(~batch.response_mask, 0.0)
+
+
+def pad_rows(rows: Sequence[Sequence[float]] | Sequence[np.ndarray], width: int | None = None,
+             dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Right-pad variable-length rows with 0 into a [B, width] tensor."""
+    width = max((len(r) for r in rows), default=0) if width is None else width
+    out = torch.zeros(len(rows), width, dtype=dtype)
+    for i, row in enumerate(rows):
+        if len(row):
+            out[i, : len(row)] = torch.tensor(np.asarray(row), dtype=dtype)
+    return out
+
+
+@dataclass
+class MicroBatch:
+    """Padded training tensors of a few turns (R = longest response among them)."""
+
+    prompt_ids: list[list[int]]
+    response_ids: list[list[int]]
+    old_logprobs: torch.Tensor
+    ref_logprobs: torch.Tensor
+    values: torch.Tensor
+    advantages: torch.Tensor  # whitened
+    returns: torch.Tensor
+    mask: torch.Tensor  # bool: real response token of a non-aborted turn
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.mask.sum())
+
+    def to(self, device: torch.device) -> MicroBatch:
+        """The same micro-batch with its tensors on ``device``."""
+        moved = {k: v.to(device) for k, v in vars(self).items() if isinstance(v, torch.Tensor)}
+        return MicroBatch(prompt_ids=self.prompt_ids, response_ids=self.response_ids, **moved)
+
+
+@dataclass
+class TurnBatch:
+    """One rank's turns, as read from Parquet; float columns are per-row float32 arrays."""
+
+    prompt_ids: list[list[int]]
+    response_ids: list[list[int]]
+    columns: dict[str, list[np.ndarray]]
+    aborted: np.ndarray
+    whitened: list[np.ndarray]
+
+    def __len__(self) -> int:
+        return len(self.response_ids)
+
+    def select(self, index: Sequence[int]) -> MicroBatch:
+        """The micro-batch of rows ``index`` as padded tensors."""
+        index = list(index)
+        width = max(len(self.response_ids[i]) for i in index)
+        pad = {k: pad_rows([self.columns[k][i] for i in index], width) for k in _FLOAT_LISTS}
+        lengths = torch.tensor([len(self.response_ids[i]) for i in index])
+        mask = torch.arange(width)[None, :] < lengths[:, None]
+        mask &= torch.as_tensor(~self.aborted[index])[:, None]
+        return MicroBatch(
+            prompt_ids=[self.prompt_ids[i] for i in index],
+            response_ids=[self.response_ids[i] for i in index],
+            old_logprobs=pad["old_logprobs"], ref_logprobs=pad["ref_logprobs"],
+            values=pad["values"], returns=pad["returns"],
+            advantages=pad_rows([self.whitened[i] for i in index], width), mask=mask,
+        )
+
+    def n_tokens(self, index: Sequence[int]) -> int:
+        """Loss tokens (non-aborted response tokens) among rows ``index``."""
+        return int(sum(len(self.response_ids[i]) for i in index if not self.aborted[i]))
+
+    def flat(self, name: str, valid_only: bool = True) -> np.ndarray:
+        """A float column concatenated over rows (non-aborted rows only by default)."""
+        rows = [r for r, a in zip(self.columns[name], self.aborted) if not (valid_only and a)]
+        return np.concatenate(rows) if rows else np.zeros(0, dtype=np.float32)
+
+
+def _split_lists(column: pa.ChunkedArray, dtype: type) -> list[np.ndarray]:
+    """A list<…> column as one numpy array per row (fast path over offsets, no Python floats)."""
+    array = column.combine_chunks()
+    if array.null_count:
+        raise ValueError("a training column has nulls: score the rows (score_rows) before writing")
+    offsets = array.offsets.to_numpy()
+    values = array.flatten().to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+    return np.split(values, offsets[1:-1] - offsets[0]) if len(array) else []
+
+
+def read_turn_batch(paths: Sequence[str | Path], whiten: bool = True) -> TurnBatch:
+    """Read the training columns of these Parquet files and whiten advantages over the batch.
+
+    Whitening is a masked mean/std over every token of the non-aborted turns of this rank.
+    """
+    if not paths:
+        raise ValueError("update needs at least one Parquet file")
+    table = pa.concat_tables([pq.read_table(str(p), columns=list(TRAIN_COLUMNS)) for p in paths])
+    prompts = [list(map(int, r)) for r in _split_lists(table.column("prompt_ids"), np.int64)]
+    responses = [list(map(int, r)) for r in _split_lists(table.column("response_ids"), np.int64)]
+    columns = {k: _split_lists(table.column(k), np.float32) for k in _FLOAT_LISTS}
+    for name, rows in columns.items():
+        for i, (row, resp) in enumerate(zip(rows, responses)):
+            if len(row) != len(resp) or not len(resp):
+                raise ValueError(f"row {i}: {len(row)} {name} for {len(resp)} response tokens")
+    aborted = np.asarray(table.column("aborted").fill_null(False).to_pylist(), dtype=bool)
+    if aborted.all():
+        raise ValueError("every turn of the batch is aborted: nothing to train on")
+    whitened = _whiten(columns["advantages"], aborted, whiten)
+    return TurnBatch(prompts, responses, columns, aborted, whitened)
+
+
+def _whiten(advantages: list[np.ndarray], aborted: np.ndarray, whiten: bool) -> list[np.ndarray]:
+    """Per-row advantages whitened over all non-aborted tokens (or copies when off)."""
+    if not whiten:
+        return [a.copy() for a in advantages]
+    flat = np.concatenate(advantages)
+    mask = np.concatenate([np.full(len(a), not ab) for a, ab in zip(advantages, aborted)])
+    white = masked_whiten(flat.astype(np.float64), mask).numpy().astype(np.float32)
+    cuts = np.cumsum([len(a) for a in advantages])[:-1]
+    return list(np.split(white, cuts))

@@ -1,0 +1,143 @@
+"""One optimizer step of the actor / critic engine on a mini-batch, plus the update's statistics.
+
+Gradient accumulation: each micro loss is divided by the MINI-batch's token count (``normalizer``)
+and handed to DeepSpeed with ``scale_wrt_gas=False`` (DeepSpeed would otherwise divide it by
+gradient_accumulation_steps again), so the summed gradient is exactly that of the mini-batch token
+mean, whatever the number or sizes of its micro-batches. The accumulation boundary is set by hand
+on the last micro-batch, so a smaller last mini-batch still ends in exactly one optimizer step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from longturn.algo.batches import TurnBatch, autocast, masked_logprobs, pad_rows, tempered_logits
+from longturn.algo.critic import response_values
+from longturn.algo.ppo import (entropy_from_logits, explained_variance, masked_mean, policy_loss,
+                               think_action_masks, value_loss)
+from longturn.engines.logprobs import pack_prompt_response
+
+Schedule = Iterator[tuple[np.ndarray, list[np.ndarray]]]
+
+
+def schedule(n: int, mini_batch_size: int, micro_batch_size: int, rng: np.random.Generator) -> Schedule:
+    """Shuffled mini-batches (near-equal, each <= mini_batch_size) and their micro-batches."""
+    perm = rng.permutation(n)
+    for mini in np.array_split(perm, math.ceil(n / mini_batch_size)):
+        yield mini, np.array_split(mini, math.ceil(len(mini) / micro_batch_size))
+
+
+class UpdateStats:
+    """Token-weighted means of per-token stats and plain means of per-step scalars."""
+
+    def __init__(self) -> None:
+        self.weighted: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        self.steps: dict[str, list[float]] = defaultdict(list)
+
+    def add_tokens(self, n_tokens: int, **values: torch.Tensor | float) -> None:
+        for key, value in values.items():
+            acc = self.weighted[key]
+            acc[0] += float(value) * n_tokens
+            acc[1] += n_tokens
+
+    def add_step(self, **values: float) -> None:
+        for key, value in values.items():
+            self.steps[key].append(float(value))
+
+    def summary(self) -> dict[str, float]:
+        out = {k: total / max(count, 1e-12) for k, (total, count) in self.weighted.items()}
+        out.update({k: float(np.mean(v)) for k, v in self.steps.items()})
+        return out
+
+
+def _device(engine: Any) -> torch.device:
+    return next(engine.parameters()).device
+
+
+def _take_step(engine: Any) -> float:
+    """Optimizer step; returns the pre-clip gradient norm (after the cross-rank reduction)."""
+    norm = None
+    if engine.zero_optimization_stage() == 0:  # grads are whole and already all-reduced here
+        grads = [p.grad.detach().float().norm() for p in engine.parameters() if p.grad is not None]
+        norm = float(torch.stack(grads).norm()) if grads else 0.0
+    engine.step()
+    if norm is None:
+        norm = engine.get_global_grad_norm()
+    return float("nan") if norm is None else float(norm)
+
+
+def actor_step(engine: Any, batch: TurnBatch, mini: np.ndarray, micros: list[np.ndarray],
+               s: Any, pad_id: int, stats: UpdateStats) -> None:
+    """Clipped-surrogate step (minus entropy bonus) over one mini-batch."""
+    normalizer = float(max(batch.n_tokens(mini), 1))
+    device, total = _device(engine), 0.0
+    for j, idx in enumerate(micros):
+        mb = batch.select(idx).to(device)
+        engine.set_gradient_accumulation_boundary(j == len(micros) - 1)
+        packed = pack_prompt_response(mb.prompt_ids, mb.response_ids, pad_id, device)
+        with autocast(s.bf16, device):
+            logits = tempered_logits(engine, packed, s.temperature)
+        logprobs = masked_logprobs(logits, packed)
+        loss, st = policy_loss(logprobs, mb.old_logprobs, mb.advantages, mb.mask, s.clip_ratio,
+                               normalizer)
+        total += float(loss.detach())
+        if s.entropy_coef:
+            entropy = entropy_from_logits(logits, mb.mask)
+            loss = loss - s.entropy_coef * entropy * (mb.n_tokens / normalizer)
+        else:
+            with torch.no_grad():
+                entropy = entropy_from_logits(logits.detach(), mb.mask)
+        engine.backward(loss, scale_wrt_gas=False)
+        stats.add_tokens(mb.n_tokens, clip_fraction=st["clip_fraction"],
+                         approx_kl=st["approx_kl"], entropy=entropy.detach())
+    stats.add_step(policy_loss=total, grad_norm_actor=_take_step(engine))
+
+
+def critic_step(engine: Any, batch: TurnBatch, mini: np.ndarray, micros: list[np.ndarray],
+                s: Any, pad_id: int, stats: UpdateStats) -> None:
+    """Clipped value-regression step over one mini-batch (position 0 weighted more)."""
+    valid_rows = int(sum(not batch.aborted[i] for i in mini))
+    normalizer = batch.n_tokens(mini) + (s.first_token_weight - 1.0) * valid_rows
+    normalizer = float(max(normalizer, 1e-8))
+    device, total = _device(engine), 0.0
+    for j, idx in enumerate(micros):
+        mb = batch.select(idx).to(device)
+        engine.set_gradient_accumulation_boundary(j == len(micros) - 1)
+        with autocast(s.bf16, device):
+            values, _ = response_values(engine, mb.prompt_ids, mb.response_ids, pad_id)
+        loss, st = value_loss(values.float(), mb.values, mb.returns, mb.mask, s.value_clip,
+                              s.first_token_weight, normalizer)
+        engine.backward(loss, scale_wrt_gas=False)
+        total += float(loss.detach())
+        stats.add_tokens(mb.n_tokens, value_clip_fraction=st["value_clip_fraction"])
+    stats.add_step(value_loss=total, grad_norm_critic=_take_step(engine))
+
+
+def batch_stats(batch: TurnBatch, tokenizer: Any) -> dict[str, float]:
+    """Statistics of the batch as scored (before the update): KL old‖ref by THINK / ACTION part,
+    explained variance of the stored values, raw advantage / value / return means."""
+    old, ref = pad_rows(batch.columns["old_logprobs"]), pad_rows(batch.columns["ref_logprobs"])
+    lengths = torch.tensor([len(r) for r in batch.response_ids])
+    valid = torch.arange(old.shape[1])[None, :] < lengths[:, None]
+    valid &= torch.as_tensor(~batch.aborted)[:, None]
+    think, action = think_action_masks(batch.response_ids, tokenizer, width=old.shape[1])
+    kl = old - ref  # k1
+    values, returns = batch.flat("values"), batch.flat("returns")
+    ones = torch.ones(len(values), dtype=torch.bool)
+    return {
+        "kl_mean": float(masked_mean(kl, valid)),
+        "kl_think": float(masked_mean(kl, valid & think)),
+        "kl_action": float(masked_mean(kl, valid & action)),
+        "explained_variance": float(explained_variance(torch.from_numpy(values),
+                                                       torch.from_numpy(returns), ones)),
+        "value_mean": float(values.mean()),
+        "advantage_mean": float(batch.flat("advantages").mean()),
+        "return_mean": float(returns.mean()),
+        "n_turns": float(len(batch)),
+        "n_tokens": float(valid.sum()),
+    }

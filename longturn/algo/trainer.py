@@ -1,0 +1,236 @@
+"""PPOTrainer: actor + critic as two DeepSpeed engines, updated from turn Parquet files.
+
+`score(rows)` fills the training columns after a rollout; `update(paths)` reads those columns
+back from Parquet (the file is the only hand-off, so any iteration can be replayed) and runs
+`ppo_epochs` passes of shuffled mini-batches. Every mini-batch is one optimizer step per engine,
+split into micro-batches for gradient accumulation; each micro loss is normalised by the whole
+mini-batch's token count, so the accumulated gradient is that of a true token mean.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from transformers import AutoModelForCausalLM
+
+from longturn.algo.batches import read_turn_batch
+from longturn.algo.critic import ValueModel
+from longturn.algo.gae import GAEParams
+from longturn.algo.lora import apply_lora, merge_and_save
+from longturn.algo.ppo_steps import UpdateStats, actor_step, batch_stats, critic_step, schedule
+from longturn.algo.rng_state import load_rng_states, save_rng_states
+from longturn.distributed import barrier, init_distributed, is_main_process
+from longturn.scoring import score_rows
+
+log = logging.getLogger(__name__)
+_TAG = "state"  # fixed DeepSpeed tag: saving into the same dir again replaces the checkpoint
+
+
+@dataclass
+class TrainerSettings:
+    """PPO hyper-parameters; batch sizes count turns per rank."""
+
+    actor_lr: float = 1e-6
+    critic_lr: float = 1e-5
+    clip_ratio: float = 0.2
+    value_clip: float | None = 0.5
+    first_token_weight: float = 3.0
+    entropy_coef: float = 0.0
+    kl_beta: float = 0.001
+    kl_estimator: str = "k1"
+    temperature: float = 1.0  # the sampling temperature: π = softmax(logits / T)
+    ppo_epochs: int = 1
+    mini_batch_size: int = 8
+    micro_batch_size: int = 2
+    grad_clip: float = 1.0
+    zero_stage: int = 0
+    bf16: bool = False  # bf16 autocast for forward/backward; master weights stay fp32
+    lora: bool = False
+    lora_r: int = 8
+    lora_alpha: float = 16.0
+    seed: int = 0
+    whiten_advantages: bool = True
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.micro_batch_size < 1 or self.mini_batch_size < self.micro_batch_size:
+            raise ValueError("need 1 <= micro_batch_size <= mini_batch_size")
+        if self.mini_batch_size % self.micro_batch_size:
+            raise ValueError(f"mini_batch_size {self.mini_batch_size} must be a multiple of "
+                             f"micro_batch_size {self.micro_batch_size}")
+        if self.temperature <= 0:
+            raise ValueError("temperature must be > 0")
+        if self.kl_estimator not in ("k1", "k2", "k3"):
+            raise ValueError(f"kl_estimator must be k1, k2 or k3, got {self.kl_estimator!r}")
+
+    @property
+    def grad_accum_steps(self) -> int:
+        return self.mini_batch_size // self.micro_batch_size
+
+
+def ds_config(settings: TrainerSettings) -> dict[str, Any]:
+    """DeepSpeed config of one engine (fp32 weights: bf16 is torch autocast, not DeepSpeed's)."""
+    return {
+        "train_micro_batch_size_per_gpu": settings.micro_batch_size,
+        "gradient_accumulation_steps": settings.grad_accum_steps,
+        "gradient_clipping": settings.grad_clip,
+        "zero_optimization": {"stage": settings.zero_stage},
+        "zero_allow_untested_optimizer": True,
+        "fp16": {"enabled": False},
+        "bf16": {"enabled": False},
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+    }
+
+
+def _engine(model: torch.nn.Module, lr: float, settings: TrainerSettings) -> Any:
+    """Wrap a model in a DeepSpeed engine with a torch AdamW (no op compiles) on its trainables."""
+    import deepspeed
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=settings.weight_decay)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config(settings))
+    return engine
+
+
+class PPOTrainer:
+    """Owns the actor, critic and reference models and their optimizers on this rank."""
+
+    def __init__(self, actor_dir: str | Path, critic_dir: str | Path, settings: TrainerSettings,
+                 gae_params: GAEParams, tokenizer: Any) -> None:
+        self.settings, self.gae_params, self.tokenizer = settings, gae_params, tokenizer
+        self.rank, self.world_size = init_distributed()
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.pad_id = int(pad or 0)
+        self.updates = 0
+        torch.manual_seed(settings.seed)  # LoRA / value-head init is the same on every rank
+        actor = AutoModelForCausalLM.from_pretrained(str(actor_dir), dtype=torch.float32)
+        critic = ValueModel.from_pretrained(critic_dir)
+        if settings.lora:
+            actor = apply_lora(actor, settings.lora_r, settings.lora_alpha)
+            critic = apply_lora(critic, settings.lora_r, settings.lora_alpha)
+            self.ref: torch.nn.Module | None = None  # the actor with adapters disabled
+        else:
+            self.ref = copy.deepcopy(actor).eval().requires_grad_(False)
+        self.actor_engine = _engine(actor, settings.actor_lr, settings)
+        self.critic_engine = _engine(critic, settings.critic_lr, settings)
+        if self.ref is not None:  # DeepSpeed moved the actor to its device; the ref follows
+            self.ref.to(self.actor_engine.device)
+
+    @property
+    def actor_module(self) -> torch.nn.Module:
+        """The trained actor (a peft model under LoRA), e.g. to push weights to an engine."""
+        return self.actor_engine.module
+
+    @property
+    def critic_module(self) -> ValueModel:
+        return self.critic_engine.module
+
+    def score(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Fill old/ref logprobs, values, next_value, token_rewards, advantages, returns."""
+        self.actor_engine.eval()
+        self.critic_engine.eval()
+        return score_rows(rows, self.actor_module, self.ref, self.critic_module, self.settings,
+                          self.gae_params, self.pad_id)
+
+    def update(self, parquet_paths: list[str]) -> dict[str, float]:
+        """One PPO update from this rank's Parquet files; scalars averaged over ranks.
+
+        Losses, clip fraction, approx KL, entropy and grad norms are of the update itself; KL
+        think/action, explained variance and the value/advantage/return means describe the batch
+        as scored. tokens_per_s counts prompt + response tokens trained on, per epoch, per second.
+        """
+        start = time.perf_counter()
+        s = self.settings
+        batch = read_turn_batch(parquet_paths, whiten=s.whiten_advantages)
+        self._check_same_size(len(batch))
+        stats = UpdateStats()
+        self.actor_engine.train()
+        self.critic_engine.train()
+        rng = np.random.default_rng([s.seed, self.updates])
+        for _ in range(s.ppo_epochs):
+            for mini, micros in schedule(len(batch), s.mini_batch_size, s.micro_batch_size, rng):
+                actor_step(self.actor_engine, batch, mini, micros, s, self.pad_id, stats)
+                critic_step(self.critic_engine, batch, mini, micros, s, self.pad_id, stats)
+        self.updates += 1
+        seconds = time.perf_counter() - start
+        tokens = s.ppo_epochs * sum(len(p) + len(r) for p, r in
+                                    zip(batch.prompt_ids, batch.response_ids))
+        metrics = stats.summary()
+        metrics.update(batch_stats(batch, self.tokenizer))
+        metrics.update(seconds=seconds, tokens_per_s=tokens / max(seconds, 1e-9))
+        log.debug("update %d on rank %d: %s", self.updates, self.rank, metrics)
+        return self._mean_over_ranks(metrics)
+
+    def _check_same_size(self, n: int) -> None:
+        """Ranks must run the same micro-batch schedule (ZeRO-2 reduces every micro-batch)."""
+        if self.world_size == 1:
+            return
+        sizes = torch.tensor([n, -n], dtype=torch.int64)
+        dist.all_reduce(sizes, op=dist.ReduceOp.MAX)
+        if int(sizes[0]) != -int(sizes[1]):
+            raise ValueError(f"ranks hold different numbers of turns ({-int(sizes[1])}.."
+                             f"{int(sizes[0])}): every rank must collect the same number")
+
+    def _mean_over_ranks(self, metrics: dict[str, float]) -> dict[str, float]:
+        if self.world_size == 1:
+            return metrics
+        keys = sorted(metrics)
+        values = torch.tensor([metrics[k] for k in keys], dtype=torch.float64)
+        dist.all_reduce(values)
+        return {k: float(v) / self.world_size for k, v in zip(keys, values.tolist())}
+
+    def save_checkpoint(self, directory: str | Path, client_state: dict[str, Any] | None = None) -> None:
+        """Both engines (weights + optimizer) under dir/actor, dir/critic, plus per-rank RNG."""
+        out = Path(directory)
+        state = {"longturn_user": dict(client_state or {}), "longturn_updates": self.updates}
+        self.actor_engine.save_checkpoint(str(out / "actor"), tag=_TAG, client_state=state)
+        self.critic_engine.save_checkpoint(str(out / "critic"), tag=_TAG)
+        save_rng_states(out / f"rng_rank{self.rank}.pt")
+        barrier()
+
+    def load_checkpoint(self, directory: str | Path) -> dict[str, Any]:
+        """Restore what save_checkpoint wrote; returns the caller's client_state."""
+        src = Path(directory)
+        path, state = self.actor_engine.load_checkpoint(str(src / "actor"), tag=_TAG)
+        critic_path, _ = self.critic_engine.load_checkpoint(str(src / "critic"), tag=_TAG)
+        if path is None or critic_path is None:
+            raise FileNotFoundError(f"no complete trainer checkpoint under {src}")
+        self.updates = int(state.get("longturn_updates", 0))
+        load_rng_states(src / f"rng_rank{self.rank}.pt")
+        return dict(state.get("longturn_user", {}))
+
+    def export_actor(self, out_dir: str | Path) -> Path:
+        """A plain HF dir (LoRA merged, tokenizer included) that inference engines load."""
+        with _gathered(self.actor_module, self.settings.zero_stage):  # collective under ZeRO-3
+            if is_main_process():
+                merge_and_save(self.actor_module, out_dir, self.tokenizer)
+        barrier()
+        return Path(out_dir)
+
+    def export_critic(self, out_dir: str | Path) -> Path:
+        """A critic dir (backbone + value_head.safetensors) that ValueModel.from_pretrained loads."""
+        with _gathered(self.critic_module, self.settings.zero_stage):
+            if is_main_process():
+                self.critic_module.save_pretrained(out_dir, self.tokenizer)
+        barrier()
+        return Path(out_dir)
+
+
+def _gathered(module: torch.nn.Module, zero_stage: int) -> Any:
+    """Full parameters for saving: ZeRO-3 partitions them, lower stages keep them whole."""
+    from contextlib import nullcontext
+
+    if zero_stage < 3:
+        return nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None)

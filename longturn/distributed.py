@@ -1,0 +1,56 @@
+"""torch.distributed set-up that works the same under torchrun and in a plain `python` process.
+
+DeepSpeed needs RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT; without them it tries MPI
+discovery (and fails on a missing mpi4py). A plain process is treated as a world of one. On CPU
+the backend is gloo.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+
+def free_port() -> int:
+    """A TCP port that is free right now on 127.0.0.1 (for MASTER_PORT of a single process)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _single_process_env() -> None:
+    """Fill the launcher variables a plain process lacks (existing values are kept)."""
+    defaults = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+    for key, value in defaults.items():
+        os.environ.setdefault(key, value)
+    if "MASTER_PORT" not in os.environ:
+        os.environ["MASTER_PORT"] = str(free_port())
+
+
+def default_backend() -> str:
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def init_distributed(backend: str | None = None) -> tuple[int, int]:
+    """Initialise torch.distributed and DeepSpeed's comm layer once; return (rank, world_size)."""
+    import deepspeed
+
+    _single_process_env()
+    backend = backend or default_backend()
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    if not dist.is_initialized():
+        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def is_main_process() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()

@@ -1,0 +1,195 @@
+"""Fill the training columns of freshly collected turn rows (DESIGN.md §4, §5), without grad.
+
+old/ref logprobs are of the sampling policy softmax(logits / T) (like verl), values come from the
+critic, next_value follows §4, token rewards carry −β·KL plus the turn's reward, and advantages /
+returns are the dual-discount GAE of the whole batch. ``audit_gae`` recomputes them from a Parquet
+file's own columns, so anyone can check a stored iteration.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Protocol
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+
+from longturn.algo.batches import autocast, masked_logprobs, pad_rows, tempered_logits
+from longturn.algo.critic import ValueModel, response_values, state_values
+from longturn.algo.gae import GAEParams, gae_for_table
+from longturn.algo.ppo import kl_penalty, token_rewards
+from longturn.engines.logprobs import pack_prompt_response
+
+Row = dict[str, Any]
+_GAE_INPUTS = ("values", "token_rewards", "next_value", "env_index", "step", "episode_id",
+               "terminated", "aborted", "segment_end", "iteration")
+
+
+class ScoringSettings(Protocol):
+    """The TrainerSettings fields scoring reads."""
+
+    temperature: float
+    kl_beta: float
+    kl_estimator: str
+    micro_batch_size: int
+    bf16: bool
+
+
+def _device(module: torch.nn.Module) -> torch.device:
+    return next(module.parameters()).device
+
+
+@contextmanager
+def reference_policy(actor: torch.nn.Module, ref: torch.nn.Module | None) -> Iterator[torch.nn.Module]:
+    """The frozen reference: ``ref`` itself, or (LoRA) the actor with its adapters disabled."""
+    if ref is not None:
+        yield ref
+        return
+    if not hasattr(actor, "disable_adapter"):
+        raise ValueError("no reference model given and the actor has no LoRA adapters to disable")
+    with actor.disable_adapter():
+        yield actor
+
+
+def policy_logprobs(model: torch.nn.Module, prompts: list[list[int]], responses: list[list[int]],
+                    settings: ScoringSettings, pad_id: int) -> list[np.ndarray]:
+    """Per-row float32 logprobs of each response token under softmax(logits / T)."""
+    out: list[np.ndarray] = []
+    size = max(1, settings.micro_batch_size)
+    for start in range(0, len(prompts), size):
+        batch = pack_prompt_response(prompts[start : start + size],
+                                     responses[start : start + size], pad_id, _device(model))
+        with autocast(settings.bf16, batch.input_ids.device):
+            logits = tempered_logits(model, batch, settings.temperature)
+        rows = masked_logprobs(logits, batch).cpu().numpy()
+        out.extend(rows[i, : len(r)].copy() for i, r in enumerate(responses[start : start + size]))
+    return out
+
+
+def critic_values(critic: ValueModel, prompts: list[list[int]], responses: list[list[int]],
+                  settings: ScoringSettings, pad_id: int) -> list[np.ndarray]:
+    """Per-row float32 values (values[k] = V before emitting response token k)."""
+    out: list[np.ndarray] = []
+    size = max(1, settings.micro_batch_size)
+    for start in range(0, len(prompts), size):
+        chunk = responses[start : start + size]
+        with autocast(settings.bf16, _device(critic)):
+            values, _ = response_values(critic, prompts[start : start + size], chunk, pad_id)
+        rows = values.float().cpu().numpy()
+        out.extend(rows[i, : len(r)].copy() for i, r in enumerate(chunk))
+    return out
+
+
+def bootstrap_values(critic: ValueModel, rows: list[Row], settings: ScoringSettings,
+                     pad_id: int) -> dict[int, float]:
+    """V(next observation) for every row that carries ``bootstrap_prompt_ids``."""
+    index = [i for i, r in enumerate(rows) if r.get("bootstrap_prompt_ids")]
+    out: dict[int, float] = {}
+    size = max(1, settings.micro_batch_size)
+    for start in range(0, len(index), size):
+        part = index[start : start + size]
+        with autocast(settings.bf16, _device(critic)):
+            v = state_values(critic, [list(rows[i]["bootstrap_prompt_ids"]) for i in part], pad_id)
+        out.update(zip(part, v.float().cpu().tolist()))
+    return out
+
+
+def successors(rows: list[Row]) -> list[int]:
+    """Index of the turn that continues each row's episode in this batch (same slot and
+    iteration, next step, same episode_id), or -1."""
+    key = {(r["env_index"], r.get("iteration", 0), r["step"]): i for i, r in enumerate(rows)}
+    out = []
+    for r in rows:
+        j = key.get((r["env_index"], r.get("iteration", 0), r["step"] + 1), -1)
+        out.append(j if j >= 0 and rows[j]["episode_id"] == r["episode_id"] else -1)
+    return out
+
+
+def next_values(rows: list[Row], values: list[np.ndarray], boot: dict[int, float]) -> np.ndarray:
+    """next_value per DESIGN §4: 0 if terminated (or aborted), V_{t+1,0} if the episode goes on
+    in this batch, else the critic's value of the next observation (segment end, time limit)."""
+    succ = successors(rows)
+    out = np.zeros(len(rows), dtype=np.float32)
+    for i, row in enumerate(rows):
+        if row["aborted"] or row["terminated"]:
+            continue
+        if succ[i] >= 0 and not row["segment_end"]:
+            out[i] = values[succ[i]][0]
+        elif i in boot:
+            out[i] = boot[i]
+        elif succ[i] >= 0:
+            out[i] = values[succ[i]][0]
+        else:
+            raise ValueError(f"row {i} (env {row['env_index']}, step {row['step']}): the episode "
+                             "goes on but neither its next turn nor bootstrap_prompt_ids is here")
+    return out
+
+
+def kl_token_rewards(old: list[np.ndarray], ref: list[np.ndarray], rewards: list[float],
+                     beta: float, estimator: str) -> list[np.ndarray]:
+    """Per-row −β·KL(π‖π_ref) on each token plus the turn's reward on its last token."""
+    lengths = [len(o) for o in old]
+    if min(lengths, default=1) == 0:
+        raise ValueError("a turn has zero response tokens: its reward would be lost (DESIGN §5)")
+    old_t, ref_t = pad_rows(old), pad_rows(ref)
+    mask = torch.arange(old_t.shape[1])[None, :] < torch.tensor(lengths)[:, None]
+    kl = kl_penalty(old_t, ref_t, estimator)  # type: ignore[arg-type]
+    out = token_rewards(kl, [float(r) for r in rewards], mask, beta).numpy()
+    return [out[i, :n].astype(np.float32) for i, n in enumerate(lengths)]
+
+
+def score_rows(rows: list[Row], actor: torch.nn.Module, ref: torch.nn.Module | None,
+               critic: ValueModel, settings: ScoringSettings, gae_params: GAEParams,
+               pad_id: int) -> list[Row]:
+    """Fill old_logprobs, ref_logprobs, values, next_value, token_rewards, advantages, returns
+    (float32 lists) on one rank's rows, in place; returns the same list.
+
+    ``ref=None`` means the reference is the (LoRA) actor with its adapters disabled.
+    Rows needing a bootstrap (segment end, time-limit truncation) carry ``bootstrap_prompt_ids``.
+    """
+    if not rows:
+        return rows
+    prompts = [list(r["prompt_ids"]) for r in rows]
+    responses = [list(r["response_ids"]) for r in rows]
+    empty = [i for i, r in enumerate(responses) if not r]
+    if empty:
+        raise ValueError(f"rows {empty} have zero response tokens: their reward would be lost "
+                         "(DESIGN §5); the engine must return at least one token per turn")
+    # no_grad, not inference_mode: under ZeRO-3 the forward gathers parameters into buffers that
+    # training reuses, and inference tensors cannot be saved for backward later.
+    with torch.no_grad():
+        old = policy_logprobs(actor, prompts, responses, settings, pad_id)
+        with reference_policy(actor, ref) as ref_model:
+            ref_lp = policy_logprobs(ref_model, prompts, responses, settings, pad_id)
+        values = critic_values(critic, prompts, responses, settings, pad_id)
+        boot = bootstrap_values(critic, rows, settings, pad_id)
+    nv = next_values(rows, values, boot)
+    rewards = kl_token_rewards(old, ref_lp, [r["reward"] for r in rows], settings.kl_beta,
+                               settings.kl_estimator)
+    for i, row in enumerate(rows):
+        row.update(old_logprobs=old[i].tolist(), ref_logprobs=ref_lp[i].tolist(),
+                   values=values[i].tolist(), token_rewards=rewards[i].tolist(),
+                   next_value=float(nv[i]))
+    columns = {k: [r.get(k, 0) if k == "iteration" else r[k] for r in rows] for k in _GAE_INPUTS}
+    advantages, returns = gae_for_table(columns, gae_params)
+    for row, adv, ret in zip(rows, advantages, returns):
+        row["advantages"] = adv.astype(np.float32).tolist()
+        row["returns"] = ret.astype(np.float32).tolist()
+    return rows
+
+
+def audit_gae(parquet_path: str | Path, gae_params: GAEParams) -> float:
+    """Max |stored − recomputed| over advantages and returns of a scored turn file."""
+    names = set(pq.read_schema(str(parquet_path)).names)
+    columns = [c for c in (*_GAE_INPUTS, "advantages", "returns") if c in names]
+    table = pq.read_table(str(parquet_path), columns=columns).to_pydict()
+    advantages, returns = gae_for_table(table, gae_params)
+    error = 0.0
+    for stored, fresh in ((table["advantages"], advantages), (table["returns"], returns)):
+        for row, (s, f) in enumerate(zip(stored, fresh)):
+            if s is None or len(s) != len(f):
+                raise ValueError(f"row {row}: stored advantages/returns missing or mis-sized")
+            error = max(error, float(np.max(np.abs(np.asarray(s, dtype=np.float64) - f))))
+    return error

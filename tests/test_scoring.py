@@ -1,0 +1,162 @@
+"""score_rows: next_value rules (DESIGN §4), KL token rewards, GAE that passes the Parquet audit,
+tempered logprobs; audit_gae catches a tampered file."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from longturn.algo.critic import ValueModel, state_values
+from longturn.algo.gae import GAEParams
+from longturn.engines.logprobs import forward_logprobs
+from longturn.scoring import audit_gae, score_rows
+from longturn.trajectories import write_turns
+
+PAD = 2
+GAE = GAEParams(gamma_step=0.9, lambda_step=0.8)
+BETA = 0.05
+
+
+@dataclass
+class Settings:
+    temperature: float = 0.7
+    kl_beta: float = BETA
+    kl_estimator: str = "k1"
+    micro_batch_size: int = 2
+    bf16: bool = False
+
+
+@pytest.fixture(scope="module")
+def models(tiny_model_dir: str) -> tuple[torch.nn.Module, torch.nn.Module, ValueModel]:
+    """Actor, a perturbed reference (so KL is not 0) and a critic with a random head."""
+    torch.manual_seed(7)
+    actor = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    ref = copy.deepcopy(actor)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    critic = ValueModel.from_pretrained(tiny_model_dir, head_std=0.5).eval()
+    return actor, ref, critic
+
+
+def _row(slot: int, step: int, episode: str, seed: int, **flags) -> dict:
+    rng = np.random.default_rng(seed)
+    row = {"iteration": 0, "env_index": slot, "step": step, "turn": step, "episode_id": episode,
+           "prompt_ids": rng.integers(10, 3000, size=3 + seed % 4).tolist(),
+           "response_ids": rng.integers(10, 3000, size=1 + seed % 3).tolist(),
+           "reward": float(rng.normal()), "terminated": False, "truncated": False,
+           "segment_end": step == 2, "aborted": False}
+    row.update(flags)
+    if (row["segment_end"] and not row["terminated"]) or row["truncated"]:
+        row["bootstrap_prompt_ids"] = rng.integers(10, 3000, size=4).tolist()
+    return row
+
+
+def hand_rows() -> list[dict]:
+    """3 slots × 3 steps, in collector order (step, slot).
+
+    slot 0: a, a (terminated), b (restarted; segment end)
+    slot 1: c, c (time-limit truncation), d (segment end)
+    slot 2: e, e (aborted: env failed), f (segment end)
+    """
+    plan = {0: ["a", "a", "b"], 1: ["c", "c", "d"], 2: ["e", "e", "f"]}
+    flags = {(0, 1): {"terminated": True}, (1, 1): {"truncated": True}, (2, 1): {"aborted": True}}
+    return [_row(slot, step, plan[slot][step], 10 * slot + step + 1, **flags.get((slot, step), {}))
+            for step in range(3) for slot in range(3)]
+
+
+@pytest.fixture(scope="module")
+def scored(models) -> list[dict]:
+    actor, ref, critic = models
+    return score_rows(hand_rows(), actor, ref, critic, Settings(), GAE, PAD)
+
+
+def _find(rows: list[dict], slot: int, step: int) -> dict:
+    return next(r for r in rows if r["env_index"] == slot and r["step"] == step)
+
+
+def test_next_value_rules(scored: list[dict], models) -> None:
+    critic = models[2]
+    with torch.no_grad():
+        def boot(row: dict) -> float:
+            return float(state_values(critic, [row["bootstrap_prompt_ids"]], PAD)[0])
+
+        expected = {
+            (0, 0): _find(scored, 0, 1)["values"][0],  # continues in the batch: V_{t+1,0}
+            (0, 1): 0.0,  # terminated
+            (1, 1): boot(_find(scored, 1, 1)),  # time-limit truncation: V(next observation)
+            (2, 0): _find(scored, 2, 1)["values"][0],  # next turn aborted: its state value
+            (2, 1): 0.0,  # aborted
+        }
+        for slot in range(3):  # segment ends bootstrap from the critic
+            expected[(slot, 2)] = boot(_find(scored, slot, 2))
+        expected[(1, 0)] = _find(scored, 1, 1)["values"][0]
+    for (slot, step), value in expected.items():
+        assert _find(scored, slot, step)["next_value"] == pytest.approx(value, abs=1e-5), (slot, step)
+    assert all(r["values"][0] != 0 for r in scored)
+
+
+def test_token_rewards_carry_kl_and_reward(scored: list[dict]) -> None:
+    for row in scored:
+        kl = np.asarray(row["old_logprobs"]) - np.asarray(row["ref_logprobs"])
+        assert len(row["token_rewards"]) == len(row["response_ids"])
+        assert sum(row["token_rewards"]) == pytest.approx(row["reward"] - BETA * kl.sum(), abs=1e-5)
+        np.testing.assert_allclose(row["token_rewards"][:-1], -BETA * kl[:-1], atol=1e-6)
+    assert any(abs(r["old_logprobs"][0] - r["ref_logprobs"][0]) > 1e-3 for r in scored)
+
+
+def test_returns_follow_the_rule(scored: list[dict]) -> None:
+    """γ_token = λ_token = 1: return at token 0 = Σ token rewards + γ_step·(bootstrap) when the
+    carry is cut (terminal, segment end, truncation), independently of the GAE code."""
+    for slot, step in [(0, 1), (0, 2), (1, 1), (1, 2), (2, 2)]:
+        row = _find(scored, slot, step)
+        target = sum(row["token_rewards"]) + GAE.gamma_step * row["next_value"]
+        assert row["returns"][0] == pytest.approx(target, abs=1e-5)
+        np.testing.assert_allclose(np.asarray(row["returns"]) - row["values"], row["advantages"],
+                                   atol=1e-5)
+
+
+def test_audit_passes_and_catches_tampering(scored: list[dict], tmp_path: Path) -> None:
+    path = write_turns(scored, tmp_path / "turns.parquet")
+    assert audit_gae(path, GAE) < 1e-5
+    table = pq.read_table(path).to_pylist()
+    table[0]["advantages"] = [a + 0.5 for a in table[0]["advantages"]]
+    assert audit_gae(write_turns(table, tmp_path / "bad.parquet"), GAE) == pytest.approx(0.5, abs=1e-4)
+
+
+def test_old_logprobs_match_forward_logprobs_at_t1(models) -> None:
+    actor, ref, critic = models
+    rows = score_rows(hand_rows(), actor, ref, critic, Settings(temperature=1.0), GAE, PAD)
+    plain = forward_logprobs(actor, [r["prompt_ids"] for r in rows],
+                             [r["response_ids"] for r in rows], batch_size=3, pad_id=PAD)
+    for row, expected in zip(rows, plain):
+        np.testing.assert_allclose(row["old_logprobs"], expected, atol=1e-5)
+    tempered = score_rows(hand_rows(), actor, ref, critic, Settings(temperature=0.7), GAE, PAD)
+    assert not np.allclose(tempered[0]["old_logprobs"], rows[0]["old_logprobs"])
+
+
+def test_bf16_scoring_is_close(models, scored: list[dict]) -> None:
+    actor, ref, critic = models
+    rows = score_rows(hand_rows(), actor, ref, critic, replace(Settings(), bf16=True), GAE, PAD)
+    for fast, exact in zip(rows, scored):
+        np.testing.assert_allclose(fast["old_logprobs"], exact["old_logprobs"], atol=0.1)
+        np.testing.assert_allclose(fast["values"], exact["values"], atol=0.1)
+
+
+def test_rejects_empty_response_and_missing_bootstrap(models) -> None:
+    actor, ref, critic = models
+    rows = hand_rows()
+    rows[0]["response_ids"] = []
+    with pytest.raises(ValueError, match="zero response tokens"):
+        score_rows(rows, actor, ref, critic, Settings(), GAE, PAD)
+    rows = hand_rows()
+    del _find(rows, 1, 2)["bootstrap_prompt_ids"]
+    with pytest.raises(ValueError, match="bootstrap_prompt_ids"):
+        score_rows(rows, actor, ref, critic, Settings(), GAE, PAD)

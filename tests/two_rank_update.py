@@ -1,0 +1,83 @@
+"""Helper for the trainer tests: synthetic turn rows, and (run as a script under torchrun) one PPO
+update per rank on that rank's own rows, ending with a hash of the rank's parameters.
+
+    python -m torch.distributed.run --nproc_per_node 2 tests/two_rank_update.py MODEL_DIR OUT_DIR [ZERO_STAGE]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+ACTION_TEXT = " THINK: go on. ACTION: forward"
+
+
+def make_rows(seed: int, tokenizer: Any, n_slots: int = 2, n_steps: int = 3,
+              iteration: int = 0) -> list[dict[str, Any]]:
+    """n_slots × n_steps lock-step turn rows like the collector's: random prompts, responses
+    with a THINK/ACTION tail, random rewards, some terminations, bootstrap prompts at the end."""
+    rng = np.random.default_rng(seed)
+    tail = tokenizer.encode(ACTION_TEXT, add_special_tokens=False)
+    episode = {slot: 0 for slot in range(n_slots)}
+    rows = []
+    for step in range(n_steps):
+        for slot in range(n_slots):
+            last = step == n_steps - 1
+            terminated = bool(rng.random() < 0.3)
+            row = {
+                "iteration": iteration, "env_index": slot, "step": step, "turn": step,
+                "episode_id": f"s{seed}-e{slot}-{episode[slot]}", "episode_seed": seed,
+                "prompt_ids": rng.integers(10, 2000, size=int(rng.integers(3, 9))).tolist(),
+                "response_ids": rng.integers(10, 2000, size=int(rng.integers(1, 4))).tolist() + tail,
+                "reward": float(rng.normal()), "terminated": terminated, "truncated": False,
+                "segment_end": last, "aborted": False,
+            }
+            if last and not terminated:
+                row["bootstrap_prompt_ids"] = rng.integers(10, 2000, size=5).tolist()
+            if terminated:
+                episode[slot] += 1
+            rows.append(row)
+    return rows
+
+
+def parameter_hash(*modules: torch.nn.Module) -> str:
+    """sha256 over every parameter's name and bytes, in a fixed order."""
+    digest = hashlib.sha256()
+    for module in modules:
+        for name, param in sorted(module.named_parameters(), key=lambda kv: kv[0]):
+            digest.update(name.encode())
+            digest.update(param.detach().float().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def main(model_dir: str, out_dir: str, zero_stage: int = 2) -> None:
+    from transformers import AutoTokenizer
+
+    from longturn.algo.gae import GAEParams
+    from longturn.algo.trainer import PPOTrainer, TrainerSettings
+    from longturn.trajectories import write_turns
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    settings = TrainerSettings(actor_lr=1e-3, critic_lr=1e-3, mini_batch_size=4,
+                               micro_batch_size=2, zero_stage=zero_stage, temperature=0.7, seed=3)
+    trainer = PPOTrainer(model_dir, model_dir, settings, GAEParams(0.99, 0.95), tokenizer)
+    out = Path(out_dir)
+    before = parameter_hash(trainer.actor_module, trainer.critic_module)
+    rows = trainer.score(make_rows(100 + trainer.rank, tokenizer, n_slots=3, n_steps=2))
+    part = write_turns(rows, out / f"part-{trainer.rank}.parquet")
+    metrics = trainer.update([str(part)])
+    after = parameter_hash(trainer.actor_module, trainer.critic_module)
+    trainer.export_actor(out / "actor")  # rank 0 writes; collective under ZeRO-3
+    result = {"rank": trainer.rank, "world_size": trainer.world_size, "before": before,
+              "after": after, "metrics": metrics}
+    (out / f"rank{trainer.rank}.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 2)
