@@ -82,6 +82,69 @@ class ValidationParams(Section):
     seed: int = Field(2000, ge=0)
 
 
+class RolloutParams(Section):
+    """Fixed-turn batches: every iteration has exactly n_envs × turns_per_env turns per rank."""
+
+    n_envs: int = Field(8, ge=1)
+    turns_per_env: int = Field(4, ge=1)
+
+
+class GAESection(Section):
+    """Dual discount: token level inside a turn, step level between turns (DESIGN §5)."""
+
+    gamma_step: float = Field(0.99, ge=0.0, le=1.0)
+    lambda_step: float = Field(0.95, ge=0.0, le=1.0)
+    gamma_token: float = Field(1.0, ge=0.0, le=1.0)
+    lambda_token: float = Field(1.0, ge=0.0, le=1.0)
+
+
+class PPOParams(Section):
+    """Losses, optimisers and engines of the PPO update (batch sizes count turns per rank)."""
+
+    actor_lr: float = Field(1e-5, gt=0)
+    critic_lr: float = Field(1e-4, gt=0)
+    clip_ratio: float = Field(0.2, gt=0)
+    value_clip: float | None = Field(0.5, gt=0)
+    first_token_weight: float = Field(3.0, ge=0)
+    entropy_coef: float = Field(0.0, ge=0)
+    kl_beta: float = Field(0.001, ge=0)
+    kl_estimator: Literal["k1", "k2", "k3"] = "k1"
+    ppo_epochs: int = Field(1, ge=1)
+    mini_batch_size: int = Field(16, ge=1)
+    micro_batch_size: int = Field(4, ge=1)
+    grad_clip: float = Field(1.0, gt=0)
+    zero_stage: int = Field(0, ge=0, le=3)
+    bf16: bool = True
+    lora: bool = True
+    lora_r: int = Field(8, ge=1)
+    lora_alpha: float = Field(16.0, gt=0)
+
+    @model_validator(mode="after")
+    def _micro_divides_mini(self) -> "PPOParams":
+        if self.mini_batch_size % self.micro_batch_size:
+            raise ValueError(f"ppo.mini_batch_size ({self.mini_batch_size}) must be a multiple of "
+                             f"ppo.micro_batch_size ({self.micro_batch_size})")
+        return self
+
+
+class WarmupParams(Section):
+    """Critic warm-up with the actor frozen: collect once, then refit the critic several times."""
+
+    batches: int = Field(1, ge=1)
+    iterations: int = Field(3, ge=1)
+    sample_fraction: float = Field(1.0, gt=0, le=1.0)
+    max_final_loss: float | None = Field(None, gt=0)
+
+
+class TrainParams(Section):
+    """The train loop: iterations, checkpoints, Kubeflow segment length."""
+
+    iterations: int = Field(3, ge=1)
+    checkpoint_every: int = Field(1, ge=1)
+    keep_checkpoints: int = Field(2, ge=1)
+    iterations_per_task: int = Field(1, ge=1)
+
+
 class Params(Section):
     """The whole params.yaml."""
 
@@ -92,6 +155,11 @@ class Params(Section):
     engine: EngineParams = EngineParams()
     eval: EvalParams = EvalParams()
     validation: ValidationParams = ValidationParams()
+    rollout: RolloutParams = RolloutParams()
+    gae: GAESection = GAESection()
+    ppo: PPOParams = PPOParams()
+    warmup: WarmupParams = WarmupParams()
+    train: TrainParams = TrainParams()
 
     @model_validator(mode="after")
     def _eval_tasks_default_to_env_tasks(self) -> "Params":

@@ -57,6 +57,7 @@ TURN_SCHEMA = pa.schema(
         ("token_rewards", _f32_list),
         ("advantages", _f32_list),
         ("returns", _f32_list),
+        ("bootstrap_prompt_ids", _i32_list),  # prompt of the next observation, when bootstrapped
     ]
 )
 

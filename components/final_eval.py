@@ -1,0 +1,17 @@
+"""Stage final_eval: the zero-shot evaluation, run on the trained actor (data/eval/final)."""
+
+from __future__ import annotations
+
+import sys
+
+from components import zero_shot_eval
+
+
+def main(argv=None) -> int:
+    defaults = ["--model-dir", "data/train/final", "--out", "data/eval/final",
+                "--policy-version", "final"]
+    return zero_shot_eval.main(defaults + list(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""Stage report: zero-shot vs final per task, training curves, KL think vs action (data/report)."""
+
+from __future__ import annotations
+
+import sys
+
+from components.common import parser, run
+from longturn.report import build_report
+
+
+def body(args, params) -> None:
+    title_info = {
+        "model.source": params.model.source,
+        "env.name": params.env.name,
+        "env.tasks": params.env.tasks,
+        "eval.tasks": params.eval.tasks,
+        "eval.episodes_per_task": params.eval.episodes_per_task,
+    }
+    build_report(args.zero_shot, args.final, args.train_live, args.warmup_live, args.out,
+                 title_info)
+
+
+def main(argv=None) -> int:
+    p = parser(__doc__)
+    p.add_argument("--zero-shot", default="data/eval/zero_shot", help="zero-shot eval folder")
+    p.add_argument("--final", default="data/eval/final", help="final eval folder")
+    p.add_argument("--train-live", default="data/train/live", help="DVCLive folder of train")
+    p.add_argument("--warmup-live", default="data/critic/live",
+                   help="DVCLive folder of critic_warmup")
+    p.add_argument("--out", default="data/report")
+    return run("report", body, p, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,240 @@
+"""The train loop: rollout → Parquet → PPO update from that Parquet → new weights to the engine.
+
+Resumable: a checkpoint (trainer engines, collector with its envs, metrics history) is written
+atomically every `train.checkpoint_every` iterations; a restart continues after the last complete
+one, deletes trajectories of iterations it is about to redo, and rebuilds the DVCLive log from the
+saved history, so each iteration appears exactly once whatever moment the previous run died.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import pickle
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from longturn.algo.gae import GAEParams
+from longturn.algo.trainer import PPOTrainer, TrainerSettings
+from longturn.collector import FixedTurnCollector
+from longturn.config import Params
+from longturn.distributed import barrier, init_distributed, is_main_process
+from longturn.engines.registry import make_engine, sampling_from_params
+from longturn.metrics import MetricsLog, rollout_metrics
+from longturn.models import load_tokenizer
+from longturn.rollout import AgentSettings, env_factory_from_params
+from longturn.trajectories import write_turns
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainPaths:
+    """Where the train stage reads and writes."""
+
+    base: Path
+    critic: Path
+    trajectories: Path
+    checkpoints: Path
+    final: Path
+    live: Path
+    policy: Path  # the current actor as an HF dir, loaded by the inference engine
+
+
+def trainer_settings(params: Params) -> TrainerSettings:
+    p = params.ppo
+    return TrainerSettings(
+        actor_lr=p.actor_lr, critic_lr=p.critic_lr, clip_ratio=p.clip_ratio,
+        value_clip=p.value_clip, first_token_weight=p.first_token_weight,
+        entropy_coef=p.entropy_coef, kl_beta=p.kl_beta, kl_estimator=p.kl_estimator,
+        temperature=params.engine.sampling.temperature or 1.0, ppo_epochs=p.ppo_epochs,
+        mini_batch_size=p.mini_batch_size, micro_batch_size=p.micro_batch_size,
+        grad_clip=p.grad_clip, zero_stage=p.zero_stage, bf16=p.bf16, lora=p.lora,
+        lora_r=p.lora_r, lora_alpha=p.lora_alpha, seed=params.seed)
+
+
+def gae_params(params: Params) -> GAEParams:
+    g = params.gae
+    return GAEParams(g.gamma_step, g.lambda_step, g.gamma_token, g.lambda_token)
+
+
+def iteration_dir(root: Path, iteration: int) -> Path:
+    return root / f"iteration={iteration:04d}"
+
+
+def make_collector(params: Params, rank: int, run_id: str) -> FixedTurnCollector:
+    r = params.rollout
+    return FixedTurnCollector(env_factory_from_params(params), list(params.env.tasks), r.n_envs,
+                              r.turns_per_env, AgentSettings.from_params(params), params.seed,
+                              rank=rank, run_id=run_id)
+
+
+def file_metadata(params: Params, iteration: int) -> dict[str, Any]:
+    return {"gae": params.gae.model_dump(), "model": params.model.source,
+            "engine": params.engine.name, "iteration": iteration,
+            "sampling": params.engine.sampling.model_dump(), "ppo": params.ppo.model_dump()}
+
+
+class CheckpointStore:
+    """Numbered checkpoint dirs, written under a temp name and renamed when complete."""
+
+    def __init__(self, root: Path, keep: int):
+        self.root, self.keep = root, keep
+
+    def latest(self) -> Path | None:
+        done = sorted(p for p in self.root.glob("iteration=*") if (p / "COMPLETE").is_file())
+        return done[-1] if done else None
+
+    def save(self, trainer: PPOTrainer, collector_blobs: list[bytes], iteration: int,
+             history: list[dict[str, float]]) -> Path:
+        final = iteration_dir(self.root, iteration)
+        tmp = final.with_name(final.name + ".tmp")
+        if is_main_process():
+            shutil.rmtree(tmp, ignore_errors=True)
+        barrier()
+        trainer.save_checkpoint(tmp, {"iteration": iteration})
+        (tmp / f"collector_rank{trainer.rank}.pkl").write_bytes(collector_blobs[0])
+        barrier()
+        if is_main_process():
+            (tmp / "history.pkl").write_bytes(pickle.dumps(history))
+            (tmp / "COMPLETE").write_text(f"{iteration}\n")
+            shutil.rmtree(final, ignore_errors=True)
+            tmp.rename(final)
+            self._prune()
+        barrier()
+        return final
+
+    def _prune(self) -> None:
+        done = sorted(p for p in self.root.glob("iteration=*") if (p / "COMPLETE").is_file())
+        for old in done[:-self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        for stale in self.root.glob("*.tmp"):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def _resume(store: CheckpointStore, trainer: PPOTrainer, collector: FixedTurnCollector,
+            paths: TrainPaths) -> tuple[int, list[dict[str, float]]]:
+    """Restore the last complete checkpoint; returns (next iteration, metrics history)."""
+    ckpt = store.latest()
+    if ckpt is None:
+        return 0, []
+    state = trainer.load_checkpoint(ckpt)
+    collector.load_state((ckpt / f"collector_rank{trainer.rank}.pkl").read_bytes())
+    history = pickle.loads((ckpt / "history.pkl").read_bytes())
+    log.info("resuming after iteration %d from %s", state["iteration"], ckpt)
+    return int(state["iteration"]) + 1, history
+
+
+def _drop_unfinished(root: Path, start: int) -> None:
+    """Trajectories of iterations that will be redone (a previous run died after writing them)."""
+    if is_main_process():
+        for d in root.glob("iteration=*"):
+            if int(d.name.split("=")[1]) >= start:
+                shutil.rmtree(d)
+    barrier()
+
+
+def run_fingerprint(params: Params) -> str:
+    """What a resumed run must share with the run that wrote the checkpoints (not train.*)."""
+    relevant = params.model_dump(include={"seed", "model", "env", "prompt", "engine", "rollout",
+                                          "gae", "ppo"})
+    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _guard_persisted(params: Params, paths: TrainPaths) -> None:
+    """Persisted checkpoints from other params would silently mix two runs: start over instead."""
+    if not is_main_process():
+        barrier()
+        return
+    stamp = paths.checkpoints / "FINGERPRINT"
+    fingerprint = run_fingerprint(params)
+    if stamp.is_file() and stamp.read_text().strip() != fingerprint:
+        log.warning("params changed since the checkpoints in %s were written: starting over",
+                    paths.checkpoints)
+        shutil.rmtree(paths.checkpoints)
+        shutil.rmtree(paths.trajectories, ignore_errors=True)
+    paths.checkpoints.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(fingerprint + "\n")
+    barrier()
+
+
+def replay_update(params: Params, paths: TrainPaths, iteration_path: Path) -> dict[str, float]:
+    """The update of one stored iteration, from its Parquet alone (no engine, no env). Starts
+    from the checkpoint written just before that iteration when there is one."""
+    rank, _ = init_distributed()
+    iteration = int(iteration_path.name.split("=")[1])
+    trainer = PPOTrainer(paths.base, paths.critic, trainer_settings(params), gae_params(params),
+                         load_tokenizer(paths.base))
+    before = iteration_dir(paths.checkpoints, iteration - 1)
+    if iteration > 0 and (before / "COMPLETE").is_file():
+        trainer.load_checkpoint(before)
+    parts = sorted(iteration_path.glob(f"part-{rank:02d}.parquet"))
+    if not parts:
+        raise FileNotFoundError(f"no part-{rank:02d}.parquet under {iteration_path}")
+    return trainer.update([str(p) for p in parts])
+
+
+def run_training(params: Params, paths: TrainPaths, progress: bool = True,
+                 run_id: str = "train") -> list[dict[str, float]]:
+    """Train for `train.iterations` iterations (continuing a previous run); returns the history."""
+    rank, _ = init_distributed()
+    _guard_persisted(params, paths)
+    tokenizer = load_tokenizer(paths.base)
+    trainer = PPOTrainer(paths.base, paths.critic, trainer_settings(params), gae_params(params),
+                         tokenizer)
+    collector = make_collector(params, rank, run_id)
+    store = CheckpointStore(paths.checkpoints, params.train.keep_checkpoints)
+    start, history = _resume(store, trainer, collector, paths)
+    _drop_unfinished(paths.trajectories, start)
+    metrics_log = MetricsLog(paths.live, history, enabled=is_main_process())
+    policy = _export_policy(trainer, paths, start)
+    engine = make_engine(str(policy), params)
+    try:
+        for iteration in range(start, params.train.iterations):
+            metrics = _iteration(params, paths, trainer, collector, engine, tokenizer,
+                                 iteration, run_id, rank, progress)
+            history.append(metrics)
+            metrics_log.log(metrics)
+            engine.update_weights(str(_export_policy(trainer, paths, iteration + 1)))
+            last = iteration + 1 == params.train.iterations
+            if (iteration + 1) % params.train.checkpoint_every == 0 or last:
+                store.save(trainer, [collector.state()], iteration, history)
+        trainer.export_actor(paths.final)
+    finally:
+        engine.close()
+    return history
+
+
+def _export_policy(trainer: PPOTrainer, paths: TrainPaths, version: int) -> Path:
+    """The actor as an HF dir for the engine (the base model itself before any update)."""
+    if version == 0:
+        return paths.base
+    return trainer.export_actor(paths.policy)
+
+
+def _iteration(params: Params, paths: TrainPaths, trainer: PPOTrainer,
+               collector: FixedTurnCollector, engine: Any, tokenizer: Any, iteration: int,
+               run_id: str, rank: int, progress: bool) -> dict[str, float]:
+    """One iteration; its Parquet part is the only hand-off between rollout and update.
+
+    Rollout metrics are this rank's; update metrics are averaged over ranks by the trainer."""
+    start = time.perf_counter()
+    sampling = sampling_from_params(params, seed=params.seed)
+    extra = {"run_id": run_id, "policy_version": f"iteration-{iteration}"}
+    rows = collector.collect(engine, tokenizer, sampling, iteration, extra, progress)
+    trainer.score(rows)
+    part = iteration_dir(paths.trajectories, iteration) / f"part-{rank:02d}.parquet"
+    write_turns(rows, part, file_metadata(params, iteration))
+    barrier()
+    metrics = rollout_metrics(rows)
+    metrics.update(trainer.update([str(part)]))
+    metrics["seconds_per_iteration"] = time.perf_counter() - start
+    log.info("iteration %d: success %.3f reward %.3f valid %.2f value_loss %.4f kl %.5f (%.0f s)",
+             iteration, metrics.get("success_rate", 0.0), metrics.get("mean_reward", 0.0),
+             metrics.get("valid_action_ratio", 0.0), metrics.get("value_loss", 0.0),
+             metrics.get("kl_mean", 0.0), metrics["seconds_per_iteration"])
+    return metrics

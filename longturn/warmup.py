@@ -1,0 +1,85 @@
+"""Critic warm-up: fit the value model to the frozen base policy before the actor moves.
+
+Collect `warmup.batches` fixed-turn batches with the base actor, then `warmup.iterations` times:
+re-score the turns with the current critic (values, bootstrap values and GAE targets change as it
+learns), sample `warmup.sample_fraction` of them and update the critic alone. A value loss that has
+not come down is reported, or is an error when `warmup.max_final_loss` is set.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+
+from longturn.algo.trainer import PPOTrainer
+from longturn.config import Params
+from longturn.distributed import init_distributed
+from longturn.engines.registry import make_engine, sampling_from_params
+from longturn.metrics import MetricsLog
+from longturn.models import load_tokenizer
+from longturn.trajectories import write_turns
+from longturn.training import file_metadata, gae_params, iteration_dir, make_collector, trainer_settings
+
+log = logging.getLogger(__name__)
+
+
+class WarmupDidNotConverge(RuntimeError):
+    """The critic's final loss is above `warmup.max_final_loss`."""
+
+
+def collect_frozen(params: Params, base: Path, rank: int, progress: bool) -> list[dict]:
+    """warmup.batches fixed-turn batches from the base policy."""
+    tokenizer = load_tokenizer(base)
+    engine = make_engine(str(base), params)
+    collector = make_collector(params, rank, "warmup")
+    sampling = sampling_from_params(params, seed=params.seed + 7919)
+    rows: list[dict] = []
+    try:
+        for batch in range(params.warmup.batches):
+            rows += collector.collect(engine, tokenizer, sampling, batch,
+                                      {"run_id": "warmup", "policy_version": "base"}, progress)
+    finally:
+        engine.close()
+    return rows
+
+
+def run_critic_warmup(params: Params, base: Path, out: Path, live_dir: Path, work_dir: Path,
+                      progress: bool = True) -> dict[str, float]:
+    """Warm the critic; writes it to `out` and returns summary metrics."""
+    rank, _ = init_distributed()
+    rows = collect_frozen(params, base, rank, progress)
+    trainer = PPOTrainer(base, base, trainer_settings(params), gae_params(params),
+                         load_tokenizer(base))
+    w = params.warmup
+    rng = np.random.default_rng(params.seed)
+    size = max(1, math.ceil(w.sample_fraction * len(rows)))
+    live = MetricsLog(live_dir, [])
+    losses = []
+    for it in range(w.iterations):
+        trainer.score(rows)
+        picked = sorted(rng.choice(len(rows), size=size, replace=False))
+        part = iteration_dir(work_dir, it) / f"part-{rank:02d}.parquet"
+        write_turns([rows[i] for i in picked], part, file_metadata(params, it))
+        metrics = trainer.update([str(part)], train_actor=False)
+        losses.append(metrics["value_loss"])
+        live.log({"value_loss": metrics["value_loss"],
+                  "explained_variance": metrics["explained_variance"]})
+        log.info("warm-up %d/%d: value loss %.5f", it + 1, w.iterations, metrics["value_loss"])
+    trainer.export_critic(out)
+    summary = {"first_value_loss": losses[0], "final_value_loss": losses[-1],
+               "turns": float(len(rows)), "iterations": float(w.iterations)}
+    _check(losses, w.max_final_loss)
+    return summary
+
+
+def _check(losses: list[float], max_final_loss: float | None) -> None:
+    if max_final_loss is not None and losses[-1] > max_final_loss:
+        raise WarmupDidNotConverge(
+            f"critic warm-up: final value loss {losses[-1]:.5f} > warmup.max_final_loss "
+            f"{max_final_loss} (first {losses[0]:.5f}); raise ppo.critic_lr or warmup.iterations")
+    if len(losses) > 1 and losses[-1] >= losses[0]:
+        log.warning("critic warm-up: value loss did not come down (%.5f -> %.5f)",
+                    losses[0], losses[-1])
