@@ -26,9 +26,8 @@ def rollout_metrics(rows: list[dict[str, Any]]) -> dict[str, float]:
         "response_tokens": tokens / max(len(rows), 1),
         "finish_length_ratio": float(np.mean([r["finish_reason"] == "length" for r in rows])),
     }
-    if rows and rows[0].get("old_logprobs") is not None:
-        gaps = [np.abs(np.asarray(r["engine_logprobs"]) - np.asarray(r["old_logprobs"])).mean()
-                for r in rows if len(r["response_ids"])]
+    gaps = [r["logprob_gap"] for r in rows if r.get("logprob_gap") is not None]
+    if gaps:  # mean |engine − trainer| logprob per token, both of the untempered policy
         out["logprob_gap"] = float(np.mean(gaps))
     return out
 

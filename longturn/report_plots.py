@@ -96,8 +96,8 @@ def _bar_errors(rows: list[dict[str, Any]], side: str) -> tuple[list[float], lis
             upper.append(0.0)
         else:
             heights.append(p)
-            lower.append(p - r[f"{side}_low"])
-            upper.append(r[f"{side}_high"] - p)
+            lower.append(max(0.0, p - r[f"{side}_low"]))  # float noise can put a bound past p
+            upper.append(max(0.0, r[f"{side}_high"] - p))
     return heights, [lower, upper]
 
 

@@ -54,17 +54,22 @@ def reference_policy(actor: torch.nn.Module, ref: torch.nn.Module | None) -> Ite
 
 
 def policy_logprobs(model: torch.nn.Module, prompts: list[list[int]], responses: list[list[int]],
-                    settings: ScoringSettings, pad_id: int) -> list[np.ndarray]:
-    """Per-row float32 logprobs of each response token under softmax(logits / T)."""
+                    settings: ScoringSettings, pad_id: int,
+                    raw: list[np.ndarray] | None = None) -> list[np.ndarray]:
+    """Per-row float32 logprobs of each response token under softmax(logits / T). When `raw` is
+    a list, the untempered logprobs (what engines report) are appended to it as well."""
     out: list[np.ndarray] = []
     size = max(1, settings.micro_batch_size)
     for start in range(0, len(prompts), size):
-        batch = pack_prompt_response(prompts[start : start + size],
-                                     responses[start : start + size], pad_id, _device(model))
+        chunk = responses[start : start + size]
+        batch = pack_prompt_response(prompts[start : start + size], chunk, pad_id, _device(model))
         with autocast(settings.bf16, batch.input_ids.device):
             logits = tempered_logits(model, batch, settings.temperature)
         rows = masked_logprobs(logits, batch).cpu().numpy()
-        out.extend(rows[i, : len(r)].copy() for i, r in enumerate(responses[start : start + size]))
+        out.extend(rows[i, : len(r)].copy() for i, r in enumerate(chunk))
+        if raw is not None:
+            untempered = masked_logprobs(logits * settings.temperature, batch).cpu().numpy()
+            raw.extend(untempered[i, : len(r)].copy() for i, r in enumerate(chunk))
     return out
 
 
@@ -159,8 +164,9 @@ def score_rows(rows: list[Row], actor: torch.nn.Module, ref: torch.nn.Module | N
                          "(DESIGN §5); the engine must return at least one token per turn")
     # no_grad, not inference_mode: under ZeRO-3 the forward gathers parameters into buffers that
     # training reuses, and inference tensors cannot be saved for backward later.
+    raw: list[np.ndarray] = []
     with torch.no_grad():
-        old = policy_logprobs(actor, prompts, responses, settings, pad_id)
+        old = policy_logprobs(actor, prompts, responses, settings, pad_id, raw)
         with reference_policy(actor, ref) as ref_model:
             ref_lp = policy_logprobs(ref_model, prompts, responses, settings, pad_id)
         values = critic_values(critic, prompts, responses, settings, pad_id)
@@ -172,6 +178,8 @@ def score_rows(rows: list[Row], actor: torch.nn.Module, ref: torch.nn.Module | N
         row.update(old_logprobs=old[i].tolist(), ref_logprobs=ref_lp[i].tolist(),
                    values=values[i].tolist(), token_rewards=rewards[i].tolist(),
                    next_value=float(nv[i]))
+        if row.get("engine_logprobs") is not None:  # engine vs trainer, both untempered
+            row["logprob_gap"] = float(np.abs(np.asarray(row["engine_logprobs"]) - raw[i]).mean())
     columns = {k: [r.get(k, 0) if k == "iteration" else r[k] for r in rows] for k in _GAE_INPUTS}
     advantages, returns = gae_for_table(columns, gae_params)
     for row, adv, ret in zip(rows, advantages, returns):

@@ -58,6 +58,7 @@ TURN_SCHEMA = pa.schema(
         ("advantages", _f32_list),
         ("returns", _f32_list),
         ("bootstrap_prompt_ids", _i32_list),  # prompt of the next observation, when bootstrapped
+        ("logprob_gap", pa.float32()),  # mean |engine − trainer| untempered logprob of the turn
     ]
 )
 

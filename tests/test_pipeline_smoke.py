@@ -1,7 +1,8 @@
-"""Toy-size end-to-end runs of prepare_model → validate_prompts → zero_shot_eval (tiny model).
+"""Toy-size end-to-end runs of the pipeline stages (tiny model).
 
-One test calls the stage scripts in-process and audits what they wrote; another runs the real
-`dvc repro` in a scratch repo and checks that an eval-only param change reruns only that stage.
+One test calls the first three stage scripts in-process and audits what they wrote; another runs
+the real `dvc repro` of all seven stages in a scratch repo, audits the trajectories, and checks
+that an eval-only param change reruns only the evaluations and the report.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import pytest
 import yaml
 
 from components import prepare_model, validate_prompts, zero_shot_eval
+from longturn.algo.gae import GAEParams
 from longturn.evaluation import summarise
+from longturn.scoring import audit_gae
 from longturn.trajectories import TURN_SCHEMA, read_metadata
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,8 +34,12 @@ def toy_params(model_dir: str) -> dict:
     params["env"].update(tasks=["goto", "open"], max_turns=3)
     params["engine"].update(batch_size=4)
     params["engine"]["sampling"].update(max_new_tokens=6)
-    params["eval"].update(episodes_per_task=3, parallel_envs=2)
+    params["eval"].update(tasks=["goto", "open"], episodes_per_task=3, parallel_envs=2)
     params["validation"].update(samples_per_task=2, min_valid_action_ratio=0.0)
+    params["rollout"].update(n_envs=2, turns_per_env=3)
+    params["ppo"].update(mini_batch_size=6, micro_batch_size=3, bf16=False)
+    params["warmup"].update(iterations=2)
+    params["train"].update(iterations=2)
     return params
 
 
@@ -98,6 +105,10 @@ def _dvc(cwd: Path, *args: str) -> str:
     return proc.stdout + proc.stderr
 
 
+STAGES = ("prepare_model", "validate_prompts", "zero_shot_eval", "critic_warmup", "train",
+          "final_eval", "report")
+
+
 def test_dvc_repro_and_single_stage_rerun(tmp_path, tiny_model_dir):
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -109,17 +120,25 @@ def test_dvc_repro_and_single_stage_rerun(tmp_path, tiny_model_dir):
     _git(repo, "init", "-q")
     _dvc(repo, "init", "-q")
     _dvc(repo, "config", "core.analytics", "false")
+    _git(repo, "add", "-A")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "scratch")
     out = _dvc(repo, "repro")
-    for stage in ("prepare_model", "validate_prompts", "zero_shot_eval"):
+    for stage in STAGES:
         assert f"Running stage '{stage}'" in out
-    assert (repo / "data/eval/zero_shot/metrics.json").is_file()
+    parts = sorted(repo.glob("data/train/trajectories/iteration=*/part-00.parquet"))
+    assert len(parts) == 2
+    for part in parts:
+        assert audit_gae(part, GAEParams(**params["gae"])) < 1e-4
+    report = (repo / "data/report/report.md").read_text()
+    assert "goto" in report and (repo / "data/report/tasks.png").is_file()
 
     params["eval"]["episodes_per_task"] = 2
     write_params(repo / "params.yaml", params)
     out = _dvc(repo, "repro")
-    assert "Running stage 'zero_shot_eval'" in out
-    assert "Running stage 'prepare_model'" not in out
-    assert "Running stage 'validate_prompts'" not in out
+    for stage in ("zero_shot_eval", "final_eval", "report"):
+        assert f"Running stage '{stage}'" in out
+    for stage in ("prepare_model", "validate_prompts", "critic_warmup", "train"):
+        assert f"Running stage '{stage}'" not in out
     assert len(pd.read_parquet(repo / "data/eval/zero_shot/episodes.parquet")) == 4
 
     out = _dvc(repo, "repro", "-f", "-s", "zero_shot_eval")
