@@ -98,6 +98,7 @@ class CheckpointStore:
         barrier()
         trainer.save_checkpoint(tmp, {"iteration": iteration})
         (tmp / f"collector_rank{trainer.rank}.pkl").write_bytes(collector_blobs[0])
+        (tmp / f"weights_digest_rank{trainer.rank}.txt").write_text(trainer.weights_digest() + "\n")
         barrier()
         if is_main_process():
             (tmp / "history.pkl").write_bytes(pickle.dumps(history))

@@ -6,7 +6,6 @@ update per rank on that rank's own rows, ending with a hash of the rank's parame
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 from pathlib import Path
@@ -46,16 +45,6 @@ def make_rows(seed: int, tokenizer: Any, n_slots: int = 2, n_steps: int = 3,
     return rows
 
 
-def parameter_hash(*modules: torch.nn.Module) -> str:
-    """sha256 over every parameter's name and bytes, in a fixed order."""
-    digest = hashlib.sha256()
-    for module in modules:
-        for name, param in sorted(module.named_parameters(), key=lambda kv: kv[0]):
-            digest.update(name.encode())
-            digest.update(param.detach().float().cpu().contiguous().numpy().tobytes())
-    return digest.hexdigest()
-
-
 def main(model_dir: str, out_dir: str, zero_stage: int = 2) -> None:
     from transformers import AutoTokenizer
 
@@ -68,11 +57,11 @@ def main(model_dir: str, out_dir: str, zero_stage: int = 2) -> None:
                                micro_batch_size=2, zero_stage=zero_stage, temperature=0.7, seed=3)
     trainer = PPOTrainer(model_dir, model_dir, settings, GAEParams(0.99, 0.95), tokenizer)
     out = Path(out_dir)
-    before = parameter_hash(trainer.actor_module, trainer.critic_module)
+    before = trainer.weights_digest()
     rows = trainer.score(make_rows(100 + trainer.rank, tokenizer, n_slots=3, n_steps=2))
     part = write_turns(rows, out / f"part-{trainer.rank}.parquet")
     metrics = trainer.update([str(part)])
-    after = parameter_hash(trainer.actor_module, trainer.critic_module)
+    after = trainer.weights_digest()
     trainer.export_actor(out / "actor")  # rank 0 writes; collective under ZeRO-3
     result = {"rank": trainer.rank, "world_size": trainer.world_size, "before": before,
               "after": after, "metrics": metrics}

@@ -10,6 +10,7 @@ mini-batch's token count, so the accumulated gradient is that of a true token me
 from __future__ import annotations
 
 import copy
+import hashlib
 import logging
 import time
 from dataclasses import dataclass
@@ -190,6 +191,17 @@ class PPOTrainer:
         values = torch.tensor([metrics[k] for k in keys], dtype=torch.float64)
         dist.all_reduce(values)
         return {k: float(v) / self.world_size for k, v in zip(keys, values.tolist())}
+
+    def weights_digest(self) -> str:
+        """sha256 over actor and critic parameters (names and bytes, fixed order): equal on every
+        rank after an update, which checkpoints record so runs can be audited. Under ZeRO-3 each
+        rank holds only its partition, so digests differ by design there."""
+        digest = hashlib.sha256()
+        for module in (self.actor_module, self.critic_module):
+            for name, param in sorted(module.named_parameters(), key=lambda kv: kv[0]):
+                digest.update(name.encode())
+                digest.update(param.detach().float().cpu().contiguous().numpy().tobytes())
+        return digest.hexdigest()
 
     def save_checkpoint(self, directory: str | Path, client_state: dict[str, Any] | None = None) -> None:
         """Both engines (weights + optimizer) under dir/actor, dir/critic, plus per-rank RNG."""
