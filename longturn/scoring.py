@@ -21,8 +21,10 @@ from longturn.algo.critic import ValueModel, response_values, state_values
 from longturn.algo.gae import GAEParams, gae_for_table
 from longturn.algo.ppo import kl_penalty, token_rewards
 from longturn.engines.logprobs import pack_prompt_response
+from longturn.trajectories import read_metadata
 
 Row = dict[str, Any]
+GAE_METADATA_KEYS = ("gamma_step", "lambda_step", "gamma_token", "lambda_token")
 _GAE_INPUTS = ("values", "token_rewards", "next_value", "env_index", "step", "episode_id",
                "terminated", "aborted", "segment_end", "iteration")
 
@@ -188,8 +190,12 @@ def score_rows(rows: list[Row], actor: torch.nn.Module, ref: torch.nn.Module | N
     return rows
 
 
-def audit_gae(parquet_path: str | Path, gae_params: GAEParams) -> float:
-    """Max |stored − recomputed| over advantages and returns of a scored turn file."""
+def audit_gae(parquet_path: str | Path, gae_params: GAEParams | None = None) -> float:
+    """Max |stored − recomputed| over advantages and returns of a scored turn file; the GAE
+    parameters default to those recorded in the file's metadata."""
+    if gae_params is None:
+        meta = read_metadata(parquet_path)
+        gae_params = GAEParams(*(float(meta[k]) for k in GAE_METADATA_KEYS))
     names = set(pq.read_schema(str(parquet_path)).names)
     columns = [c for c in (*_GAE_INPUTS, "advantages", "returns") if c in names]
     table = pq.read_table(str(parquet_path), columns=columns).to_pydict()

@@ -74,7 +74,7 @@ def make_collector(params: Params, rank: int, run_id: str) -> FixedTurnCollector
 
 
 def file_metadata(params: Params, iteration: int) -> dict[str, Any]:
-    return {"gae": params.gae.model_dump(), "model": params.model.source,
+    return {**params.gae.model_dump(), "model": params.model.source,
             "engine": params.engine.name, "iteration": iteration,
             "sampling": params.engine.sampling.model_dump(), "ppo": params.ppo.model_dump()}
 

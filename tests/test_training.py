@@ -54,6 +54,7 @@ def test_train_writes_audited_iterations_and_resumes(tmp_path, tiny_model_dir):
         assert len(frame) == 6 and frame["segment_end"].sum() == 2
         assert frame[["old_logprobs", "values", "advantages", "returns"]].notna().all().all()
         assert audit_gae(part, gae_params(toy_params(tiny_model_dir, 3))) < 1e-4
+        assert audit_gae(part) < 1e-4  # parameters read from the file's metadata
     assert [c.name for c in (tmp_path / "checkpoints").glob("iteration=*")] == ["iteration=0002"]
     curve = pd.read_csv(tmp_path / "live/plots/metrics/train/value_loss.tsv", sep="\t")
     assert list(curve["step"]) == [0, 1, 2]
