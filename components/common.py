@@ -11,8 +11,9 @@ from typing import Callable, Sequence
 from longturn.agent.prompts import PromptTooLong
 from longturn.config import Params, ParamsError, load_params
 from longturn.models import ModelSourceError
+from longturn.warmup import WarmupDidNotConverge
 
-USER_ERRORS = (ParamsError, ModelSourceError, PromptTooLong)
+USER_ERRORS = (ParamsError, ModelSourceError, PromptTooLong, WarmupDidNotConverge)
 
 
 def parser(description: str) -> argparse.ArgumentParser:

@@ -117,8 +117,8 @@ class CheckpointStore:
             shutil.rmtree(stale, ignore_errors=True)
 
 
-def _resume(store: CheckpointStore, trainer: PPOTrainer, collector: FixedTurnCollector,
-            paths: TrainPaths) -> tuple[int, list[dict[str, float]]]:
+def _resume(store: CheckpointStore, trainer: PPOTrainer,
+            collector: FixedTurnCollector) -> tuple[int, list[dict[str, float]]]:
     """Restore the last complete checkpoint; returns (next iteration, metrics history)."""
     ckpt = store.latest()
     if ckpt is None:
@@ -189,7 +189,7 @@ def run_training(params: Params, paths: TrainPaths, progress: bool = True,
                          tokenizer)
     collector = make_collector(params, rank, run_id)
     store = CheckpointStore(paths.checkpoints, params.train.keep_checkpoints)
-    start, history = _resume(store, trainer, collector, paths)
+    start, history = _resume(store, trainer, collector)
     _drop_unfinished(paths.trajectories, start)
     metrics_log = MetricsLog(paths.live, history, enabled=is_main_process())
     policy = _export_policy(trainer, paths, start)

@@ -62,7 +62,7 @@ def test_sigkill_then_rerun_loses_and_duplicates_nothing(tmp_path, tiny_model_di
         assert len(pd.read_parquet(out / "trajectories" / d / "part-00.parquet")) == 6
     steps = pd.read_csv(out / "live/plots/metrics/train/policy_loss.tsv", sep="\t")["step"]
     assert list(steps) == [0, 1, 2, 3]
-    assert not list(out.rglob("*.tmp*"))
+    assert not list((out / "trajectories").rglob("*tmp*"))  # no partial Parquet files
     assert (out / "final/config.json").is_file()
 
     replay = subprocess.run(train_cmd(params, tiny_model_dir, out, "--replay",
