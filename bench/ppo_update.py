@@ -9,8 +9,13 @@ the collector's. By default the engine is a stand-in that answers every prompt w
 THINK/ACTION reply of --response-tokens tokens (no generation cost, fixed response length);
 --generate samples with the real engine instead. The batch is scored (`PPOTrainer.score`),
 written with `write_turns`, and `trainer.update([path])` is timed after --warmup untimed updates
-(the first one allocates the optimizer state). Scoring is not timed: update() itself runs no
-extra forward (old/ref logprobs and values come from score()).
+(the first one allocates the optimizer state). Scoring (old/ref logprobs, values) is timed
+separately: update() itself runs no extra forward.
+
+Side by side, on the same batch in the same run, it then times score + update for the plain
+layout against the two cost cuts: the shared prompt prefix run once per micro-batch
+(ppo.share_prefix) and LoRA on the top --lora-layers layers only (ppo.lora_layers, so backward
+stops there), and prints each one's speed-up. --only-params skips the comparison.
 
 FLOPs, nominal: 6 × N × tokens for each trained model (actor and critic), tokens = prompt +
 response tokens of every row × ppo_epochs (padding not counted), N = parameters that do a matmul
@@ -29,10 +34,12 @@ bench/prefix_cache.py). --tiny builds a 3M-parameter random model in a temp dir.
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -130,6 +137,33 @@ def timed_updates(trainer: PPOTrainer, path: str, warmup: int, repeats: int) -> 
     return times
 
 
+def variants(settings, lora_layers: int) -> dict[str, object]:
+    """The settings compared side by side: params.yaml's own, the plain layout (no shared
+    prefix, LoRA on every layer), and each cost cut alone and together."""
+    out = {"params.yaml": settings,
+           "plain": replace(settings, share_prefix=False, lora_layers=None),
+           "shared prefix": replace(settings, share_prefix=True, lora_layers=None)}
+    if settings.lora:
+        out[f"LoRA top {lora_layers} layers"] = replace(settings, share_prefix=False,
+                                                       lora_layers=lora_layers)
+        out[f"shared prefix + LoRA top {lora_layers}"] = replace(settings, share_prefix=True,
+                                                                 lora_layers=lora_layers)
+    return out
+
+
+def measure(settings, model_dir: str, rows: list[dict], params, tokenizer, path: Path,
+            args) -> tuple[float, float, PPOTrainer]:
+    """(score seconds, median update seconds, trainer) for one setting on a copy of the rows."""
+    trainer = PPOTrainer(model_dir, model_dir, settings, gae_params(params), tokenizer)
+    fresh = copy.deepcopy(rows)
+    t0 = time.perf_counter()
+    scored = trainer.score(fresh)
+    score_seconds = time.perf_counter() - t0
+    write_turns(scored, path)
+    seconds = statistics.median(timed_updates(trainer, str(path), args.warmup, args.repeats))
+    return score_seconds, seconds, trainer
+
+
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--params", default=str(ROOT / "params.yaml"))
@@ -145,6 +179,10 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--matmul-repeats", type=int, default=3)
     ap.add_argument("--tiny", action="store_true", help="tiny random model in a temp dir")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    ap.add_argument("--lora-layers", type=int, default=8,
+                    help="top layers with LoRA in the top-layers variants")
+    ap.add_argument("--only-params", action="store_true",
+                    help="measure params.yaml's settings only (no side-by-side variants)")
     return ap.parse_args()
 
 
@@ -156,16 +194,35 @@ def run(args: argparse.Namespace, model_dir: str, tmp: str) -> None:
     tokenizer = load_tokenizer(model_dir)
     rows = collect_batch(params, model_dir, tokenizer, args)
     settings = trainer_settings(params)
-    trainer = PPOTrainer(model_dir, model_dir, settings, gae_params(params), tokenizer)
-    path = str(write_turns(trainer.score(rows), Path(tmp) / "part-00.parquet"))
     dtype = torch.bfloat16 if settings.bf16 else torch.float32
     peak = matmul_flops(args.matmul_size, args.matmul_repeats, dtype)
-    seconds = statistics.median(timed_updates(trainer, path, args.warmup, args.repeats))
     tokens = settings.ppo_epochs * sum(len(r["prompt_ids"]) + len(r["response_ids"])
                                        for r in rows)
-    models = {"actor": flop_params(trainer.actor_module),
-              "critic": flop_params(trainer.critic_module)}
-    report(args, params, rows, models, tokens, seconds, peak, dtype)
+    timings = {}
+    for name, setting in variants(settings, args.lora_layers).items():
+        if args.only_params and name != "params.yaml":
+            continue
+        score_s, update_s, trainer = measure(setting, model_dir, rows, params, tokenizer,
+                                             Path(tmp) / f"{len(timings)}.parquet", args)
+        timings[name] = (score_s, update_s)
+        if name == "params.yaml":
+            models = {"actor": flop_params(trainer.actor_module),
+                      "critic": flop_params(trainer.critic_module)}
+            report(args, params, rows, models, tokens, update_s, peak, dtype)
+        del trainer
+    print_side_by_side(timings)
+
+
+def print_side_by_side(timings: dict[str, tuple[float, float]]) -> None:
+    """Score + update seconds per setting, and each one's speed-up over the plain layout."""
+    if "plain" not in timings:
+        return
+    base = sum(timings["plain"])
+    print("\nside by side (same batch, same run): score + update seconds, speed-up vs plain")
+    for name, (score_s, update_s) in timings.items():
+        total = score_s + update_s
+        print(f"  {name:34s} score {score_s:7.1f} s  update {update_s:7.1f} s  "
+              f"total {total:7.1f} s  x{base / total:5.2f}")
 
 
 def report(args, params, rows, models, tokens, seconds, peak, dtype) -> None:

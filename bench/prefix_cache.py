@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout
 
 from longturn.engines.base import Completion, SamplingParams  # noqa: E402
 from longturn.engines.hf import HFEngine  # noqa: E402
-from longturn.engines.prefix import shared_prefix_length  # noqa: E402
+from longturn.engines.shared_prefix import shared_prefix_length  # noqa: E402
 
 ACTIONS = {
     "turn left": "turn 90 degrees to the left", "turn right": "turn 90 degrees to the right",

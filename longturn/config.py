@@ -118,6 +118,8 @@ class PPOParams(Section):
     lora: bool = True
     lora_r: int = Field(8, ge=1)
     lora_alpha: float = Field(16.0, gt=0)
+    lora_layers: int | None = Field(None, ge=1)
+    share_prefix: bool = True
 
     @model_validator(mode="after")
     def _micro_divides_mini(self) -> "PPOParams":

@@ -15,6 +15,7 @@ from typing import Any, Iterator, Protocol
 import numpy as np
 import pyarrow.parquet as pq
 import torch
+from tqdm.auto import tqdm
 
 from longturn.algo.batches import autocast, masked_logprobs, pad_rows, tempered_logits
 from longturn.algo.critic import ValueModel, response_values, state_values
@@ -35,8 +36,9 @@ class ScoringSettings(Protocol):
     temperature: float
     kl_beta: float
     kl_estimator: str
-    micro_batch_size: int
+    mini_batch_size: int  # scoring runs without grad, so whole mini-batches at a time
     bf16: bool
+    share_prefix: bool
 
 
 def _device(module: torch.nn.Module) -> torch.device:
@@ -57,14 +59,15 @@ def reference_policy(actor: torch.nn.Module, ref: torch.nn.Module | None) -> Ite
 
 def policy_logprobs(model: torch.nn.Module, prompts: list[list[int]], responses: list[list[int]],
                     settings: ScoringSettings, pad_id: int,
-                    raw: list[np.ndarray] | None = None) -> list[np.ndarray]:
+                    raw: list[np.ndarray] | None = None, bar: Any = None) -> list[np.ndarray]:
     """Per-row float32 logprobs of each response token under softmax(logits / T). When `raw` is
     a list, the untempered logprobs (what engines report) are appended to it as well."""
     out: list[np.ndarray] = []
-    size = max(1, settings.micro_batch_size)
+    size = max(1, settings.mini_batch_size)
     for start in range(0, len(prompts), size):
         chunk = responses[start : start + size]
-        batch = pack_prompt_response(prompts[start : start + size], chunk, pad_id, _device(model))
+        batch = pack_prompt_response(prompts[start : start + size], chunk, pad_id, _device(model),
+                                     settings.share_prefix)
         with autocast(settings.bf16, batch.input_ids.device):
             logits = tempered_logits(model, batch, settings.temperature)
         rows = masked_logprobs(logits, batch).cpu().numpy()
@@ -72,35 +75,45 @@ def policy_logprobs(model: torch.nn.Module, prompts: list[list[int]], responses:
         if raw is not None:
             untempered = masked_logprobs(logits * settings.temperature, batch).cpu().numpy()
             raw.extend(untempered[i, : len(r)].copy() for i, r in enumerate(chunk))
+        _advance(bar, len(chunk))
     return out
 
 
 def critic_values(critic: ValueModel, prompts: list[list[int]], responses: list[list[int]],
-                  settings: ScoringSettings, pad_id: int) -> list[np.ndarray]:
+                  settings: ScoringSettings, pad_id: int, bar: Any = None) -> list[np.ndarray]:
     """Per-row float32 values (values[k] = V before emitting response token k)."""
     out: list[np.ndarray] = []
-    size = max(1, settings.micro_batch_size)
+    size = max(1, settings.mini_batch_size)
     for start in range(0, len(prompts), size):
         chunk = responses[start : start + size]
         with autocast(settings.bf16, _device(critic)):
-            values, _ = response_values(critic, prompts[start : start + size], chunk, pad_id)
+            values, _ = response_values(critic, prompts[start : start + size], chunk, pad_id,
+                                        settings.share_prefix)
         rows = values.float().cpu().numpy()
         out.extend(rows[i, : len(r)].copy() for i, r in enumerate(chunk))
+        _advance(bar, len(chunk))
     return out
 
 
 def bootstrap_values(critic: ValueModel, rows: list[Row], settings: ScoringSettings,
-                     pad_id: int) -> dict[int, float]:
+                     pad_id: int, bar: Any = None) -> dict[int, float]:
     """V(next observation) for every row that carries ``bootstrap_prompt_ids``."""
     index = [i for i, r in enumerate(rows) if r.get("bootstrap_prompt_ids")]
     out: dict[int, float] = {}
-    size = max(1, settings.micro_batch_size)
+    size = max(1, settings.mini_batch_size)
     for start in range(0, len(index), size):
         part = index[start : start + size]
+        prompts = [list(rows[i]["bootstrap_prompt_ids"]) for i in part]
         with autocast(settings.bf16, _device(critic)):
-            v = state_values(critic, [list(rows[i]["bootstrap_prompt_ids"]) for i in part], pad_id)
+            v = state_values(critic, prompts, pad_id, settings.share_prefix)
         out.update(zip(part, v.float().cpu().tolist()))
+        _advance(bar, len(part))
     return out
+
+
+def _advance(bar: Any, n: int) -> None:
+    if bar is not None:
+        bar.update(n)
 
 
 def successors(rows: list[Row]) -> list[int]:
@@ -149,12 +162,14 @@ def kl_token_rewards(old: list[np.ndarray], ref: list[np.ndarray], rewards: list
 
 def score_rows(rows: list[Row], actor: torch.nn.Module, ref: torch.nn.Module | None,
                critic: ValueModel, settings: ScoringSettings, gae_params: GAEParams,
-               pad_id: int) -> list[Row]:
+               pad_id: int, reuse_logprobs: bool = False, progress: bool = False) -> list[Row]:
     """Fill old_logprobs, ref_logprobs, values, next_value, token_rewards, advantages, returns
     (float32 lists) on one rank's rows, in place; returns the same list.
 
     ``ref=None`` means the reference is the (LoRA) actor with its adapters disabled.
     Rows needing a bootstrap (segment end, time-limit truncation) carry ``bootstrap_prompt_ids``.
+    ``reuse_logprobs`` keeps old/ref logprobs the rows already carry (the critic warm-up re-scores
+    the same turns while the actor is frozen, so only values and GAE change).
     """
     if not rows:
         return rows
@@ -166,13 +181,23 @@ def score_rows(rows: list[Row], actor: torch.nn.Module, ref: torch.nn.Module | N
                          "(DESIGN §5); the engine must return at least one token per turn")
     # no_grad, not inference_mode: under ZeRO-3 the forward gathers parameters into buffers that
     # training reuses, and inference tensors cannot be saved for backward later.
-    raw: list[np.ndarray] = []
-    with torch.no_grad():
-        old = policy_logprobs(actor, prompts, responses, settings, pad_id, raw)
-        with reference_policy(actor, ref) as ref_model:
-            ref_lp = policy_logprobs(ref_model, prompts, responses, settings, pad_id)
-        values = critic_values(critic, prompts, responses, settings, pad_id)
-        boot = bootstrap_values(critic, rows, settings, pad_id)
+    raw: list[np.ndarray] | None = []
+    reuse = reuse_logprobs and all(r.get("old_logprobs") is not None
+                                   and r.get("ref_logprobs") is not None for r in rows)
+    n_boot = sum(bool(r.get("bootstrap_prompt_ids")) for r in rows)
+    bar = tqdm(total=(1 if reuse else 3) * len(rows) + n_boot, desc="score", unit="turn",
+               disable=not progress, leave=False)
+    with torch.no_grad(), bar:
+        if reuse:
+            raw = None
+            old = [np.asarray(r["old_logprobs"], dtype=np.float32) for r in rows]
+            ref_lp = [np.asarray(r["ref_logprobs"], dtype=np.float32) for r in rows]
+        else:
+            old = policy_logprobs(actor, prompts, responses, settings, pad_id, raw, bar)
+            with reference_policy(actor, ref) as ref_model:
+                ref_lp = policy_logprobs(ref_model, prompts, responses, settings, pad_id, bar=bar)
+        values = critic_values(critic, prompts, responses, settings, pad_id, bar)
+        boot = bootstrap_values(critic, rows, settings, pad_id, bar)
     nv = next_values(rows, values, boot)
     rewards = kl_token_rewards(old, ref_lp, [r["reward"] for r in rows], settings.kl_beta,
                                settings.kl_estimator)
@@ -180,7 +205,7 @@ def score_rows(rows: list[Row], actor: torch.nn.Module, ref: torch.nn.Module | N
         row.update(old_logprobs=old[i].tolist(), ref_logprobs=ref_lp[i].tolist(),
                    values=values[i].tolist(), token_rewards=rewards[i].tolist(),
                    next_value=float(nv[i]))
-        if row.get("engine_logprobs") is not None:  # engine vs trainer, both untempered
+        if raw is not None and row.get("engine_logprobs") is not None:  # both untempered
             row["logprob_gap"] = float(np.abs(np.asarray(row["engine_logprobs"]) - raw[i]).mean())
     columns = {k: [r.get(k, 0) if k == "iteration" else r[k] for r in rows] for k in _GAE_INPUTS}
     advantages, returns = gae_for_table(columns, gae_params)

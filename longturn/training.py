@@ -54,7 +54,8 @@ def trainer_settings(params: Params) -> TrainerSettings:
         temperature=params.engine.sampling.temperature or 1.0, ppo_epochs=p.ppo_epochs,
         mini_batch_size=p.mini_batch_size, micro_batch_size=p.micro_batch_size,
         grad_clip=p.grad_clip, zero_stage=p.zero_stage, bf16=p.bf16, lora=p.lora,
-        lora_r=p.lora_r, lora_alpha=p.lora_alpha, seed=params.seed)
+        lora_r=p.lora_r, lora_alpha=p.lora_alpha, lora_layers=p.lora_layers,
+        share_prefix=p.share_prefix, seed=params.seed)
 
 
 def gae_params(params: Params) -> GAEParams:
@@ -186,7 +187,7 @@ def run_training(params: Params, paths: TrainPaths, progress: bool = True,
     _guard_persisted(params, paths)
     tokenizer = load_tokenizer(paths.base)
     trainer = PPOTrainer(paths.base, paths.critic, trainer_settings(params), gae_params(params),
-                         tokenizer)
+                         tokenizer, progress=progress)
     collector = make_collector(params, rank, run_id)
     store = CheckpointStore(paths.checkpoints, params.train.keep_checkpoints)
     start, history = _resume(store, trainer, collector)

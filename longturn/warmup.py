@@ -52,14 +52,14 @@ def run_critic_warmup(params: Params, base: Path, out: Path, live_dir: Path, wor
     rank, _ = init_distributed()
     rows = collect_frozen(params, base, rank, progress)
     trainer = PPOTrainer(base, base, trainer_settings(params), gae_params(params),
-                         load_tokenizer(base))
+                         load_tokenizer(base), progress=progress)
     w = params.warmup
     rng = np.random.default_rng(params.seed)
     size = max(1, math.ceil(w.sample_fraction * len(rows)))
     live = MetricsLog(live_dir, [])
     losses = []
     for it in range(w.iterations):
-        trainer.score(rows)
+        trainer.score(rows, reuse_logprobs=it > 0)  # the actor is frozen: logprobs stay
         picked = sorted(rng.choice(len(rows), size=size, replace=False))
         part = iteration_dir(work_dir, it) / f"part-{rank:02d}.parquet"
         write_turns([rows[i] for i in picked], part, file_metadata(params, it))

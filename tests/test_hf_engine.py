@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from longturn.engines.base import SamplingParams
 from longturn.engines.hf import HFEngine, choose_tokens, filter_logits
-from longturn.engines.prefix import shared_prefix_length
+from longturn.engines.shared_prefix import shared_prefix_length
 from longturn.engines.logprobs import (
     forward_logprobs,
     pack_prompt_response,

@@ -29,8 +29,9 @@ class Settings:
     temperature: float = 0.7
     kl_beta: float = BETA
     kl_estimator: str = "k1"
-    micro_batch_size: int = 2
+    mini_batch_size: int = 2
     bf16: bool = False
+    share_prefix: bool = False
 
 
 @pytest.fixture(scope="module")
@@ -160,3 +161,23 @@ def test_rejects_empty_response_and_missing_bootstrap(models) -> None:
     del _find(rows, 1, 2)["bootstrap_prompt_ids"]
     with pytest.raises(ValueError, match="bootstrap_prompt_ids"):
         score_rows(rows, actor, ref, critic, Settings(), GAE, PAD)
+
+
+def test_reuse_logprobs_keeps_policy_columns_and_refreshes_values(models) -> None:
+    """The critic warm-up re-scores with the actor frozen: old/ref logprobs are kept as they are,
+    values and GAE targets come from the current critic."""
+    actor, ref, critic = models
+    rows = score_rows(hand_rows(), actor, ref, critic, Settings(), GAE, PAD)
+    old = [list(r["old_logprobs"]) for r in rows]
+    for r in rows:
+        r["old_logprobs"] = [x + 1.0 for x in r["old_logprobs"]]  # a marker a recompute would undo
+    moved = copy.deepcopy(critic)
+    with torch.no_grad():
+        moved.value_head.bias.add_(1.0)
+    again = score_rows(rows, actor, ref, moved, Settings(), GAE, PAD, reuse_logprobs=True)
+    for row, before in zip(again, old):
+        assert row["old_logprobs"] == pytest.approx([x + 1.0 for x in before])
+    fresh = score_rows(hand_rows(), actor, ref, moved, Settings(), GAE, PAD)
+    for row, expected in zip(again, fresh):
+        assert row["values"] == pytest.approx(expected["values"], abs=1e-6)
+        assert row["ref_logprobs"] == pytest.approx(expected["ref_logprobs"], abs=1e-6)

@@ -21,7 +21,7 @@ from torch import nn
 from transformers import AutoModel
 
 from longturn.algo.lora import merged_model
-from longturn.engines.logprobs import pack_prompt_response
+from longturn.engines.logprobs import forward_packed, pack_prompt_response
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 
@@ -46,15 +46,19 @@ class ValueModel(nn.Module):
     def forward(
         self,
         input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
+        past_key_values: Any = None,
+        use_cache: bool = False,
     ) -> torch.Tensor:
-        """Values [B, T] in float32 (the head runs in its own dtype, float32 unless cast)."""
+        """Values [B, T] in float32 (the head runs in its own dtype, float32 unless cast). A
+        ``past_key_values`` cache is read and extended in place (shared-prefix scoring)."""
         out = self.backbone(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            use_cache=False,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
         )
         hidden = out.last_hidden_state
         return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1).float()
@@ -105,25 +109,26 @@ def response_values(
     prompt_ids: list[list[int]],
     response_ids: list[list[int]],
     pad_id: int = 0,
+    share_prefix: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """values [B, R] (V before emitting each response token) and its bool mask [B, R].
 
     Masked entries are 0. Gradients flow when called with grad enabled.
     """
     device = _device(critic)
-    batch = pack_prompt_response(prompt_ids, response_ids, pad_id, device)
+    batch = pack_prompt_response(prompt_ids, response_ids, pad_id, device, share_prefix)
     width_p, width_r = batch.prompt_width, batch.response_ids.shape[1]
     if width_r == 0:
         empty = torch.zeros(len(prompt_ids), 0, device=device)
         return empty, empty.bool()
-    values = critic(batch.input_ids, batch.attention_mask, batch.position_ids)
+    values = forward_packed(critic, batch)
     values = values[:, width_p - 1 : width_p + width_r - 1]
     return values.masked_fill(~batch.response_mask, 0.0), batch.response_mask
 
 
-def state_values(critic: ValueModel, prompt_ids: list[list[int]], pad_id: int = 0) -> torch.Tensor:
+def state_values(critic: ValueModel, prompt_ids: list[list[int]], pad_id: int = 0,
+                 share_prefix: bool = False) -> torch.Tensor:
     """V(state) [B] at the last prompt token: bootstraps the next observation at a segment end."""
     device = _device(critic)
-    batch = pack_prompt_response(prompt_ids, [[] for _ in prompt_ids], pad_id, device)
-    values = critic(batch.input_ids, batch.attention_mask, batch.position_ids)
-    return values[:, -1]
+    batch = pack_prompt_response(prompt_ids, [[] for _ in prompt_ids], pad_id, device, share_prefix)
+    return forward_packed(critic, batch)[:, -1]

@@ -19,6 +19,7 @@ def apply_lora(
     alpha: float = 16.0,
     dropout: float = 0.0,
     target_modules: list[str] | str | None = "all-linear",
+    top_layers: int | None = None,
 ) -> nn.Module:
     """Freeze the base weights and add trainable LoRA adapters; returns the model to train.
 
@@ -26,18 +27,27 @@ def apply_lora(
     returned itself, its ``backbone`` wrapped in place: the value head stays fully trainable, since
     a fresh head has nothing a low-rank update could build on. ``"all-linear"`` targets every
     linear layer except the LM output layer.
+
+    ``top_layers=N`` puts adapters on the last N transformer layers only. Nothing below them
+    needs a gradient then, so backward stops at layer L-N: on CPU that is most of its cost.
     """
     from peft import LoraConfig, TaskType, get_peft_model
 
     from longturn.algo.critic import ValueModel  # local: critic imports this module
 
     is_critic = isinstance(model, ValueModel)
+    base = model.backbone if is_critic else model
+    layers = _top_layer_indices(base, top_layers)
+    if layers is not None and target_modules == "all-linear":  # peft wants names with layers
+        target_modules = _linear_names(base)
     config = LoraConfig(
         r=r,
         lora_alpha=alpha,
         lora_dropout=dropout,
         target_modules=target_modules,
         task_type=None if is_critic else TaskType.CAUSAL_LM,
+        layers_to_transform=layers,
+        layers_pattern="layers" if layers is not None else None,
     )
     if not is_critic:
         return get_peft_model(model, config)
@@ -45,6 +55,23 @@ def apply_lora(
     for param in model.value_head.parameters():
         param.requires_grad_(True)
     return model
+
+
+def _linear_names(model: nn.Module) -> list[str]:
+    """Leaf names of every linear layer except the LM output layer (what "all-linear" means)."""
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                   if isinstance(module, nn.Linear) and module is not output})
+
+
+def _top_layer_indices(model: nn.Module, top_layers: int | None) -> list[int] | None:
+    """Indices of the last `top_layers` transformer layers (None: every layer, as is asking for
+    at least as many layers as the model has)."""
+    if top_layers is None:
+        return None
+    config = getattr(model.config, "text_config", None) or model.config
+    total = int(config.num_hidden_layers)
+    return None if top_layers >= total else list(range(total - top_layers, total))
 
 
 def merged_model(model: nn.Module) -> nn.Module:

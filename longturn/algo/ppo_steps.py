@@ -79,7 +79,8 @@ def actor_step(engine: Any, batch: TurnBatch, mini: np.ndarray, micros: list[np.
     for j, idx in enumerate(micros):
         mb = batch.select(idx).to(device)
         engine.set_gradient_accumulation_boundary(j == len(micros) - 1)
-        packed = pack_prompt_response(mb.prompt_ids, mb.response_ids, pad_id, device)
+        packed = pack_prompt_response(mb.prompt_ids, mb.response_ids, pad_id, device,
+                                      s.share_prefix)
         with autocast(s.bf16, device):
             logits = tempered_logits(engine, packed, s.temperature)
         logprobs = masked_logprobs(logits, packed)
@@ -109,7 +110,8 @@ def critic_step(engine: Any, batch: TurnBatch, mini: np.ndarray, micros: list[np
         mb = batch.select(idx).to(device)
         engine.set_gradient_accumulation_boundary(j == len(micros) - 1)
         with autocast(s.bf16, device):
-            values, _ = response_values(engine, mb.prompt_ids, mb.response_ids, pad_id)
+            values, _ = response_values(engine, mb.prompt_ids, mb.response_ids, pad_id,
+                                        s.share_prefix)
         loss, st = value_loss(values.float(), mb.values, mb.returns, mb.mask, s.value_clip,
                               s.first_token_weight, normalizer)
         engine.backward(loss, scale_wrt_gas=False)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import logging
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM
 
 from longturn.algo.batches import read_turn_batch
@@ -57,6 +59,8 @@ class TrainerSettings:
     lora: bool = False
     lora_r: int = 8
     lora_alpha: float = 16.0
+    lora_layers: int | None = None  # adapters on the top N transformer layers only (None: all)
+    share_prefix: bool = False  # run the prompts' common prefix once per micro-batch
     seed: int = 0
     whiten_advantages: bool = True
     weight_decay: float = 0.0
@@ -106,9 +110,11 @@ class PPOTrainer:
     """Owns the actor, critic and reference models and their optimizers on this rank."""
 
     def __init__(self, actor_dir: str | Path, critic_dir: str | Path, settings: TrainerSettings,
-                 gae_params: GAEParams, tokenizer: Any) -> None:
+                 gae_params: GAEParams, tokenizer: Any, progress: bool = False) -> None:
+        """``progress`` shows bars for scoring and the update (on rank 0 only)."""
         self.settings, self.gae_params, self.tokenizer = settings, gae_params, tokenizer
         self.rank, self.world_size = init_distributed()
+        self.progress = progress and self.rank == 0
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_id = int(pad or 0)
         self.updates = 0
@@ -116,8 +122,10 @@ class PPOTrainer:
         actor = AutoModelForCausalLM.from_pretrained(str(actor_dir), dtype=torch.float32)
         critic = ValueModel.from_pretrained(critic_dir)
         if settings.lora:
-            actor = apply_lora(actor, settings.lora_r, settings.lora_alpha)
-            critic = apply_lora(critic, settings.lora_r, settings.lora_alpha)
+            actor = apply_lora(actor, settings.lora_r, settings.lora_alpha,
+                               top_layers=settings.lora_layers)
+            critic = apply_lora(critic, settings.lora_r, settings.lora_alpha,
+                                top_layers=settings.lora_layers)
             self.ref: torch.nn.Module | None = None  # the actor with adapters disabled
         else:
             self.ref = copy.deepcopy(actor).eval().requires_grad_(False)
@@ -135,12 +143,13 @@ class PPOTrainer:
     def critic_module(self) -> ValueModel:
         return self.critic_engine.module
 
-    def score(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Fill old/ref logprobs, values, next_value, token_rewards, advantages, returns."""
+    def score(self, rows: list[dict[str, Any]], reuse_logprobs: bool = False) -> list[dict[str, Any]]:
+        """Fill old/ref logprobs, values, next_value, token_rewards, advantages, returns
+        (``reuse_logprobs``: keep the old/ref logprobs rows already have; see score_rows)."""
         self.actor_engine.eval()
         self.critic_engine.eval()
         return score_rows(rows, self.actor_module, self.ref, self.critic_module, self.settings,
-                          self.gae_params, self.pad_id)
+                          self.gae_params, self.pad_id, reuse_logprobs, self.progress)
 
     def update(self, parquet_paths: list[str], train_actor: bool = True) -> dict[str, float]:
         """One PPO update from this rank's Parquet files; scalars averaged over ranks.
@@ -159,11 +168,16 @@ class PPOTrainer:
         self.actor_engine.train()
         self.critic_engine.train()
         rng = np.random.default_rng([s.seed, self.updates])
+        steps = s.ppo_epochs * math.ceil(len(batch) / s.mini_batch_size)
+        bar = tqdm(total=steps, desc="update", unit="mini-batch", disable=not self.progress,
+                   leave=False)
         for _ in range(s.ppo_epochs):
             for mini, micros in schedule(len(batch), s.mini_batch_size, s.micro_batch_size, rng):
                 if train_actor:
                     actor_step(self.actor_engine, batch, mini, micros, s, self.pad_id, stats)
                 critic_step(self.critic_engine, batch, mini, micros, s, self.pad_id, stats)
+                bar.update(1)
+        bar.close()
         self.updates += 1
         seconds = time.perf_counter() - start
         tokens = s.ppo_epochs * sum(len(p) + len(r) for p, r in

@@ -16,8 +16,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from longturn.engines.logprobs import positions_from_mask
-
-MIN_SHARED_PREFIX = 16  # below this the second forward call costs more than it saves
+from longturn.engines.shared_prefix import shared_prefix_length
 
 
 @dataclass
@@ -37,21 +36,6 @@ def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device):
     mask = [[0] * (width - len(p)) + [1] * len(p) for p in prompts]
     as_tensor = lambda rows: torch.tensor(rows, dtype=torch.long, device=device)  # noqa: E731
     return as_tensor(ids), as_tensor(mask)
-
-
-def shared_prefix_length(prompts: list[list[int]], minimum: int = MIN_SHARED_PREFIX) -> int:
-    """Tokens worth computing once: the longest common prefix, cut back so every prompt keeps at
-    least one token of its own (its last-token logits come from the suffix pass); 0 when that is
-    under `minimum` or there is nothing to share with."""
-    if len(prompts) < 2:
-        return 0
-    common = 0
-    for column in zip(*prompts):
-        if any(token != column[0] for token in column):
-            break
-        common += 1
-    cut = min(common, min(len(p) for p in prompts) - 1)
-    return cut if cut >= minimum else 0
 
 
 def plain_prefill(
