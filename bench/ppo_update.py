@@ -17,12 +17,16 @@ layout against the two cost cuts: the shared prompt prefix run once per micro-ba
 (ppo.share_prefix) and LoRA on the top --lora-layers layers only (ppo.lora_layers, so backward
 stops there), and prints each one's speed-up. --only-params skips the comparison.
 
+The FLOP figures are of the plain layout (with --only-params: of params.yaml's settings, marked
+EFFECTIVE when a cost cut is on, since tokens still count every prompt token).
 FLOPs, nominal: 6 × N × tokens for each trained model (actor and critic), tokens = prompt +
 response tokens of every row × ppo_epochs (padding not counted), N = parameters that do a matmul
 per token: all parameters except embedding tables used only as lookups (a tied LM head counts;
 the critic has no LM head, so its embedding does not). With LoRA (ppo.lora) N is still the whole
 model, as the nominal figure; the true work is nearer 4 × N × tokens (forward + input gradients;
-frozen weights get no weight gradient), printed too. Attention-score FLOPs are left out.
+frozen weights get no weight gradient), printed too. Scoring adds 2 × N × tokens per forward:
+old and reference logprobs (actor) and values (critic); the score+update ratio counts them.
+Attention-score FLOPs are left out.
 
 The matmul reference is the best of --matmul-repeats n×n×n products in the dtype the update
 computes in (bf16 under ppo.bf16), with the same torch threads (default 1: see
@@ -196,8 +200,7 @@ def run(args: argparse.Namespace, model_dir: str, tmp: str) -> None:
     settings = trainer_settings(params)
     dtype = torch.bfloat16 if settings.bf16 else torch.float32
     peak = matmul_flops(args.matmul_size, args.matmul_repeats, dtype)
-    tokens = settings.ppo_epochs * sum(len(r["prompt_ids"]) + len(r["response_ids"])
-                                       for r in rows)
+    flop_variant = "params.yaml" if args.only_params else "plain"
     timings = {}
     for name, setting in variants(settings, args.lora_layers).items():
         if args.only_params and name != "params.yaml":
@@ -205,50 +208,63 @@ def run(args: argparse.Namespace, model_dir: str, tmp: str) -> None:
         score_s, update_s, trainer = measure(setting, model_dir, rows, params, tokenizer,
                                              Path(tmp) / f"{len(timings)}.parquet", args)
         timings[name] = (score_s, update_s)
-        if name == "params.yaml":
+        if name == flop_variant:
             models = {"actor": flop_params(trainer.actor_module),
                       "critic": flop_params(trainer.critic_module)}
-            report(args, params, rows, models, tokens, update_s, peak, dtype)
+            report(args, params, rows, name, setting, models, (score_s, update_s), peak, dtype)
         del trainer
-    print_side_by_side(timings)
+    print_side_by_side(timings, rows)
 
 
-def print_side_by_side(timings: dict[str, tuple[float, float]]) -> None:
+def print_side_by_side(timings: dict[str, tuple[float, float]], rows: list[dict]) -> None:
     """Score + update seconds per setting, and each one's speed-up over the plain layout."""
     if "plain" not in timings:
         return
     base = sum(timings["plain"])
-    print("\nside by side (same batch, same run): score + update seconds, speed-up vs plain")
+    tokens = sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows)
+    print("\nside by side (same batch, same run): score + update, speed-up vs plain")
     for name, (score_s, update_s) in timings.items():
         total = score_s + update_s
         print(f"  {name:34s} score {score_s:7.1f} s  update {update_s:7.1f} s  "
-              f"total {total:7.1f} s  x{base / total:5.2f}")
+              f"total {total:7.1f} s  {tokens / total:6.0f} tokens/s  x{base / total:5.2f}")
 
 
-def report(args, params, rows, models, tokens, seconds, peak, dtype) -> None:
-    p = params.ppo
-    n_matmul = sum(m for _, m in models.values())
-    nominal, lora_work = 6 * n_matmul * tokens, 4 * n_matmul * tokens
+def report(args, params, rows, name, setting, models, seconds, peak, dtype) -> None:
+    """FLOP/s of one variant against the matmul peak. Tokens count every prompt token, so with a
+    shared prefix or top-layer LoRA the figure is effective (the plain layout's work per second)."""
+    score_s, update_s = seconds
+    (_, n_actor), (_, n_critic) = models["actor"], models["critic"]
+    tokens = sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows)
+    update = 6 * (n_actor + n_critic) * tokens * setting.ppo_epochs
+    lora_update = 4 * (n_actor + n_critic) * tokens * setting.ppo_epochs
+    forwards = 2 * (2 * n_actor + n_critic) * tokens  # old + ref logprobs, values
     prompt = statistics.mean(len(r["prompt_ids"]) for r in rows)
     response = statistics.mean(len(r["response_ids"]) for r in rows)
-    print(f"PPO update: {len(rows)} turns ({params.rollout.n_envs} envs x "
+    effective = setting.share_prefix or setting.lora_layers
+    print(f"PPO update ({name}): {len(rows)} turns ({params.rollout.n_envs} envs x "
           f"{params.rollout.turns_per_env}), prompt {prompt:.0f} + response {response:.0f} "
           f"tokens/turn, {'sampled' if args.generate else 'canned'} replies; ppo_epochs="
-          f"{p.ppo_epochs} mini={p.mini_batch_size} micro={p.micro_batch_size} lora={p.lora} "
-          f"bf16={p.bf16}, torch threads={torch.get_num_threads()}")
-    for name, (total, matmul) in models.items():
-        print(f"  {name:6s} params        : {total / 1e6:8.2f} M, {matmul / 1e6:8.2f} M doing "
+          f"{setting.ppo_epochs} mini={setting.mini_batch_size} micro={setting.micro_batch_size} "
+          f"lora={setting.lora} lora_layers={setting.lora_layers} "
+          f"share_prefix={setting.share_prefix} bf16={setting.bf16}, "
+          f"torch threads={torch.get_num_threads()}")
+    for model, (total, matmul) in models.items():
+        print(f"  {model:6s} params        : {total / 1e6:8.2f} M, {matmul / 1e6:8.2f} M doing "
               "matmuls (N)")
-    print(f"  update seconds       : {seconds:10.2f}")
-    print(f"  tokens               : {tokens:10d}   ({tokens / seconds:.0f} tokens/s)")
-    print(f"  estimated FLOPs      : {nominal:10.3e}   (6 x N x tokens, actor + critic)")
-    print(f"  achieved GFLOP/s     : {nominal / seconds / 1e9:10.2f}")
+    print(f"  score / update s     : {score_s:10.2f} / {update_s:.2f}")
+    print(f"  tokens               : {tokens:10d}   ({tokens * setting.ppo_epochs / update_s:.0f} "
+          "tokens/s in the update)")
     print(f"  matmul GFLOP/s       : {peak / 1e9:10.2f}   ({args.matmul_size}^3 "
           f"{str(dtype).removeprefix('torch.')}, best of {args.matmul_repeats})")
-    print(f"  ratio (MFU-like)     : {nominal / seconds / peak:10.3f}")
-    if p.lora:
-        print(f"  LoRA-adjusted ratio  : {lora_work / seconds / peak:10.3f}   (4 x N x tokens: "
+    print(f"  update GFLOP/s       : {update / update_s / 1e9:10.2f}   (6 x N x tokens, actor + "
+          f"critic){'  EFFECTIVE' if effective else ''}")
+    print(f"  ratio (MFU-like)     : {update / update_s / peak:10.3f}")
+    if setting.lora:
+        print(f"  LoRA-adjusted ratio  : {lora_update / update_s / peak:10.3f}   (4 x N x tokens: "
               "frozen weights get no weight gradient)")
+    total = update + forwards
+    print(f"  score+update ratio   : {total / (score_s + update_s) / peak:10.3f}   (plus the "
+          "scoring forwards: 2 x N x tokens for old logprobs, ref logprobs, values)")
 
 
 def main() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -54,3 +55,12 @@ def is_main_process() -> bool:
 def barrier() -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
+
+
+def sum_over_ranks(values: np.ndarray) -> np.ndarray:
+    """Element-wise sum of a float array over all ranks (the array itself in a world of one)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return values
+    tensor = torch.as_tensor(np.asarray(values, dtype=np.float64))
+    dist.all_reduce(tensor)
+    return tensor.numpy()

@@ -4,31 +4,55 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 PREFIX = "train/"
 
 
-def rollout_metrics(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Success among episodes that ended in this batch, reward per turn, lengths, validity."""
+_SUMMED = ("turns", "episodes_ended")  # totals; every other metric is a ratio
+
+
+def rollout_totals(rows: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:
+    """(numerator, denominator) of each rollout metric, so ranks can be summed before dividing."""
     ended = [r for r in rows if r["terminated"] or r["truncated"] or r["aborted"]]
-    tokens = sum(len(r["response_ids"]) for r in rows)
-    out = {
-        "turns": float(len(rows)),
-        "episodes_ended": float(len(ended)),
-        "success_rate": float(np.mean([r["success"] for r in ended])) if ended else float("nan"),
-        "episode_length": float(np.mean([r["turn"] + 1 for r in ended])) if ended else float("nan"),
-        "mean_reward": float(np.mean([r["reward"] for r in rows])),
-        "mean_env_reward": float(np.mean([r["env_reward"] for r in rows])),
-        "valid_action_ratio": float(np.mean([r["action_valid"] for r in rows])),
-        "response_tokens": tokens / max(len(rows), 1),
-        "finish_length_ratio": float(np.mean([r["finish_reason"] == "length" for r in rows])),
-    }
+    n = float(len(rows))
     gaps = [r["logprob_gap"] for r in rows if r.get("logprob_gap") is not None]
-    if gaps:  # mean |engine − trainer| logprob per token, both of the untempered policy
-        out["logprob_gap"] = float(np.mean(gaps))
+    return {
+        "turns": (n, 1.0),
+        "episodes_ended": (float(len(ended)), 1.0),
+        "success_rate": (float(sum(bool(r["success"]) for r in ended)), float(len(ended))),
+        "episode_length": (float(sum(r["turn"] + 1 for r in ended)), float(len(ended))),
+        "mean_reward": (float(sum(r["reward"] for r in rows)), n),
+        "mean_env_reward": (float(sum(r["env_reward"] for r in rows)), n),
+        "valid_action_ratio": (float(sum(bool(r["action_valid"]) for r in rows)), n),
+        "response_tokens": (float(sum(len(r["response_ids"]) for r in rows)), n),
+        "finish_length_ratio": (float(sum(r["finish_reason"] == "length" for r in rows)), n),
+        # mean |engine − trainer| logprob per token, both of the untempered policy
+        "logprob_gap": (float(sum(gaps)), float(len(gaps))),
+    }
+
+
+def rollout_metrics(rows: list[dict[str, Any]],
+                    sum_over_ranks: Callable[[np.ndarray], np.ndarray] | None = None
+                    ) -> dict[str, float]:
+    """Success among episodes that ended in this batch, reward per turn, lengths, validity;
+    over every rank's rows when ``sum_over_ranks`` (an all-reduce of an array) is given.
+    A ratio with nothing to count is NaN (left out of the curves); logprob_gap is then absent."""
+    totals = rollout_totals(rows)
+    keys = sorted(totals)
+    values = np.array([totals[k] for k in keys], dtype=np.float64)
+    if sum_over_ranks is not None:
+        values = sum_over_ranks(values)
+    out: dict[str, float] = {}
+    for key, (numerator, denominator) in zip(keys, values):
+        if key in _SUMMED:
+            out[key] = float(numerator)
+        elif denominator > 0:
+            out[key] = float(numerator / denominator)
+        elif key != "logprob_gap":
+            out[key] = float("nan")
     return out
 
 

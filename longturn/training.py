@@ -22,7 +22,7 @@ from longturn.algo.gae import GAEParams
 from longturn.algo.trainer import PPOTrainer, TrainerSettings
 from longturn.collector import FixedTurnCollector
 from longturn.config import Params
-from longturn.distributed import barrier, init_distributed, is_main_process
+from longturn.distributed import barrier, init_distributed, is_main_process, sum_over_ranks
 from longturn.engines.registry import make_engine, sampling_from_params
 from longturn.metrics import MetricsLog, rollout_metrics
 from longturn.models import load_tokenizer
@@ -223,7 +223,7 @@ def _iteration(params: Params, paths: TrainPaths, trainer: PPOTrainer,
                run_id: str, rank: int, progress: bool) -> dict[str, float]:
     """One iteration; its Parquet part is the only hand-off between rollout and update.
 
-    Rollout metrics are this rank's; update metrics are averaged over ranks by the trainer."""
+    Rollout metrics count every rank's turns; update metrics are averaged over ranks."""
     start = time.perf_counter()
     sampling = sampling_from_params(params, seed=params.seed)
     extra = {"run_id": run_id, "policy_version": f"iteration-{iteration}"}
@@ -232,7 +232,7 @@ def _iteration(params: Params, paths: TrainPaths, trainer: PPOTrainer,
     part = iteration_dir(paths.trajectories, iteration) / f"part-{rank:02d}.parquet"
     write_turns(rows, part, file_metadata(params, iteration))
     barrier()
-    metrics = rollout_metrics(rows)
+    metrics = rollout_metrics(rows, sum_over_ranks)
     metrics.update(trainer.update([str(part)]))
     metrics["seconds_per_iteration"] = time.perf_counter() - start
     log.info("iteration %d: success %.3f reward %.3f valid %.2f value_loss %.4f kl %.5f (%.0f s)",

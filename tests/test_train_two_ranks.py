@@ -31,3 +31,8 @@ def test_train_stage_on_two_ranks(tmp_path, tiny_model_dir):
     ckpt = out / "checkpoints/iteration=0001"
     digests = [(ckpt / f"weights_digest_rank{r}.txt").read_text() for r in range(2)]
     assert digests[0] == digests[1]
+    # Rollout metrics count both ranks' turns (2 slots x turns_per_env each).
+    turns = pd.read_csv(out / "live/plots/metrics/train/turns.tsv", sep="\t")["turns"].tolist()
+    rows = [sum(len(pd.read_parquet(p)) for p in
+                (out / f"trajectories/iteration={i:04d}").glob("part-*.parquet")) for i in range(2)]
+    assert turns == rows

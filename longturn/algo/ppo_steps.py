@@ -5,6 +5,11 @@ and handed to DeepSpeed with ``scale_wrt_gas=False`` (DeepSpeed would otherwise 
 gradient_accumulation_steps again), so the summed gradient is exactly that of the mini-batch token
 mean, whatever the number or sizes of its micro-batches. The accumulation boundary is set by hand
 on the last micro-batch, so a smaller last mini-batch still ends in exactly one optimizer step.
+
+With several ranks the normalizer is the token count of the mini-batch over ALL ranks divided by
+the world size: DeepSpeed averages gradients over ranks, so the result is the token mean of the
+global mini-batch (a rank with longer responses weighs more, as its tokens do), not a mean of
+per-rank means.
 """
 
 from __future__ import annotations
@@ -15,9 +20,11 @@ from typing import Any, Iterator
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from longturn.algo.batches import TurnBatch, autocast, masked_logprobs, pad_rows, tempered_logits
 from longturn.algo.critic import response_values
+from longturn.distributed import sum_over_ranks
 from longturn.algo.ppo import (entropy_from_logits, explained_variance, masked_mean, policy_loss,
                                think_action_masks, value_loss)
 from longturn.engines.logprobs import pack_prompt_response
@@ -71,10 +78,16 @@ def _take_step(engine: Any) -> float:
     return float("nan") if norm is None else float(norm)
 
 
+def _global_normalizer(local: float) -> float:
+    """This rank's share of the global token count: sum over ranks / world size."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    return float(sum_over_ranks(np.array([local]))[0]) / world
+
+
 def actor_step(engine: Any, batch: TurnBatch, mini: np.ndarray, micros: list[np.ndarray],
                s: Any, pad_id: int, stats: UpdateStats) -> None:
     """Clipped-surrogate step (minus entropy bonus) over one mini-batch."""
-    normalizer = float(max(batch.n_tokens(mini), 1))
+    normalizer = max(_global_normalizer(float(batch.n_tokens(mini))), 1.0)
     device, total = _device(engine), 0.0
     for j, idx in enumerate(micros):
         mb = batch.select(idx).to(device)
@@ -104,7 +117,7 @@ def critic_step(engine: Any, batch: TurnBatch, mini: np.ndarray, micros: list[np
     """Clipped value-regression step over one mini-batch (position 0 weighted more)."""
     valid_rows = int(sum(not batch.aborted[i] for i in mini))
     normalizer = batch.n_tokens(mini) + (s.first_token_weight - 1.0) * valid_rows
-    normalizer = float(max(normalizer, 1e-8))
+    normalizer = max(_global_normalizer(float(normalizer)), 1e-8)
     device, total = _device(engine), 0.0
     for j, idx in enumerate(micros):
         mb = batch.select(idx).to(device)

@@ -1,0 +1,45 @@
+"""Rollout metrics: ratios over ended episodes / turns, and summed over ranks before dividing."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from longturn.metrics import rollout_metrics, rollout_totals
+
+
+def _row(turn: int, success: bool = False, ended: bool = False, valid: bool = True,
+         reward: float = 0.0, gap: float | None = None) -> dict:
+    return {"turn": turn, "success": success, "terminated": ended and success,
+            "truncated": ended and not success, "aborted": False, "action_valid": valid,
+            "reward": reward, "env_reward": max(reward, 0.0), "response_ids": [1] * 4,
+            "finish_reason": "stop", "logprob_gap": gap}
+
+
+def test_one_rank() -> None:
+    rows = [_row(0), _row(5, success=True, ended=True, reward=0.9, gap=0.1),
+            _row(31, ended=True, valid=False, reward=-0.1, gap=0.3)]
+    m = rollout_metrics(rows)
+    assert m["turns"] == 3 and m["episodes_ended"] == 2
+    assert m["success_rate"] == 0.5 and m["episode_length"] == (6 + 32) / 2
+    assert m["valid_action_ratio"] == 2 / 3 and math.isclose(m["mean_reward"], 0.8 / 3)
+    assert math.isclose(m["logprob_gap"], 0.2)
+
+
+def test_nothing_ended_is_nan_and_gap_absent() -> None:
+    m = rollout_metrics([_row(0), _row(1)])
+    assert math.isnan(m["success_rate"]) and math.isnan(m["episode_length"])
+    assert "logprob_gap" not in m
+
+
+def test_ranks_are_summed_before_dividing() -> None:
+    """Rank 0 ended 1 episode (a success), rank 1 ended 3 (failures): 1/4, not mean(1, 0)."""
+    rank0 = [_row(2, success=True, ended=True)]
+    rank1 = [_row(9, ended=True), _row(9, ended=True), _row(9, ended=True)]
+    totals = rollout_totals(rank1)  # what rank 1 adds in the all-reduce
+    contribution = np.array([totals[k] for k in sorted(totals)])
+    m = rollout_metrics(rank0, lambda values: values + contribution)
+    assert m["turns"] == 4 and m["episodes_ended"] == 4
+    assert m["success_rate"] == 0.25
+    assert m["episode_length"] == (3 + 10 * 3) / 4
