@@ -196,9 +196,14 @@ def training_reading(df: pd.DataFrame) -> list[str]:
     for key in ("success_rate", "mean_reward", "valid_action_ratio", "explained_variance"):
         fl = _first_last(df, key)
         if fl:
+            which = " in which an episode ended" if key == "success_rate" else ""
             lines.append(f"- {key.replace('_', ' ')}: {fl[0]:.3f} → {fl[1]:.3f} over {fl[2]} "
-                         f"iteration(s).")
+                         f"iteration(s){which}.")
     return lines
+
+
+# KL is in nats per token. Below this gap between the two rises, "faster" is not worth a flag.
+MIN_KL_GAP = 0.01
 
 
 def kl_reading(df: pd.DataFrame) -> list[str]:
@@ -207,9 +212,13 @@ def kl_reading(df: pd.DataFrame) -> list[str]:
     if not think or not action or min(think[2], action[2]) < 2:
         return ["Not enough KL points to compare THINK and ACTION drift."]
     d_think, d_action = think[1] - think[0], action[1] - action[0]
-    verdict = ("ACTION KL rose faster than THINK KL: check the outputs for action hacking."
-               if d_action > 0 and d_action > d_think else
-               "ACTION KL did not rise faster than THINK KL: no sign of action hacking.")
+    if d_action > 0 and d_action > d_think + MIN_KL_GAP:
+        verdict = "ACTION KL rose faster than THINK KL: check the outputs for action hacking."
+    elif d_action > d_think:
+        verdict = (f"ACTION KL rose by less than {MIN_KL_GAP} nats/token more than THINK KL: "
+                   "too small to read as action hacking.")
+    else:
+        verdict = "ACTION KL did not rise faster than THINK KL: no sign of action hacking."
     return [f"THINK KL {think[0]:.4f} → {think[1]:.4f} ({d_think:+.4f}); ACTION KL "
             f"{action[0]:.4f} → {action[1]:.4f} ({d_action:+.4f}). {verdict}"]
 

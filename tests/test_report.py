@@ -157,3 +157,17 @@ def test_component_main_returns_zero(inputs: dict[str, Path], tmp_path: Path) ->
     text = (out / "report.md").read_text()
     assert "tiny-model" in text and "- **eval.episodes_per_task**: 20" in text
     assert (out / "warmup.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_kl_reading_needs_a_real_gap() -> None:
+    """A rise of a thousandth of a nat more on ACTION tokens is not flagged as action hacking."""
+    import pandas as pd
+
+    from longturn.report import kl_reading
+
+    small = pd.DataFrame({"kl_think": [0.0, 0.0009], "kl_action": [0.0, 0.0011]})
+    assert "too small to read as action hacking" in kl_reading(small)[0]
+    big = pd.DataFrame({"kl_think": [0.0, 0.01], "kl_action": [0.0, 0.05]})
+    assert "check the outputs for action hacking" in kl_reading(big)[0]
+    down = pd.DataFrame({"kl_think": [0.0, 0.02], "kl_action": [0.0, 0.01]})
+    assert "no sign of action hacking" in kl_reading(down)[0]

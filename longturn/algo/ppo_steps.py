@@ -24,9 +24,9 @@ import torch.distributed as dist
 
 from longturn.algo.batches import TurnBatch, autocast, masked_logprobs, pad_rows, tempered_logits
 from longturn.algo.critic import response_values
-from longturn.distributed import sum_over_ranks
 from longturn.algo.ppo import (entropy_from_logits, explained_variance, masked_mean, policy_loss,
                                think_action_masks, value_loss)
+from longturn.distributed import sum_over_ranks
 from longturn.engines.logprobs import pack_prompt_response
 
 Schedule = Iterator[tuple[np.ndarray, list[np.ndarray]]]

@@ -84,6 +84,18 @@ def pack_prompt_response(
     )
 
 
+def repeated_prefix_cache(model: torch.nn.Module, prefix_ids: torch.Tensor, batch_size: int,
+                          **kwargs: Any) -> DynamicCache:
+    """Run a [1, C] prefix once and repeat its KV cache to ``batch_size`` rows (real copies, so
+    rows can be dropped later; differentiable when grad is on)."""
+    cut = prefix_ids.shape[1]
+    cache = DynamicCache()
+    model(input_ids=prefix_ids, position_ids=torch.arange(cut, device=prefix_ids.device)[None],
+          past_key_values=cache, use_cache=True, **kwargs)
+    cache.batch_repeat_interleave(batch_size)
+    return cache
+
+
 def forward_packed(model: torch.nn.Module, batch: PackedBatch, **kwargs: Any) -> Any:
     """``model(...)`` over the batch's non-prefix columns (the shared prefix, if any, first runs
     once into a KV cache that is repeated to the batch). ``logits_to_keep`` applies to the batch
@@ -91,12 +103,9 @@ def forward_packed(model: torch.nn.Module, batch: PackedBatch, **kwargs: Any) ->
     if batch.prefix_ids is None:
         return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                      position_ids=batch.position_ids, use_cache=False, **kwargs)
-    cut = batch.prefix_ids.shape[1]
-    cache = DynamicCache()
     prefix_kwargs = {"logits_to_keep": 1} if "logits_to_keep" in kwargs else {}
-    model(input_ids=batch.prefix_ids, position_ids=torch.arange(cut, device=batch.prefix_ids.device)[None],
-          past_key_values=cache, use_cache=True, **prefix_kwargs)
-    cache.batch_repeat_interleave(batch.input_ids.shape[0])
+    cache = repeated_prefix_cache(model, batch.prefix_ids, batch.input_ids.shape[0],
+                                  **prefix_kwargs)
     return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                  position_ids=batch.position_ids, past_key_values=cache, use_cache=True, **kwargs)
 

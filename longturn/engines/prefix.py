@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import Cache
 
-from longturn.engines.logprobs import positions_from_mask
+from longturn.engines.logprobs import positions_from_mask, repeated_prefix_cache
 from longturn.engines.shared_prefix import shared_prefix_length
 
 
@@ -54,10 +54,7 @@ def shared_prefill(
 ) -> Prefill:
     """The first `cut` tokens (identical in all prompts) once, then the suffixes batched on top."""
     prefix = torch.tensor([prompts[0][:cut]], dtype=torch.long, device=device)
-    out = model(input_ids=prefix, position_ids=torch.arange(cut, device=device)[None],
-                use_cache=True, logits_to_keep=1)
-    cache = out.past_key_values
-    cache.batch_repeat_interleave(len(prompts))  # real copies: rows can be dropped later
+    cache = repeated_prefix_cache(model, prefix, len(prompts), logits_to_keep=1)
     suffix_ids, suffix_mask = left_pad([p[cut:] for p in prompts], pad_id, device)
     mask = torch.cat([suffix_mask.new_ones(len(prompts), cut), suffix_mask], dim=-1)
     positions = positions_from_mask(mask)[:, cut:]
