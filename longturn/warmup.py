@@ -81,5 +81,7 @@ def _check(losses: list[float], max_final_loss: float | None) -> None:
             f"critic warm-up: final value loss {losses[-1]:.5f} > warmup.max_final_loss "
             f"{max_final_loss} (first {losses[0]:.5f}); raise ppo.critic_lr or warmup.iterations")
     if len(losses) > 1 and losses[-1] >= losses[0]:
-        log.warning("critic warm-up: value loss did not come down (%.5f -> %.5f)",
+        log.warning("critic warm-up: value loss did not come down (%.5f -> %.5f); the targets "
+                    "are re-computed with the critic each refit, and with few turns and sparse "
+                    "rewards they are mostly noise: raise warmup.batches for more data",
                     losses[0], losses[-1])
