@@ -179,17 +179,16 @@ def score_rows(rows: list[Row], actor: torch.nn.Module, ref: torch.nn.Module | N
     if empty:
         raise ValueError(f"rows {empty} have zero response tokens: their reward would be lost "
                          "(DESIGN §5); the engine must return at least one token per turn")
-    # no_grad, not inference_mode: under ZeRO-3 the forward gathers parameters into buffers that
-    # training reuses, and inference tensors cannot be saved for backward later.
-    raw: list[np.ndarray] | None = []
     reuse = reuse_logprobs and all(r.get("old_logprobs") is not None
                                    and r.get("ref_logprobs") is not None for r in rows)
+    raw: list[np.ndarray] | None = None if reuse else []  # untempered, for logprob_gap
     n_boot = sum(bool(r.get("bootstrap_prompt_ids")) for r in rows)
     bar = tqdm(total=(1 if reuse else 3) * len(rows) + n_boot, desc="score", unit="turn",
                disable=not progress, leave=False)
+    # no_grad, not inference_mode: under ZeRO-3 the forward gathers parameters into buffers that
+    # training reuses, and inference tensors cannot be saved for backward later.
     with torch.no_grad(), bar:
         if reuse:
-            raw = None
             old = [np.asarray(r["old_logprobs"], dtype=np.float32) for r in rows]
             ref_lp = [np.asarray(r["ref_logprobs"], dtype=np.float32) for r in rows]
         else:
