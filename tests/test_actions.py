@@ -33,6 +33,9 @@ def translator() -> ActionTranslator:
         ("ACTION: drop it", "drop"),
         ("ACTION: go forward to the door", "go forward"),
         ("ACTION: grab the ball", "pick up"),
+        ("ACTION: go right", "turn right"),  # no sideways step exists: facing right is meant
+        ("ACTION: move to the left", "turn left"),
+        ("ACTION: go left to the red ball", "turn left"),
     ],
 )
 def test_valid_outputs(translator, output, action):
@@ -59,7 +62,8 @@ def test_two_actions_last_one_counts(translator):
         ("ACTION: go forward and pick up", UNKNOWN, "go forward and pick up"),
         ("THINKING: 7 steps forward", NO_ACTION, ""),
         ("ACTION: turn left and go forward", UNKNOWN, "turn left and go forward"),
-        ("ACTION: go right", UNKNOWN, "go right"),
+        ("ACTION: go backwards", UNKNOWN, "go backwards"),
+        ("ACTION: go right and go forward", UNKNOWN, "go right and go forward"),
         ("ACTION: the key", UNKNOWN, "the key"),
     ],
 )

@@ -73,8 +73,7 @@ def build_messages(
     """System, the env's worked example (if any and wanted), past observations / replies, then the
     goal and current observation with the answer format."""
     messages = [{"role": "system", "content": system_prompt(instructions)}]
-    if demonstration and instructions.demonstration:
-        demo_goal, demo_obs, demo_reply = instructions.demonstration
+    for demo_goal, demo_obs, demo_reply in instructions.demonstrations if demonstration else ():
         messages.append({"role": "user", "content": _current(instructions, demo_goal, demo_obs)})
         messages.append({"role": "assistant", "content": demo_reply})
     for entry in history:

@@ -26,8 +26,9 @@ class Instructions:
     goal: str
     actions: dict[str, str]  # action name -> short description, in display order
     tips: list[str] = field(default_factory=list)
-    # one worked exchange (goal, observation text, ideal reply) that small models can imitate
-    demonstration: tuple[str, str, str] | None = None
+    # worked exchanges (goal, observation text, ideal reply) that small models imitate; shown in
+    # order before the history, so they sit in the prompt prefix every turn shares
+    demonstrations: tuple[tuple[str, str, str], ...] = ()
 
 
 @runtime_checkable

@@ -26,12 +26,19 @@ ACTION_DESCRIPTIONS: dict[str, str] = {
     "toggle": "manipulate the object one step in front of you",
 }
 
-# Not a real level state: it only shows the answer format on a made-up observation.
-DEMONSTRATION = (
-    "go to the blue box",
-    "a wall 2 steps left\na blue box 1 step right and 3 steps forward",
-    "THINK: The blue box is ahead and a little to my right, so I move forward first.\n"
-    "ACTION: go forward",
+# Made-up but possible observations that show the answer format and how the relative directions in
+# an observation map to turns. With a single go-forward example, SmolLM2-135M turned on 4% of
+# zero-shot goto turns and reached 4 of 32 goals; with these three, 35% and 9 of 32.
+DEMONSTRATIONS = (
+    ("go to the blue box",
+     "a wall 3 steps forward\na blue box 2 steps left and 1 step forward",
+     "THINK: The blue box is to my left, so I turn left to face it.\nACTION: turn left"),
+    ("go to the red ball",
+     "a wall 2 steps left\na red ball 3 steps forward",
+     "THINK: The red ball is straight ahead, so I go forward.\nACTION: go forward"),
+    ("go to the green key",
+     "a wall 1 step forward\na green key 2 steps right",
+     "THINK: The green key is to my right, so I turn right to face it.\nACTION: turn right"),
 )
 
 TIPS: tuple[str, ...] = (
@@ -79,7 +86,7 @@ class BabyAITextEnv:
     @property
     def instructions(self) -> Instructions:
         return Instructions(goal=self._mission, actions=dict(ACTION_DESCRIPTIONS), tips=list(TIPS),
-                            demonstration=DEMONSTRATION)
+                            demonstrations=DEMONSTRATIONS)
 
     def reset(self, seed: int | None = None) -> tuple[Observation, dict[str, Any]]:
         self._level.reset(seed=seed)
