@@ -61,7 +61,7 @@ class PromptParams(Section):
     history_content: Literal["output", "action"] = "output"
     invalid_in_history: Literal["default_action", "raw_output"] = "default_action"
     max_prompt_tokens: int = Field(1024, ge=16)
-    demonstration: bool = True  # show the env's worked example exchange before the history
+    demonstration: bool = True  # show the env's worked example exchanges before the history
 
 
 class EvalParams(Section):

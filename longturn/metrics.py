@@ -8,9 +8,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-PREFIX = "train/"
-
-
 _SUMMED = ("turns", "episodes_ended")  # totals; every other metric is a ratio
 
 
@@ -57,10 +54,13 @@ def rollout_metrics(rows: list[dict[str, Any]],
 
 
 class MetricsLog:
-    """DVCLive metrics rebuilt from the saved history first, so a resumed run logs each step once."""
+    """DVCLive metrics rebuilt from the saved history first, so a resumed run logs each step once.
+    Keys are logged as `namespace/key`, the label `dvc plots show` puts on each curve."""
 
-    def __init__(self, directory: Path, history: list[dict[str, float]], enabled: bool = True):
+    def __init__(self, directory: Path, history: list[dict[str, float]], enabled: bool = True,
+                 namespace: str = "train"):
         self.live = None
+        self.prefix = namespace + "/"
         if not enabled:
             return
         from dvclive import Live
@@ -75,5 +75,5 @@ class MetricsLog:
             return
         for key, value in sorted(metrics.items()):
             if value == value:  # NaN (no episode ended this iteration) is left out of the curve
-                self.live.log_metric(PREFIX + key, float(value))
+                self.live.log_metric(self.prefix + key, float(value))
         self.live.next_step()

@@ -56,7 +56,7 @@ def run_critic_warmup(params: Params, base: Path, out: Path, live_dir: Path, wor
     w = params.warmup
     rng = np.random.default_rng(params.seed)
     size = max(1, math.ceil(w.sample_fraction * len(rows)))
-    live = MetricsLog(live_dir, [])
+    live = MetricsLog(live_dir, [], namespace="warmup")
     losses = []
     for it in range(w.iterations):
         trainer.score(rows, reuse_logprobs=it > 0)  # the actor is frozen: logprobs stay

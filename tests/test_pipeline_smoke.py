@@ -131,6 +131,9 @@ def test_dvc_repro_and_single_stage_rerun(tmp_path, tiny_model_dir):
         assert audit_gae(part, GAEParams(**params["gae"])) < 1e-4
     report = (repo / "data/report/report.md").read_text()
     assert "goto" in report and (repo / "data/report/tasks.png").is_file()
+    # each curve is labelled by the stage that logged it
+    assert (repo / "data/critic/live/plots/metrics/warmup/value_loss.tsv").is_file()
+    assert (repo / "data/train/live/plots/metrics/train/value_loss.tsv").is_file()
 
     params["eval"]["episodes_per_task"] = 2
     write_params(repo / "params.yaml", params)

@@ -32,7 +32,7 @@ class Prompt:
 
 def system_prompt(instructions: Instructions) -> str:
     """Actions with descriptions and tips. The goal is not here but in each current turn, so the
-    system prompt and the worked example form a prefix shared by every prompt of the env family
+    system prompt and the worked examples form a prefix shared by every prompt of the env family
     (engines compute it once per batch)."""
     actions = ",\n".join(f"{name}: {desc}" for name, desc in instructions.actions.items())
     parts = [
@@ -70,9 +70,11 @@ def build_messages(
     instructions: Instructions, history: list[HistoryEntry], observation: str,
     demonstration: bool = True,
 ) -> list[dict[str, str]]:
-    """System, the env's worked example (if any and wanted), past observations / replies, then the
+    """System, the env's worked examples (if any and wanted), past observations / replies, then the
     goal and current observation with the answer format."""
     messages = [{"role": "system", "content": system_prompt(instructions)}]
+    # each worked turn is shown exactly as a real one, answer format included: with the format on
+    # the last one only, SmolLM2-135M said `turn left` on 55% of zero-shot goto turns
     for demo_goal, demo_obs, demo_reply in instructions.demonstrations if demonstration else ():
         messages.append({"role": "user", "content": _current(instructions, demo_goal, demo_obs)})
         messages.append({"role": "assistant", "content": demo_reply})
