@@ -7,12 +7,45 @@ the backend is gloo.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import time
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+# DeepSpeed JIT-builds its CPU comm op on first use, under a `lock` file that torch polls for
+# forever. A process killed mid-build (kill -9 of the first stage of a fresh venv) leaves the lock
+# behind and every later stage hangs at 0% CPU. A build takes about a minute here.
+STALE_BUILD_LOCK_S = 300.0
+
+
+def extensions_root() -> Path:
+    """Where torch puts JIT-built extensions (TORCH_EXTENSIONS_DIR, else its default root)."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+
+
+def clear_stale_build_locks(root: Path, max_age_s: float = STALE_BUILD_LOCK_S) -> list[Path]:
+    """Delete DeepSpeed op build locks older than ``max_age_s`` (returned); warn about newer
+    ones, which either belong to a build running now or will make this process wait."""
+    removed = []
+    for lock in sorted(root.glob("*/deepspeed_*/lock")) + sorted(root.glob("deepspeed_*/lock")):
+        age = time.time() - lock.stat().st_mtime
+        if age > max_age_s:
+            lock.unlink(missing_ok=True)
+            removed.append(lock)
+            log.warning("removed %s, a build lock left %.0f s ago by a killed process", lock, age)
+        else:
+            log.warning("%s exists (%.0f s old): waiting for another process's DeepSpeed build; "
+                        "if none is running, delete the file", lock, age)
+    return removed
 
 
 def free_port() -> int:
@@ -44,6 +77,7 @@ def init_distributed(backend: str | None = None) -> tuple[int, int]:
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     if not dist.is_initialized():
+        clear_stale_build_locks(extensions_root())
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
     return dist.get_rank(), dist.get_world_size()
 

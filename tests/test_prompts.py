@@ -5,6 +5,7 @@ import pytest
 from longturn.agent.memory import HistoryWindow
 from longturn.agent.prompts import PromptTooLong, build_messages, build_prompt, history_reply
 from longturn.envs.babyai import BabyAITextEnv
+from longturn.envs.registry import translator_for
 from longturn.models import load_tokenizer
 
 
@@ -34,6 +35,7 @@ def test_messages_structure(env):
     for (goal, observation, reply), user, assistant in zip(
             env.instructions.demonstrations, msgs[1::2], msgs[2::2]):
         assert goal in user["content"] and observation in user["content"]
+        assert "Answer in exactly this format" in user["content"]  # shown as a real turn
         assert assistant["content"] == reply
     assert msgs[1 + 2 * demos]["content"] == "Observation:\nobs 1"  # the window kept the last two
     last = msgs[-1]["content"]
@@ -93,8 +95,6 @@ def test_history_window_state_roundtrip():
 def test_babyai_demonstrations_parse_and_show_turning():
     """The worked exchanges are valid replies, and they show turning as well as going forward:
     with a go-forward example alone, SmolLM2-135M turned on 4% of turns and rarely reached a goal."""
-    from longturn.envs.registry import translator_for
-
     env = BabyAITextEnv("goto")
     translator = translator_for(env)
     parsed = [translator.parse(reply) for _, _, reply in env.instructions.demonstrations]

@@ -28,7 +28,8 @@ ACTION_DESCRIPTIONS: dict[str, str] = {
 
 # Made-up but possible observations that show the answer format and how the relative directions in
 # an observation map to turns. With a single go-forward example, SmolLM2-135M turned on 4% of
-# zero-shot goto turns and reached 4 of 32 goals; with these three, 35% and 9 of 32.
+# zero-shot goto turns and reached 4 of 32 goals; with these three (and "go left" read as a turn),
+# on 37% and 9 of 32 (32-turn limit).
 DEMONSTRATIONS = (
     ("go to the blue box",
      "a wall 3 steps forward\na blue box 2 steps left and 1 step forward",
