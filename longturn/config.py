@@ -36,12 +36,31 @@ class SamplingSection(Section):
     top_k: int = Field(0, ge=0)
 
 
+class SGLangParams(Section):
+    """The SGLang server behind `engine.name: sglang`: launched by each rank, or one already running.
+
+    SGLang pins its own torch and transformers, so it lives in its own interpreter (`python`) and is
+    spoken to over HTTP only. Rank r of a torchrun job serves on `port + r` from GPU
+    `r × tp_size`, next to its trainer (`mem_fraction_static` leaves room for DeepSpeed)."""
+
+    url: str | None = None             # an already running server: attach, never launch or stop it
+    python: str = "python3"            # interpreter whose environment has sglang installed
+    host: str = "127.0.0.1"
+    port: int = Field(30000, ge=1, le=65535)
+    tp_size: int = Field(1, ge=1)
+    mem_fraction_static: float | None = Field(None, gt=0.0, lt=1.0)
+    extra_args: list[str] = Field(default_factory=list)  # more `sglang.launch_server` flags
+    startup_timeout_s: float = Field(900.0, gt=0)
+    request_timeout_s: float = Field(900.0, gt=0)
+
+
 class EngineParams(Section):
     """Generation backend, looked up by name in the engine registry."""
 
     name: str = "hf"
     batch_size: int = Field(16, ge=1)
     sampling: SamplingSection = SamplingSection()
+    sglang: SGLangParams = SGLangParams()
 
 
 class EnvParams(Section):
@@ -145,6 +164,9 @@ class TrainParams(Section):
     checkpoint_every: int = Field(1, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
     iterations_per_task: int = Field(1, ge=1)
+    # What runs components/train.py under DVC: `python` (one rank), or e.g.
+    # `torchrun --nproc_per_node 8` for one rank per GPU (each rank steps its own envs).
+    launcher: str = Field("python", min_length=1)
 
 
 class Params(Section):

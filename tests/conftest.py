@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -63,3 +64,24 @@ def tiny_model_dir(smollm2_tokenizer_dir: str, tmp_path_factory: pytest.TempPath
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return str(out)
+
+
+SGLANG_STANDIN = Path(__file__).parent / "sglang_standin"
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def standin_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """`python -m sglang.launch_server` in child processes starts the test stand-in
+    (tests/sglang_standin); it logs every request body to the returned JSON-lines file."""
+    paths = [str(SGLANG_STANDIN), os.environ.get("PYTHONPATH", "")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
+    log = tmp_path / "sglang_requests.jsonl"
+    monkeypatch.setenv("STANDIN_REQUEST_LOG", str(log))
+    return log

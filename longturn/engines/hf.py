@@ -27,17 +27,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from longturn.engines.base import Completion, SamplingParams
 from longturn.engines.logprobs import token_logprobs
 from longturn.engines.prefix import left_pad, prefill  # noqa: F401  (left_pad: re-exported)
+from longturn.engines.row_seeds import row_seed
+from longturn.engines.stop_tokens import end_of_turn_ids
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
-_MASK64 = (1 << 64) - 1
-
-
-def _row_seed(seed: int, index: int) -> int:
-    """SplitMix64 of (seed, index): independent-looking streams for neighbouring prompts."""
-    z = (seed * 0x9E3779B97F4A7C15 + (index + 1) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return (z ^ (z >> 31)) & ((1 << 63) - 1)
 
 
 def filter_logits(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
@@ -74,20 +67,6 @@ def choose_tokens(
     return chosen.clamp(max=cdf.shape[-1] - 1)
 
 
-def end_of_turn_ids(tokenizer, model, extra: list[int] | None) -> set[int]:
-    """End-of-turn ids: tokenizer and generation-config eos, `<|im_end|>` if present, extras."""
-    ids = set(extra or [])
-    for value in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
-        if isinstance(value, int):
-            ids.add(value)
-        elif value:
-            ids.update(int(v) for v in value)
-    im_end = tokenizer.get_vocab().get("<|im_end|>")
-    if im_end is not None:
-        ids.add(im_end)
-    return ids
-
-
 class HFEngine:
     """`Engine` on a local transformers causal LM (CPU tests, small runs, reference numbers)."""
 
@@ -110,7 +89,8 @@ class HFEngine:
         self.prefix_sharing = prefix_sharing
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model = self._load(model_dir)
-        self.stop_ids = end_of_turn_ids(self.tokenizer, self.model, stop_token_ids)
+        self.stop_ids = end_of_turn_ids(
+            self.tokenizer, getattr(self.model.generation_config, "eos_token_id", None), stop_token_ids)
         self._stop_tensor = torch.tensor(sorted(self.stop_ids), device=self.device)
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else min(self.stop_ids, default=0)
@@ -157,7 +137,7 @@ class HFEngine:
         results: list[Completion | None] = [None] * len(prompt_ids)
         for start in range(0, len(order), size):
             chunk = order[start : start + size]
-            generators = [self._generator(_row_seed(seed, i)) for i in chunk]
+            generators = [self._generator(row_seed(seed, i)) for i in chunk]
             completions = self._generate_batch([prompt_ids[i] for i in chunk], sampling, generators)
             for i, completion in zip(chunk, completions):
                 results[i] = completion

@@ -14,7 +14,13 @@ def _hf(model_dir: str, params: Params) -> Engine:
     return HFEngine(model_dir, dtype=params.model.dtype, batch_size=params.engine.batch_size)
 
 
-ENGINES: dict[str, Callable[[str, Params], Engine]] = {"hf": _hf}
+def _sglang(model_dir: str, params: Params) -> Engine:
+    from longturn.engines.sglang import make_sglang_engine
+
+    return make_sglang_engine(model_dir, params.engine.sglang)
+
+
+ENGINES: dict[str, Callable[[str, Params], Engine]] = {"hf": _hf, "sglang": _sglang}
 
 
 def make_engine(model_dir: str, params: Params) -> Engine:

@@ -1,0 +1,185 @@
+"""The SGLang engine against a stand-in server that speaks SGLang's HTTP protocol (no GPU here).
+
+The stand-in (tests/sglang_standin, put on PYTHONPATH by the `standin_env` fixture) is launched
+exactly as the real server would be, through `python -m sglang.launch_server` with the flags
+longturn builds, and decodes with its own loop, so these tests check the launch, the wire format,
+logprob semantics, weight updates and shutdown.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from conftest import free_port
+from longturn.config import SGLangParams
+from longturn.engines.base import SamplingParams
+from longturn.engines.row_seeds import row_seed
+from longturn.engines.sglang import (
+    SGLangEngine, make_sglang_engine, model_stop_ids, parse_completion, request_body)
+from longturn.engines.sglang_server import SGLangError, health_ok
+
+
+def settings(**overrides) -> SGLangParams:
+    return SGLangParams(python=sys.executable, port=free_port(), startup_timeout_s=120,
+                        request_timeout_s=120, **overrides)
+
+
+def forward_logprobs(model_dir: str, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """Untempered logprob of each response token under a plain forward pass."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens])).logits[0].float()
+    steps = logits[len(prompt) - 1 : len(prompt) + len(tokens) - 1].log_softmax(-1)
+    return steps.gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1)
+
+
+def test_request_body_maps_top_k_and_seeds_each_prompt():
+    body = request_body([[1, 2], [3]], SamplingParams(max_new_tokens=5, temperature=0.7, top_k=0),
+                        {7, 2}, seed=11)
+    assert body["input_ids"] == [[1, 2], [3]]
+    assert body["return_logprob"] is True and body["logprob_start_len"] == -1
+    first, second = body["sampling_params"]
+    assert first["top_k"] == -1 and first["temperature"] == 0.7 and first["max_new_tokens"] == 5
+    assert first["stop_token_ids"] == [2, 7] and first["no_stop_trim"] is True
+    assert (first["sampling_seed"], second["sampling_seed"]) == (row_seed(11, 0), row_seed(11, 1))
+    unseeded = request_body([[1]], SamplingParams(top_k=20), {2}, seed=None)["sampling_params"][0]
+    assert "sampling_seed" not in unseeded and unseeded["top_k"] == 20
+
+
+def test_parse_completion_keeps_a_trimmed_stop_token():
+    trimmed = {"output_ids": [5, 6], "meta_info": {
+        "finish_reason": {"type": "stop", "matched": 2},
+        "output_token_logprobs": [[-0.1, 5, None], [-0.2, 6, None], [-0.3, 2, None]]}}
+    done = parse_completion(trimmed)
+    assert (done.token_ids, done.logprobs, done.finish_reason) == ([5, 6, 2], [-0.1, -0.2, -0.3], "stop")
+    cut = parse_completion({"output_ids": [5], "meta_info": {
+        "finish_reason": {"type": "length", "length": 1}, "output_token_logprobs": [[-1.5, 5, None]]}})
+    assert cut.finish_reason == "length"
+
+
+@pytest.mark.parametrize("item, message", [
+    ({"output_ids": [1]}, "outside the protocol"),
+    ({"output_ids": [9], "meta_info": {"finish_reason": {"type": "length"},
+                                       "output_token_logprobs": [[-1.0, 5, None]]}}, "disagree"),
+    ({"meta_info": {"finish_reason": {"type": "abort", "message": "client gone"},
+                    "output_token_logprobs": []}}, "client gone"),
+])
+def test_parse_completion_names_what_is_wrong(item, message):
+    with pytest.raises(SGLangError, match=message):
+        parse_completion(item)
+
+
+def test_launched_server_generates_untempered_logprobs_and_reloads_weights(
+        standin_env, tiny_model_dir, tmp_path):
+    engine = make_sglang_engine(tiny_model_dir, settings(mem_fraction_static=0.4))
+    server = engine.server
+    try:
+        prompts = [[1, 17, 300, 42], [1, 99], [1, 5, 6, 7, 8, 9]]
+        sampling = SamplingParams(max_new_tokens=6, temperature=0.7, seed=3)
+        completions = engine.generate(prompts, sampling)
+        assert [c.token_ids for c in engine.generate(prompts, sampling)] == \
+            [c.token_ids for c in completions]  # seeded: the same call, the same tokens
+        for prompt, done in zip(prompts, completions):
+            assert len(done.token_ids) == len(done.logprobs) >= 1
+            assert done.finish_reason in ("stop", "length")
+            if done.finish_reason == "stop":
+                assert done.token_ids[-1] in engine.stop_ids
+            expected = forward_logprobs(tiny_model_dir, prompt, done.token_ids)
+            assert torch.allclose(torch.tensor(done.logprobs), expected, atol=1e-4)
+
+        sent = [json.loads(line) for line in standin_env.read_text().splitlines()]
+        generate_body = sent[0]["body"]
+        assert sent[0]["route"] == "/generate" and generate_body["input_ids"] == prompts
+        assert [sp["sampling_seed"] for sp in generate_body["sampling_params"]] == \
+            [row_seed(3, i) for i in range(3)]
+        assert set(generate_body["sampling_params"][0]["stop_token_ids"]) == \
+            model_stop_ids(tiny_model_dir)
+
+        changed = tmp_path / "changed"
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+        with torch.no_grad():
+            model.lm_head.weight.mul_(3.0)  # tied: every logit changes
+        model.save_pretrained(changed)
+        engine.update_weights(str(changed))
+        after = engine.generate([prompts[0]], SamplingParams(max_new_tokens=4, seed=1))[0]
+        expected = forward_logprobs(str(changed), prompts[0], after.token_ids)
+        assert torch.allclose(torch.tensor(after.logprobs), expected, atol=1e-4)
+
+        with pytest.raises(SGLangError, match="could not load weights"):
+            engine.update_weights(str(tmp_path / "missing"))
+    finally:
+        engine.close()
+    assert server.proc.poll() is not None and not health_ok(server.url)
+
+
+def test_attaching_to_a_running_server_leaves_it_running(standin_env, tiny_model_dir):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "sglang.launch_server", "--model-path",
+                             tiny_model_dir, "--port", str(port)], stdout=subprocess.DEVNULL)
+    try:
+        engine = SGLangEngine(f"http://127.0.0.1:{port}", model_stop_ids(tiny_model_dir))
+        attached = make_sglang_engine(tiny_model_dir, settings(url=f"http://127.0.0.1:{port}"))
+        assert attached.server is None
+        for _ in range(600):
+            if health_ok(engine.base_url):
+                break
+            assert proc.poll() is None
+            time.sleep(0.1)
+        assert len(attached.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2))[0].token_ids) >= 1
+        attached.close()
+        assert proc.poll() is None and health_ok(engine.base_url)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_server_that_dies_at_startup_is_reported_with_its_log(standin_env, tiny_model_dir):
+    with pytest.raises(SGLangError, match="exited with code") as err:
+        make_sglang_engine(tiny_model_dir, settings(extra_args=["--no-such-flag"]))
+    assert "unrecognized arguments: --no-such-flag" in str(err.value)
+
+
+def test_launch_errors_name_the_setting(standin_env, tiny_model_dir):
+    with pytest.raises(SGLangError, match="engine.sglang.python"):
+        make_sglang_engine(tiny_model_dir, SGLangParams(python="/nonexistent/python3",
+                                                         port=free_port()))
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with pytest.raises(SGLangError, match=f"port {port} .* already in use"):
+            make_sglang_engine(tiny_model_dir, SGLangParams(python=sys.executable, port=port))
+
+
+def test_the_server_dies_with_a_killed_stage(standin_env, tiny_model_dir, tmp_path):
+    port = free_port()
+    script = tmp_path / "stage.py"
+    script.write_text(
+        "import sys, time\n"
+        "from longturn.config import SGLangParams\n"
+        "from longturn.engines.sglang import make_sglang_engine\n"
+        f"make_sglang_engine({tiny_model_dir!r}, SGLangParams(python=sys.executable, port={port}))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(600)\n")
+    stage = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                             cwd=Path(__file__).resolve().parents[1])
+    try:
+        assert stage.stdout.readline().strip() == "ready"
+        assert health_ok(f"http://127.0.0.1:{port}")
+        stage.kill()  # SIGKILL: no finally, no close()
+        stage.wait()
+        deadline = time.monotonic() + 30
+        while health_ok(f"http://127.0.0.1:{port}"):
+            assert time.monotonic() < deadline, "the server outlived its killed stage"
+            time.sleep(0.2)
+    finally:
+        stage.kill()

@@ -1,0 +1,52 @@
+"""Stages on `engine.name: sglang`: the train stage launches its server, pushes each update's actor
+to it, and stops it; zero_shot_eval runs on it. The server is the test stand-in (no GPU here)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import free_port
+from test_train_stage import ROOT, train_cmd, write_params
+
+pytestmark = pytest.mark.smoke
+
+
+def use_sglang(params_path: str) -> None:
+    params = yaml.safe_load(Path(params_path).read_text())
+    params["engine"]["name"] = "sglang"
+    params["engine"]["sglang"] = {"python": sys.executable, "port": free_port(),
+                                  "startup_timeout_s": 120}
+    params["eval"] = {"episodes_per_task": 2, "parallel_envs": 2}
+    Path(params_path).write_text(yaml.safe_dump(params))
+
+
+def test_train_and_eval_stages_on_sglang(standin_env, tiny_model_dir, tmp_path):
+    params = write_params(tmp_path, tiny_model_dir, iterations=2)
+    use_sglang(params)
+    out = tmp_path / "train"
+    done = subprocess.run(train_cmd(params, tiny_model_dir, out), cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for iteration in range(2):
+        turns = pd.read_parquet(out / f"trajectories/iteration={iteration:04d}/part-00.parquet")
+        assert len(turns) == 6 and turns["response_ids"].map(len).min() >= 1
+    routes = [json.loads(line)["route"] for line in standin_env.read_text().splitlines()]
+    updates = [json.loads(line)["body"]["model_path"] for line in standin_env.read_text().splitlines()
+               if json.loads(line)["route"] == "/update_weights_from_disk"]
+    assert routes.count("/update_weights_from_disk") == 2  # after each of the 2 updates
+    assert updates == [str((out / "policy").resolve())] * 2
+
+    evaluated = subprocess.run(
+        [sys.executable, "components/zero_shot_eval.py", "--params", params, "--model-dir",
+         str(out / "final"), "--out", str(tmp_path / "eval")],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    metrics = json.loads((tmp_path / "eval/metrics.json").read_text())
+    assert metrics["overall"]["episodes"] == 2
