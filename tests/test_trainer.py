@@ -153,3 +153,36 @@ def test_export_critic_round_trip(tiny_model_dir, critic_dir, tokenizer, tmp_pat
     actor_out = trainer.export_actor(tmp_path / "actor")
     assert AutoModelForCausalLM.from_pretrained(actor_out) is not None
     assert (Path(actor_out) / "tokenizer.json").is_file()
+
+
+def test_updates_raise_the_rewarded_response_and_lower_the_penalised_one(
+        tiny_model_dir, tokenizer, tmp_path) -> None:
+    """The RL loop's direction, end to end through scoring, GAE, Parquet and the PPO step: one-turn
+    episodes from one prompt, response A rewarded +1 and B -1; after a few updates A is likelier
+    and B less likely than before. A sign error anywhere in the chain fails this.
+
+    The critic starts at V ≡ 0 (zero head, as warm-up starts), so every token's advantage has its
+    reward's sign; a random head would add per-token noise as large as the rewards."""
+    zero_critic = tmp_path / "critic"
+    ValueModel.from_pretrained(tiny_model_dir).save_pretrained(zero_critic)
+    trainer = _trainer(tiny_model_dir, str(zero_critic), tokenizer, actor_lr=3e-3, kl_beta=0.0,
+                       entropy_coef=0.0)
+    prompt = tokenizer.encode("You see a wall. Goal: go to the ball.", add_special_tokens=False)
+    good = tokenizer.encode(" THINK: turn. ACTION: turn left", add_special_tokens=False)
+    bad = tokenizer.encode(" THINK: wait. ACTION: pick up", add_special_tokens=False)
+
+    def rows() -> list[dict]:
+        return [{"iteration": 0, "env_index": i, "step": 0, "turn": 0, "episode_id": f"e{i}",
+                 "episode_seed": i, "prompt_ids": prompt, "response_ids": good if i % 2 else bad,
+                 "reward": 1.0 if i % 2 else -1.0, "terminated": True, "truncated": False,
+                 "segment_end": True, "aborted": False} for i in range(4)]
+
+    def logprob_sums() -> tuple[float, float]:
+        scored = trainer.score(rows()[:2])
+        return sum(scored[1]["old_logprobs"]), sum(scored[0]["old_logprobs"])
+
+    good_before, bad_before = logprob_sums()
+    for step in range(3):
+        trainer.update([str(write_turns(trainer.score(rows()), tmp_path / f"b{step}.parquet"))])
+    good_after, bad_after = logprob_sums()
+    assert good_after > good_before + 0.1 and bad_after < bad_before - 0.1

@@ -1,0 +1,85 @@
+"""What each Kubeflow task does inside its container: run the same stage script as DVC does.
+
+Kubeflow components (pipeline/components.py) are thin: they hand their artifact folders to these
+functions, which write the params the pipeline was compiled with to a file and run
+`python -m components.<stage>` (the train stage under `train.launcher`, e.g. torchrun), so a task
+fails exactly when the DVC stage would, with the stage's own one-line error in the pod log.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from longturn.config import parse_params
+
+
+class StageFailed(RuntimeError):
+    """A stage script exited non-zero; its own message is in the task's log above."""
+
+
+def _params_file(params_yaml: str, overrides: dict | None = None) -> str:
+    """The compiled-in params as a file, validated, with `section.key` overrides applied."""
+    data = yaml.safe_load(params_yaml) or {}
+    for dotted, value in (overrides or {}).items():
+        section, key = dotted.split(".")
+        data.setdefault(section, {})[key] = value
+    parse_params(data, "pipeline params")
+    fd, path = tempfile.mkstemp(prefix="params-", suffix=".yaml")
+    with open(fd, "w") as f:
+        yaml.safe_dump(data, f, sort_keys=False)
+    return path
+
+
+def _launcher(launcher: str) -> list[str]:
+    """`train.launcher` as argv; a bare `python` means this interpreter (the image's venv)."""
+    argv = shlex.split(launcher)
+    if argv[0] in ("python", "python3"):
+        argv[0] = sys.executable
+    return argv
+
+
+def run_stage(stage: str, params_yaml: str, *args: str, launcher: str = "python",
+              overrides: dict | None = None) -> None:
+    """`launcher -m components.<stage> --params FILE args...`; raises StageFailed on failure."""
+    params = _params_file(params_yaml, overrides)
+    cmd = [*_launcher(launcher), "-m", f"components.{stage}", "--params", params, *args]
+    code = subprocess.run(cmd).returncode
+    if code != 0:
+        raise StageFailed(f"stage {stage} exited with code {code}: {shlex.join(cmd)}")
+
+
+def warmup(params_yaml: str, base_model: str, out: str) -> None:
+    """critic_warmup into one artifact folder: warm/, live/, batches/, metrics.json."""
+    root = Path(out)
+    run_stage("critic_warmup", params_yaml, "--model-dir", base_model, "--out", str(root / "warm"),
+              "--live", str(root / "live"), "--work", str(root / "batches"),
+              "--metrics", str(root / "metrics.json"))
+
+
+def train_segment(params_yaml: str, end_iteration: int, base_model: str, warmup_dir: str,
+                  previous: str | None, out: str) -> None:
+    """Iterations up to `end_iteration` (exclusive), resuming from the previous segment's state.
+
+    The state folder (trajectories/, checkpoints/, live/, final/) is copied forward whole, so each
+    segment's artifact is a complete record of the run so far and a retried task restarts from
+    its last checkpoint."""
+    if previous is not None:
+        shutil.copytree(previous, out, dirs_exist_ok=True)
+    train = (yaml.safe_load(params_yaml) or {}).get("train", {})
+    run_stage("train", params_yaml, "--model-dir", base_model,
+              "--critic-dir", str(Path(warmup_dir) / "warm"), "--out", out,
+              launcher=train.get("launcher", "python"),
+              overrides={"train.iterations": end_iteration})
+
+
+def success_rate(eval_dir: str) -> float:
+    import json
+
+    return float(json.loads((Path(eval_dir) / "metrics.json").read_text())["overall"]["success_rate"])
