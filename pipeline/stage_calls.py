@@ -8,6 +8,7 @@ fails exactly when the DVC stage would, with the stage's own one-line error in t
 
 from __future__ import annotations
 
+import json
 import shlex
 import shutil
 import subprocess
@@ -80,6 +81,5 @@ def train_segment(params_yaml: str, end_iteration: int, base_model: str, warmup_
 
 
 def success_rate(eval_dir: str) -> float:
-    import json
-
+    """Overall success of an evaluation folder (for the task's Kubeflow metrics)."""
     return float(json.loads((Path(eval_dir) / "metrics.json").read_text())["overall"]["success_rate"])

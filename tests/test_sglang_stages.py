@@ -50,3 +50,18 @@ def test_train_and_eval_stages_on_sglang(standin_env, tiny_model_dir, tmp_path):
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     metrics = json.loads((tmp_path / "eval/metrics.json").read_text())
     assert metrics["overall"]["episodes"] == 2
+
+
+def test_a_stage_that_cannot_launch_sglang_says_which_setting(tmp_path, tiny_model_dir):
+    params = write_params(tmp_path, tiny_model_dir, iterations=1)
+    use_sglang(params)
+    data = yaml.safe_load(Path(params).read_text())
+    data["engine"]["sglang"]["python"] = "/nonexistent/bin/python"
+    Path(params).write_text(yaml.safe_dump(data))
+    done = subprocess.run(
+        [sys.executable, "components/zero_shot_eval.py", "--params", params, "--model-dir",
+         tiny_model_dir, "--out", str(tmp_path / "eval")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert "zero_shot_eval: error: engine.sglang.python '/nonexistent/bin/python'" in done.stderr
+    assert "Traceback" not in done.stderr
