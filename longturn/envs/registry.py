@@ -10,6 +10,7 @@ from longturn.envs.base import TextEnv
 
 BUILTIN: dict[str, str] = {
     "babyai": "longturn.envs.babyai:BabyAITextEnv",
+    "crafter": "longturn.envs.crafter:CrafterTextEnv",
 }
 
 
