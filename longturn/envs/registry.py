@@ -11,6 +11,7 @@ from longturn.envs.base import TextEnv
 BUILTIN: dict[str, str] = {
     "babyai": "longturn.envs.babyai:BabyAITextEnv",
     "crafter": "longturn.envs.crafter:CrafterTextEnv",
+    "babaisai": "longturn.envs.babaisai:BabaIsAITextEnv",
 }
 
 
