@@ -9,13 +9,13 @@ from __future__ import annotations
 import pytest
 
 from longturn.envs.actions import ActionTranslator
-from longturn.envs.crafter.env import load_synonyms
+from longturn.envs.synonyms import load_synonyms
 from longturn.envs.crafter.vocabulary import ACTIONS
 
 
 @pytest.fixture(scope="module")
 def translator() -> ActionTranslator:
-    return ActionTranslator(list(ACTIONS), load_synonyms(), "Noop")
+    return ActionTranslator(list(ACTIONS), load_synonyms("longturn.envs.crafter"), "Noop")
 
 
 @pytest.mark.parametrize("output, action", [
@@ -71,6 +71,6 @@ def test_generic_parser_is_more_lenient_than_verlog(translator: ActionTranslator
 
 
 def test_synonyms_point_to_actions() -> None:
-    synonyms = load_synonyms()
+    synonyms = load_synonyms("longturn.envs.crafter")
     assert set(synonyms.values()) <= set(ACTIONS)
     assert len(synonyms) >= 60 and synonyms["make table"] == "Place Table"

@@ -7,12 +7,9 @@ When the agent breaks every `... IS YOU` rule, the env resets to a new level of 
 
 from __future__ import annotations
 
-from functools import lru_cache
-from importlib import resources
 from typing import Any
 
 import numpy as np
-import yaml
 
 from longturn.envs.babaisai.describe import observation_text, rule_lines
 from longturn.envs.babaisai.game import MAX_STEPS, BabaGame
@@ -20,15 +17,9 @@ from longturn.envs.babaisai.instructions import ACTION_DESCRIPTIONS, GOAL, TIPS
 from longturn.envs.babaisai.levels import TASKS, generate_level
 from longturn.envs.babaisai.placement import Level
 from longturn.envs.base import Instructions, Observation
+from longturn.envs.synonyms import load_synonyms
 
 YOU_LOST_NOTICE = "[...] IS YOU rule was broken, environment reset"
-
-
-@lru_cache(maxsize=1)
-def load_synonyms() -> dict[str, str]:
-    """Alias table shipped next to this module (package data)."""
-    text = resources.files(__package__).joinpath("synonyms.yaml").read_text(encoding="utf-8")
-    return {str(k): str(v) for k, v in (yaml.safe_load(text) or {}).items()}
 
 
 class BabaIsAITextEnv:
@@ -45,7 +36,7 @@ class BabaIsAITextEnv:
             raise ValueError(f"unknown BabaIsAI task {task!r}; valid tasks: {', '.join(TASKS)}")
         self.task = task
         self.actions: list[str] = list(ACTION_DESCRIPTIONS)
-        self.synonyms: dict[str, str] = dict(load_synonyms())
+        self.synonyms: dict[str, str] = dict(load_synonyms(__package__))
         self.max_steps = max_steps
         self.add_ruleset = add_ruleset
         # the original reports the step limit as `terminated`; False reports it as `truncated`

@@ -6,15 +6,13 @@ binarisation and format penalties belong to the training code, not the env.
 
 from __future__ import annotations
 
-from functools import lru_cache
-from importlib import resources
 from typing import Any
 
-import yaml
 
 from longturn.envs.babyai.describe import describe, observation_text
 from longturn.envs.babyai.level import TASKS, MixedTrainLocalLevel
 from longturn.envs.base import Instructions, Observation
+from longturn.envs.synonyms import load_synonyms
 
 # Language action -> Verlog description; the index in this order is the minigrid action int.
 ACTION_DESCRIPTIONS: dict[str, str] = {
@@ -49,13 +47,6 @@ TIPS: tuple[str, ...] = (
 )
 
 
-@lru_cache(maxsize=1)
-def load_synonyms() -> dict[str, str]:
-    """Alias table shipped next to this module (package data)."""
-    text = resources.files(__package__).joinpath("synonyms.yaml").read_text(encoding="utf-8")
-    return {str(k): str(v) for k, v in (yaml.safe_load(text) or {}).items()}
-
-
 class BabyAITextEnv:
     """One MixedTrainLocal task kind; observations are the original BabyAI-Text lines."""
 
@@ -73,7 +64,7 @@ class BabyAITextEnv:
             raise ValueError(f"unknown BabyAI task {task!r}; valid tasks: {', '.join(TASKS)}")
         self.task = task
         self.actions: list[str] = list(ACTION_DESCRIPTIONS)
-        self.synonyms: dict[str, str] = dict(load_synonyms())
+        self.synonyms: dict[str, str] = dict(load_synonyms(__package__))
         self.image = image
         self._level = MixedTrainLocalLevel(task, num_dists=num_dists, max_steps=max_steps)
         self._mission = ""

@@ -7,12 +7,9 @@ turns with random actions; variant "B" (BALROG main) lets the agent act while as
 
 from __future__ import annotations
 
-from functools import lru_cache
-from importlib import resources
 from typing import Any
 
 import numpy as np
-import yaml
 
 from longturn.envs.base import Instructions, Observation
 from longturn.envs.crafter.describe import (
@@ -23,15 +20,9 @@ from longturn.envs.crafter.instructions import crafter_instructions
 from longturn.envs.crafter.vocabulary import (
     ACHIEVEMENTS, ACTIONS, DEFAULT_ACTION, unlocked_count,
 )
+from longturn.envs.synonyms import load_synonyms
 
 TASKS = ("default",)
-
-
-@lru_cache(maxsize=1)
-def load_synonyms() -> dict[str, str]:
-    """Alias table shipped next to this module (package data)."""
-    text = resources.files(__package__).joinpath("synonyms.yaml").read_text(encoding="utf-8")
-    return {str(k): str(v) for k, v in (yaml.safe_load(text) or {}).items()}
 
 
 class CrafterTextEnv:
@@ -63,7 +54,7 @@ class CrafterTextEnv:
         self.max_steps = max_steps
         self.image = image
         self.actions: list[str] = list(ACTIONS)
-        self.synonyms: dict[str, str] = dict(load_synonyms())
+        self.synonyms: dict[str, str] = dict(load_synonyms(__package__))
         self._game = make_game(seed, length=length)
         self._sleep_rng = np.random.RandomState(0)
         self._achievements: dict[str, int] | None = None
