@@ -51,7 +51,10 @@ def run_stage(stage: str, params_yaml: str, *args: str, launcher: str = "python"
     """`launcher -m components.<stage> --params FILE args...`; raises StageFailed on failure."""
     params = _params_file(params_yaml, overrides)
     cmd = [*_launcher(launcher), "-m", f"components.{stage}", "--params", params, *args]
-    code = subprocess.run(cmd).returncode
+    try:
+        code = subprocess.run(cmd).returncode
+    finally:
+        Path(params).unlink(missing_ok=True)
     if code != 0:
         raise StageFailed(f"stage {stage} exited with code {code}: {shlex.join(cmd)}")
 

@@ -37,11 +37,9 @@ def test_train_and_eval_stages_on_sglang(standin_env, tiny_model_dir, tmp_path):
     for iteration in range(2):
         turns = pd.read_parquet(out / f"trajectories/iteration={iteration:04d}/part-00.parquet")
         assert len(turns) == 6 and turns["response_ids"].map(len).min() >= 1
-    routes = [json.loads(line)["route"] for line in standin_env.read_text().splitlines()]
-    updates = [json.loads(line)["body"]["model_path"] for line in standin_env.read_text().splitlines()
-               if json.loads(line)["route"] == "/update_weights_from_disk"]
-    assert routes.count("/update_weights_from_disk") == 2  # after each of the 2 updates
-    assert updates == [str((out / "policy").resolve())] * 2
+    sent = [json.loads(line) for line in standin_env.read_text().splitlines()]
+    updates = [s["body"]["model_path"] for s in sent if s["route"] == "/update_weights_from_disk"]
+    assert updates == [str((out / "policy").resolve())] * 2  # after each of the 2 updates
 
     evaluated = subprocess.run(
         [sys.executable, "components/zero_shot_eval.py", "--params", params, "--model-dir",
