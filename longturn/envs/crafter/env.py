@@ -13,7 +13,7 @@ import numpy as np
 
 from longturn.envs.base import Instructions, Observation
 from longturn.envs.crafter.describe import (
-    VARIANTS, Frame, long_term_context, observation_text, short_term_context,
+    VARIANTS, Frame, compose_observation, long_term_context, short_term_context,
 )
 from longturn.envs.crafter.game import LENGTH, make_game
 from longturn.envs.crafter.instructions import crafter_instructions
@@ -152,5 +152,5 @@ class CrafterTextEnv:
             "max_steps": self.max_steps,
             "variant": self.variant,
         }
-        text = observation_text(frame, self.variant)
+        text = compose_observation(short_term, long_term)  # computed once, for info and text
         return Observation(text=text, image=frame_image if self.image else None), info
