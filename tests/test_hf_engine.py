@@ -9,7 +9,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from longturn.engines.base import SamplingParams
-from longturn.engines.hf import HFEngine, choose_tokens, filter_logits
+from longturn.engines.hf import HFEngine
+from longturn.engines.row_seeds import row_seed
+from longturn.engines.sampler import filter_logits, sample_tokens
 from longturn.engines.shared_prefix import shared_prefix_length
 from longturn.engines.logprobs import (
     forward_logprobs,
@@ -182,8 +184,8 @@ def test_update_weights_rejects_other_architecture(tiny_model_dir, tmp_path) -> 
 def test_sampler_matches_distribution_and_filters() -> None:
     probs = torch.tensor([0.1, 0.0, 0.6, 0.3])
     logits = probs.log().expand(4000, 4)
-    generators = [torch.Generator().manual_seed(i) for i in range(4000)]
-    draws = choose_tokens(logits, SamplingParams(temperature=1.0), generators)
+    seeds = torch.tensor([row_seed(7, i) for i in range(4000)])
+    draws = sample_tokens(logits, SamplingParams(temperature=1.0), seeds, step=0)
     freq = torch.bincount(draws, minlength=4).double() / 4000
     assert freq[1] == 0 and torch.allclose(freq, probs.double(), atol=0.03)
     kept = filter_logits(probs.log()[None], SamplingParams(top_p=0.65)).isfinite()
@@ -208,11 +210,10 @@ def engine32_plain(tiny_model_dir: str) -> HFEngine:
 
 
 def prefill_shapes(engine: HFEngine, prompts: list[list[int]]) -> list[tuple[int, int]]:
-    """input_ids shapes of the forward calls of a one-token generate: the prefill calls."""
+    """Token-id shapes embedded by a one-token generate: its prefill passes (either decoder)."""
     shapes: list[tuple[int, int]] = []
-    hook = engine.model.register_forward_pre_hook(
-        lambda _m, _a, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
-    )
+    embed = engine.model.get_input_embeddings()
+    hook = embed.register_forward_pre_hook(lambda _m, args: shapes.append(tuple(args[0].shape)))
     try:
         engine.generate(prompts, SamplingParams(max_new_tokens=1, temperature=0.0))
     finally:
@@ -233,11 +234,15 @@ def test_shared_prefix_length() -> None:
     assert shared_prefix_length([SHARED + a, SHARED + b], minimum=50) == 0
 
 
-def test_prefix_pass_runs_once_at_batch_size_one(engine32, engine32_plain) -> None:
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_prefix_pass_runs_once_at_batch_size_one(tiny_model_dir, fast_path) -> None:
+    shared = HFEngine(tiny_model_dir, dtype="float32", fast_path=fast_path)
+    plain = HFEngine(tiny_model_dir, dtype="float32", fast_path=fast_path, prefix_sharing=False)
+    assert shared.decoder_name == ("static" if fast_path else "generic")
     batch = PREFIX_BATCHES["nested"]
-    assert prefill_shapes(engine32, batch) == [(1, 39), (4, 24)]
-    assert prefill_shapes(engine32_plain, batch) == [(4, 63)]
-    assert prefill_shapes(engine32, PROMPTS) == [(4, 41)]  # no common prefix: as before
+    assert prefill_shapes(shared, batch) == [(1, 39), (4, 24)]
+    assert prefill_shapes(plain, batch) == [(4, 63)]
+    assert prefill_shapes(shared, PROMPTS) == [(4, 41)]  # no common prefix: as before
 
 
 @pytest.mark.parametrize("name", sorted(PREFIX_BATCHES))

@@ -1,0 +1,125 @@
+"""The engine's decode loops: the static fast path against the model's own forward, across model
+families; the generic loop against it; in-memory weight loads; seeded batch independence."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen3Config
+
+from longturn.engines.base import SamplingParams
+from longturn.engines.hf import HFEngine
+from longturn.engines.logprobs import forward_logprobs
+from test_hf_engine import PREFIX_BATCHES, PROMPTS, make_prompts
+
+SAMPLINGS = [SamplingParams(max_new_tokens=10, temperature=0.0),
+             SamplingParams(max_new_tokens=12, temperature=1.0, seed=31),
+             SamplingParams(max_new_tokens=12, temperature=0.7, top_k=20, top_p=0.9, seed=32)]
+
+
+def _family_dir(tmp_path_factory, tokenizer_dir: str, family: str) -> str:
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    common = dict(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+                  max_position_embeddings=4096, tie_word_embeddings=True,
+                  eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    config = Qwen2Config(**common) if family == "qwen2" else Qwen3Config(head_dim=16, **common)
+    torch.manual_seed(5)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    out = tmp_path_factory.mktemp(family)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+def family_dir(request, tiny_model_dir, smollm2_tokenizer_dir, tmp_path_factory) -> str:
+    if request.param == "llama":
+        return tiny_model_dir
+    return _family_dir(tmp_path_factory, smollm2_tokenizer_dir, request.param)
+
+
+@pytest.mark.parametrize("batch", ["plain", "tails", "nested"])
+def test_static_path_logprobs_are_the_models_forward(family_dir, batch) -> None:
+    prompts = PROMPTS if batch == "plain" else PREFIX_BATCHES[batch]
+    engine = HFEngine(family_dir, dtype="float32")
+    assert engine.decoder_name == "static"
+    reference = AutoModelForCausalLM.from_pretrained(family_dir, dtype=torch.float32).eval()
+    for sampling in SAMPLINGS:
+        completions = engine.generate(prompts, sampling)
+        expected = forward_logprobs(reference, prompts, [c.token_ids for c in completions])
+        for completion, ref in zip(completions, expected):
+            assert len(completion.token_ids) == len(completion.logprobs) == len(ref) > 0
+            assert completion.logprobs == pytest.approx(ref, abs=1e-4)
+
+
+def test_generic_and_static_loops_agree(tiny_model_dir) -> None:
+    """Same sampler, same seeds: the two loops return the same tokens (float32)."""
+    static = HFEngine(tiny_model_dir, dtype="float32")
+    generic = HFEngine(tiny_model_dir, dtype="float32", fast_path=False)
+    assert generic.decoder_name == "generic"
+    for prompts in (PROMPTS, PREFIX_BATCHES["tails"]):
+        for sampling in SAMPLINGS:
+            a, b = static.generate(prompts, sampling), generic.generate(prompts, sampling)
+            assert [c.token_ids for c in a] == [c.token_ids for c in b]
+            assert [c.finish_reason for c in a] == [c.finish_reason for c in b]
+            for x, y in zip(a, b):
+                assert x.logprobs == pytest.approx(y.logprobs, abs=1e-4)
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_early_stop_cuts_each_row_after_its_first_stop(tiny_model_dir, fast_path) -> None:
+    """Rows keep decoding after they stop (fixed shapes); the result is cut at the first stop
+    token, and the loop ends once every row has stopped."""
+    greedy = SamplingParams(max_new_tokens=10, temperature=0.0)
+    free = HFEngine(tiny_model_dir, dtype="float32", fast_path=fast_path).generate(PROMPTS, greedy)
+    stops = [c.token_ids[2] for c in free]  # every row meets one of these by its third token
+    engine = HFEngine(tiny_model_dir, dtype="float32", fast_path=fast_path, stop_token_ids=stops)
+    out = engine.generate(PROMPTS, greedy)
+    for before, after in zip(free, out):
+        first = next(i for i, t in enumerate(before.token_ids) if t in engine.stop_ids)
+        assert after.token_ids == before.token_ids[: first + 1]
+        assert after.finish_reason == "stop" and len(after.logprobs) == first + 1
+
+
+def test_seeded_rows_do_not_depend_on_their_batch(tiny_model_dir) -> None:
+    """A prompt's stream is (seed, its index): alone or among others, in any micro-batch size."""
+    engine = HFEngine(tiny_model_dir, dtype="float32")
+    sampling = SamplingParams(max_new_tokens=12, temperature=1.0, seed=77)
+    together = engine.generate(PROMPTS, sampling)
+    small = HFEngine(tiny_model_dir, dtype="float32", batch_size=1).generate(PROMPTS, sampling)
+    assert [c.token_ids for c in small] == [c.token_ids for c in together]
+    assert len({tuple(c.token_ids) for c in engine.generate([PROMPTS[0]] * 4, sampling)}) == 4
+
+
+def test_load_weights_in_memory_equals_reload_from_disk(tiny_model_dir, tmp_path) -> None:
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.3)
+    model.save_pretrained(tmp_path)
+    greedy = SamplingParams(max_new_tokens=8, temperature=0.0)
+    from_disk = HFEngine(tiny_model_dir, dtype="float32")
+    from_disk.generate(PROMPTS, greedy)  # buffers exist before the swap, as in training
+    from_disk.update_weights(str(tmp_path))
+    in_memory = HFEngine(tiny_model_dir, dtype="float32")
+    in_memory.generate(PROMPTS, greedy)
+    in_memory.load_weights(model.state_dict())
+    a, b = from_disk.generate(PROMPTS, greedy), in_memory.generate(PROMPTS, greedy)
+    assert [c.token_ids for c in a] == [c.token_ids for c in b]
+    expected = forward_logprobs(model.eval(), PROMPTS, [c.token_ids for c in b])
+    for completion, ref in zip(b, expected):
+        assert completion.logprobs == pytest.approx(ref, abs=1e-4)
+    with pytest.raises(ValueError, match="architecture"):
+        in_memory.load_weights({k: v for k, v in model.state_dict().items() if "layers.1" not in k})
+
+
+def test_bf16_static_path_stays_close_to_float32(tiny_model_dir) -> None:
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    engine = HFEngine(tiny_model_dir, dtype="bfloat16")
+    prompts = PREFIX_BATCHES["tails"] + make_prompts([5, 30], seed=40)
+    completions = engine.generate(prompts, SamplingParams(max_new_tokens=8, seed=3))
+    expected = forward_logprobs(reference, prompts, [c.token_ids for c in completions])
+    for completion, ref in zip(completions, expected):
+        assert completion.logprobs == pytest.approx(ref, abs=5e-2)
