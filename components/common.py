@@ -11,11 +11,13 @@ from typing import Callable, Sequence
 from longturn.agent.prompts import PromptTooLong
 from longturn.config import Params, ParamsError, load_params
 from longturn.engines.sglang_server import SGLangError
+from longturn.errors import UserError
 from longturn.models import ModelSourceError
 from longturn.warmup import WarmupDidNotConverge
 
 # Errors whose message says what to change; anything else keeps its traceback.
-USER_ERRORS = (ParamsError, ModelSourceError, PromptTooLong, WarmupDidNotConverge, SGLangError)
+USER_ERRORS = (UserError, ParamsError, ModelSourceError, PromptTooLong, WarmupDidNotConverge,
+               SGLangError)
 
 
 def parser(description: str) -> argparse.ArgumentParser:

@@ -69,6 +69,10 @@ class FixedTurnCollector:
                 rows.append(row)
         return rows
 
+    def action_names(self) -> list[str]:
+        """Every action the slots' envs know, in their own order (for the action mix)."""
+        return list(dict.fromkeys(a for slot in self.slots for a in slot.env.actions))
+
     def state(self) -> bytes:
         """Everything needed to continue the same episodes after a restart (envs included)."""
         return pickle.dumps({"slots": self.slots, "episode_counts": self.episode_counts})

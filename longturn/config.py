@@ -58,7 +58,13 @@ class EngineParams(Section):
     """Generation backend, looked up by name in the engine registry."""
 
     name: str = "hf"
+    # auto: this rank's GPU (LOCAL_RANK) when CUDA is available, else the CPU. Every model-holding
+    # part of a stage (inference engine, scoring, critic, DeepSpeed engines) uses this device.
+    device: Literal["auto", "cpu", "cuda"] = "auto"
     batch_size: int = Field(16, ge=1)
+    # In-process engine on CUDA: replay each decode step as one captured CUDA graph (the loop is
+    # launch-bound otherwise); falls back to eager steps, with a warning, where capture fails.
+    cuda_graphs: bool = True
     sampling: SamplingSection = SamplingSection()
     sglang: SGLangParams = SGLangParams()
 
@@ -109,7 +115,7 @@ class RolloutParams(Section):
 
 
 class GAESection(Section):
-    """Dual discount: token level inside a turn, step level between turns (DESIGN §5)."""
+    """Dual discount: token level inside a turn, step level between turns (docs/design.md §5)."""
 
     gamma_step: float = Field(0.99, ge=0.0, le=1.0)
     lambda_step: float = Field(0.95, ge=0.0, le=1.0)
@@ -139,6 +145,12 @@ class PPOParams(Section):
     lora_alpha: float = Field(16.0, gt=0)
     lora_layers: int | None = Field(None, ge=1)
     share_prefix: bool = True
+    # Actor, reference and critic share every frozen layer below the lowest trainable one (LoRA on
+    # the top layers): run those once per micro-batch and branch. Off, or full fine-tuning: each
+    # model runs whole.
+    share_trunk: bool = True
+    gradient_checkpointing: bool = False  # recompute trained layers' activations in backward
+    target_kl: float | None = Field(None, gt=0)  # stop the update's epochs once approx_kl exceeds it
 
     @model_validator(mode="after")
     def _micro_divides_mini(self) -> "PPOParams":

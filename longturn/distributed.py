@@ -12,6 +12,7 @@ import os
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -64,22 +65,47 @@ def _single_process_env() -> None:
         os.environ["MASTER_PORT"] = str(free_port())
 
 
-def default_backend() -> str:
-    return "nccl" if torch.cuda.is_available() else "gloo"
+def default_backend(device: torch.device | None = None) -> str:
+    """NCCL between GPUs, gloo between CPU processes."""
+    if device is None:
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    return "nccl" if device.type == "cuda" else "gloo"
 
 
-def init_distributed(backend: str | None = None) -> tuple[int, int]:
-    """Initialise torch.distributed and DeepSpeed's comm layer once; return (rank, world_size)."""
-    import deepspeed
+def init_distributed(device: torch.device | str | None = None,
+                     backend: str | None = None) -> tuple[int, int]:
+    """Initialise torch.distributed and DeepSpeed's comm layer once; return (rank, world_size).
+
+    ``device`` (resolved `engine.device`) decides where DeepSpeed puts its engines and which
+    backend the ranks talk over; None means this rank's GPU when there is one."""
+    from longturn.device import pin_accelerator, resolve_device
 
     _single_process_env()
-    backend = backend or default_backend()
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    device = resolve_device("auto") if device is None else torch.device(device)
+    pin_accelerator(device)
     if not dist.is_initialized():
+        import deepspeed
+
         clear_stale_build_locks(extensions_root())
-        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
+        deepspeed.init_distributed(dist_backend=backend or default_backend(device),
+                                   auto_mpi_discovery=False, verbose=False)
     return dist.get_rank(), dist.get_world_size()
+
+
+def comm_device() -> torch.device:
+    """Where tensors must be for a collective: NCCL only moves GPU tensors."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_reduce_tensor(tensor: torch.Tensor, op: Any = None) -> torch.Tensor:
+    """all_reduce of a CPU tensor through the backend's device; returns a CPU tensor."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return tensor
+    moved = tensor.to(comm_device())
+    dist.all_reduce(moved, op=dist.ReduceOp.SUM if op is None else op)
+    return moved.cpu()
 
 
 def is_main_process() -> bool:
@@ -95,6 +121,4 @@ def sum_over_ranks(values: np.ndarray) -> np.ndarray:
     """Element-wise sum of a float array over all ranks (the array itself in a world of one)."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return values
-    tensor = torch.as_tensor(np.asarray(values, dtype=np.float64))
-    dist.all_reduce(tensor)
-    return tensor.numpy()
+    return all_reduce_tensor(torch.as_tensor(np.asarray(values, dtype=np.float64))).numpy()

@@ -1,14 +1,19 @@
-"""Per-iteration metrics: what the rollout did, and a DVCLive log that survives restarts."""
+"""Per-iteration metrics: what the rollout did, where the time went, and a DVCLive log that
+survives restarts."""
 
 from __future__ import annotations
 
 import shutil
+import time
+from collections import defaultdict
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
-_SUMMED = ("turns", "episodes_ended")  # totals; every other metric is a ratio
+_SUMMED = ("turns", "episodes_ended", "successes")  # totals; every other metric is a ratio
+ACTION_MIX_PREFIX = "action_mix/"
 
 
 def rollout_totals(rows: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:
@@ -20,6 +25,7 @@ def rollout_totals(rows: list[dict[str, Any]]) -> dict[str, tuple[float, float]]
         "turns": (n, 1.0),
         "episodes_ended": (float(len(ended)), 1.0),
         "success_rate": (float(sum(bool(r["success"]) for r in ended)), float(len(ended))),
+        "successes": (float(sum(bool(r["success"]) for r in ended)), 1.0),
         "episode_length": (float(sum(r["turn"] + 1 for r in ended)), float(len(ended))),
         "mean_reward": (float(sum(r["reward"] for r in rows)), n),
         "mean_env_reward": (float(sum(r["env_reward"] for r in rows)), n),
@@ -51,6 +57,66 @@ def rollout_metrics(rows: list[dict[str, Any]],
         elif key != "logprob_gap":
             out[key] = float("nan")
     return out
+
+
+def action_mix(rows: list[dict[str, Any]], actions: list[str],
+               sum_over_ranks: Callable[[np.ndarray], np.ndarray] | None = None
+               ) -> dict[str, float]:
+    """Fraction of turns that executed each action (every rank's turns when `sum_over_ranks` is
+    given): a policy collapsing onto one action shows here first. Keys are
+    `action_mix/<action>` with spaces as underscores; actions outside `actions` (a plug-in env's
+    free text) are counted under `action_mix/other`."""
+    names = list(dict.fromkeys(actions)) + ["other"]
+    counts = np.zeros(len(names), dtype=np.float64)
+    index = {name: i for i, name in enumerate(names)}
+    for row in rows:
+        counts[index.get(row["action"], len(names) - 1)] += 1
+    if sum_over_ranks is not None:
+        counts = sum_over_ranks(counts)
+    total = counts.sum()
+    return {ACTION_MIX_PREFIX + name.replace(" ", "_"): float(c / total) if total else 0.0
+            for name, c in zip(names, counts) if name != "other" or c > 0}
+
+
+class PhaseClock:
+    """Wall seconds per phase of one iteration (rollout, scoring, update, sync, checkpoint) and,
+    on CUDA, the iteration's peak GPU memory. Each phase ends with a device synchronisation, so
+    queued GPU work is charged to the phase that queued it."""
+
+    def __init__(self, device: Any = "cpu") -> None:
+        import torch
+
+        self.device = torch.device(device)
+        self.started = time.perf_counter()
+        self.seconds: dict[str, float] = defaultdict(float)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._synchronize()
+            self.seconds[name] += time.perf_counter() - start
+
+    def _synchronize(self) -> None:
+        if self.device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize(self.device)
+
+    def metrics(self, turns: float) -> dict[str, float]:
+        """seconds_<phase>, seconds_per_iteration, turns_per_s (and peak_gpu_memory_gib)."""
+        total = time.perf_counter() - self.started
+        out = {f"seconds_{name}": value for name, value in self.seconds.items()}
+        out.update(seconds_per_iteration=total, turns_per_s=turns / max(total, 1e-9))
+        if self.device.type == "cuda":
+            import torch
+
+            out["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+        return out
 
 
 class MetricsLog:

@@ -1,4 +1,4 @@
-"""Fill the training columns of freshly collected turn rows (DESIGN.md §4, §5), without grad.
+"""Fill the training columns of freshly collected turn rows (docs/design.md §4, §5), without grad.
 
 old/ref logprobs are of the sampling policy softmax(logits / T) (like verl), values come from the
 critic, next_value follows §4, token rewards carry −β·KL plus the turn's reward, and advantages /
@@ -8,18 +8,18 @@ file's own columns, so anyone can check a stored iteration.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow.parquet as pq
 import torch
 from tqdm.auto import tqdm
 
-from longturn.algo.batches import autocast, masked_logprobs, pad_rows, tempered_logits
-from longturn.algo.critic import ValueModel, response_values, state_values
+from longturn.algo.batches import autocast, masked_logprobs, pad_rows
 from longturn.algo.gae import GAEParams, gae_for_table
+from longturn.algo.model_set import ModelSet
 from longturn.algo.ppo import kl_penalty, token_rewards
 from longturn.engines.logprobs import pack_prompt_response
 from longturn.trajectories import read_metadata
@@ -41,71 +41,64 @@ class ScoringSettings(Protocol):
     share_prefix: bool
 
 
-def _device(module: torch.nn.Module) -> torch.device:
-    return next(module.parameters()).device
+@dataclass
+class Scored:
+    """Per-row float32 arrays from one scoring pass (logprob lists empty when reused)."""
+
+    old: list[np.ndarray] = field(default_factory=list)  # under softmax(logits / T)
+    raw: list[np.ndarray] = field(default_factory=list)  # untempered, as engines report
+    ref: list[np.ndarray] = field(default_factory=list)
+    values: list[np.ndarray] = field(default_factory=list)
 
 
-@contextmanager
-def reference_policy(actor: torch.nn.Module, ref: torch.nn.Module | None) -> Iterator[torch.nn.Module]:
-    """The frozen reference: ``ref`` itself, or (LoRA) the actor with its adapters disabled."""
-    if ref is not None:
-        yield ref
-        return
-    if not hasattr(actor, "disable_adapter"):
-        raise ValueError("no reference model given and the actor has no LoRA adapters to disable")
-    with actor.disable_adapter():
-        yield actor
+def _device(models: ModelSet) -> torch.device:
+    return next(models.actor.parameters()).device
 
 
-def policy_logprobs(model: torch.nn.Module, prompts: list[list[int]], responses: list[list[int]],
-                    settings: ScoringSettings, pad_id: int,
-                    raw: list[np.ndarray] | None = None, bar: Any = None) -> list[np.ndarray]:
-    """Per-row float32 logprobs of each response token under softmax(logits / T). When `raw` is
-    a list, the untempered logprobs (what engines report) are appended to it as well."""
-    out: list[np.ndarray] = []
-    size = max(1, settings.mini_batch_size)
+def _rows(matrix: torch.Tensor, lengths: list[int]) -> list[np.ndarray]:
+    dense = matrix.float().cpu().numpy()
+    return [dense[i, :n].copy() for i, n in enumerate(lengths)]
+
+
+def score_batch(models: ModelSet, prompts: list[list[int]], responses: list[list[int]],
+                settings: ScoringSettings, pad_id: int, logprobs: bool = True,
+                bar: Any = None) -> Scored:
+    """Old / untempered / reference logprobs (when `logprobs`) and values of every row, a
+    mini-batch at a time; per mini-batch the shared trunk runs once (ModelSet)."""
+    out, size, device = Scored(), max(1, settings.mini_batch_size), _device(models)
     for start in range(0, len(prompts), size):
         chunk = responses[start : start + size]
-        batch = pack_prompt_response(prompts[start : start + size], chunk, pad_id, _device(model),
+        lengths = [len(r) for r in chunk]
+        batch = pack_prompt_response(prompts[start : start + size], chunk, pad_id, device,
                                      settings.share_prefix)
-        with autocast(settings.bf16, batch.input_ids.device):
-            logits = tempered_logits(model, batch, settings.temperature)
-        rows = masked_logprobs(logits, batch).cpu().numpy()
-        out.extend(rows[i, : len(r)].copy() for i, r in enumerate(chunk))
-        if raw is not None:
-            untempered = masked_logprobs(logits * settings.temperature, batch).cpu().numpy()
-            raw.extend(untempered[i, : len(r)].copy() for i, r in enumerate(chunk))
+        with autocast(settings.bf16, device):
+            trunk = models.trunk(batch)
+            if logprobs:
+                logits = models.actor_logits(batch, trunk).float() / settings.temperature
+                out.old += _rows(masked_logprobs(logits, batch), lengths)
+                out.raw += _rows(masked_logprobs(logits * settings.temperature, batch), lengths)
+                del logits
+                ref = models.ref_logits(batch, trunk).float() / settings.temperature
+                out.ref += _rows(masked_logprobs(ref, batch), lengths)
+                del ref
+            out.values += _rows(models.values(batch, trunk), lengths)
         _advance(bar, len(chunk))
     return out
 
 
-def critic_values(critic: ValueModel, prompts: list[list[int]], responses: list[list[int]],
-                  settings: ScoringSettings, pad_id: int, bar: Any = None) -> list[np.ndarray]:
-    """Per-row float32 values (values[k] = V before emitting response token k)."""
-    out: list[np.ndarray] = []
-    size = max(1, settings.mini_batch_size)
-    for start in range(0, len(prompts), size):
-        chunk = responses[start : start + size]
-        with autocast(settings.bf16, _device(critic)):
-            values, _ = response_values(critic, prompts[start : start + size], chunk, pad_id,
-                                        settings.share_prefix)
-        rows = values.float().cpu().numpy()
-        out.extend(rows[i, : len(r)].copy() for i, r in enumerate(chunk))
-        _advance(bar, len(chunk))
-    return out
-
-
-def bootstrap_values(critic: ValueModel, rows: list[Row], settings: ScoringSettings,
+def bootstrap_values(models: ModelSet, rows: list[Row], settings: ScoringSettings,
                      pad_id: int, bar: Any = None) -> dict[int, float]:
     """V(next observation) for every row that carries ``bootstrap_prompt_ids``."""
     index = [i for i, r in enumerate(rows) if r.get("bootstrap_prompt_ids")]
     out: dict[int, float] = {}
-    size = max(1, settings.mini_batch_size)
+    size, device = max(1, settings.mini_batch_size), _device(models)
     for start in range(0, len(index), size):
         part = index[start : start + size]
         prompts = [list(rows[i]["bootstrap_prompt_ids"]) for i in part]
-        with autocast(settings.bf16, _device(critic)):
-            v = state_values(critic, prompts, pad_id, settings.share_prefix)
+        batch = pack_prompt_response(prompts, [[] for _ in part], pad_id, device,
+                                     settings.share_prefix)
+        with autocast(settings.bf16, device):
+            v = models.state_values(batch, models.trunk(batch))
         out.update(zip(part, v.float().cpu().tolist()))
         _advance(bar, len(part))
     return out
@@ -128,8 +121,8 @@ def successors(rows: list[Row]) -> list[int]:
 
 
 def next_values(rows: list[Row], values: list[np.ndarray], boot: dict[int, float]) -> np.ndarray:
-    """next_value per DESIGN §4: 0 if terminated (or aborted), V_{t+1,0} if the episode goes on
-    in this batch, else the critic's value of the next observation (segment end, time limit)."""
+    """next_value per docs/design.md §4: 0 if terminated (or aborted), V_{t+1,0} if the episode
+    goes on in this batch, else the critic's value of the next observation (segment end, time limit)."""
     succ = successors(rows)
     out = np.zeros(len(rows), dtype=np.float32)
     for i, row in enumerate(rows):
@@ -152,7 +145,8 @@ def kl_token_rewards(old: list[np.ndarray], ref: list[np.ndarray], rewards: list
     """Per-row −β·KL(π‖π_ref) on each token plus the turn's reward on its last token."""
     lengths = [len(o) for o in old]
     if min(lengths, default=1) == 0:
-        raise ValueError("a turn has zero response tokens: its reward would be lost (DESIGN §5)")
+        raise ValueError("a turn has zero response tokens: its reward would be lost "
+                         "(docs/design.md §5)")
     old_t, ref_t = pad_rows(old), pad_rows(ref)
     mask = torch.arange(old_t.shape[1])[None, :] < torch.tensor(lengths)[:, None]
     kl = kl_penalty(old_t, ref_t, estimator)  # type: ignore[arg-type]
@@ -160,13 +154,12 @@ def kl_token_rewards(old: list[np.ndarray], ref: list[np.ndarray], rewards: list
     return [out[i, :n].astype(np.float32) for i, n in enumerate(lengths)]
 
 
-def score_rows(rows: list[Row], actor: torch.nn.Module, ref: torch.nn.Module | None,
-               critic: ValueModel, settings: ScoringSettings, gae_params: GAEParams,
-               pad_id: int, reuse_logprobs: bool = False, progress: bool = False) -> list[Row]:
+def score_rows(rows: list[Row], models: ModelSet, settings: ScoringSettings,
+               gae_params: GAEParams, pad_id: int, reuse_logprobs: bool = False,
+               progress: bool = False) -> list[Row]:
     """Fill old_logprobs, ref_logprobs, values, next_value, token_rewards, advantages, returns
     (float32 lists) on one rank's rows, in place; returns the same list.
 
-    ``ref=None`` means the reference is the (LoRA) actor with its adapters disabled.
     Rows needing a bootstrap (segment end, time-limit truncation) carry ``bootstrap_prompt_ids``.
     ``reuse_logprobs`` keeps old/ref logprobs the rows already carry (the critic warm-up re-scores
     the same turns while the actor is frozen, so only values and GAE change).
@@ -178,34 +171,30 @@ def score_rows(rows: list[Row], actor: torch.nn.Module, ref: torch.nn.Module | N
     empty = [i for i, r in enumerate(responses) if not r]
     if empty:
         raise ValueError(f"rows {empty} have zero response tokens: their reward would be lost "
-                         "(DESIGN §5); the engine must return at least one token per turn")
+                         "(docs/design.md §5); the engine must return at least one token per turn")
     reuse = reuse_logprobs and all(r.get("old_logprobs") is not None
                                    and r.get("ref_logprobs") is not None for r in rows)
-    raw: list[np.ndarray] | None = None if reuse else []  # untempered, for logprob_gap
     n_boot = sum(bool(r.get("bootstrap_prompt_ids")) for r in rows)
-    bar = tqdm(total=(1 if reuse else 3) * len(rows) + n_boot, desc="score", unit="turn",
-               disable=not progress, leave=False)
+    bar = tqdm(total=len(rows) + n_boot, desc="score", unit="turn", disable=not progress,
+               leave=False)
     # no_grad, not inference_mode: under ZeRO-3 the forward gathers parameters into buffers that
     # training reuses, and inference tensors cannot be saved for backward later.
     with torch.no_grad(), bar:
-        if reuse:
-            old = [np.asarray(r["old_logprobs"], dtype=np.float32) for r in rows]
-            ref_lp = [np.asarray(r["ref_logprobs"], dtype=np.float32) for r in rows]
-        else:
-            old = policy_logprobs(actor, prompts, responses, settings, pad_id, raw, bar)
-            with reference_policy(actor, ref) as ref_model:
-                ref_lp = policy_logprobs(ref_model, prompts, responses, settings, pad_id, bar=bar)
-        values = critic_values(critic, prompts, responses, settings, pad_id, bar)
-        boot = bootstrap_values(critic, rows, settings, pad_id, bar)
-    nv = next_values(rows, values, boot)
-    rewards = kl_token_rewards(old, ref_lp, [r["reward"] for r in rows], settings.kl_beta,
-                               settings.kl_estimator)
+        scored = score_batch(models, prompts, responses, settings, pad_id, not reuse, bar)
+        boot = bootstrap_values(models, rows, settings, pad_id, bar)
+    if reuse:
+        scored.old = [np.asarray(r["old_logprobs"], dtype=np.float32) for r in rows]
+        scored.ref = [np.asarray(r["ref_logprobs"], dtype=np.float32) for r in rows]
+    nv = next_values(rows, scored.values, boot)
+    rewards = kl_token_rewards(scored.old, scored.ref, [r["reward"] for r in rows],
+                               settings.kl_beta, settings.kl_estimator)
     for i, row in enumerate(rows):
-        row.update(old_logprobs=old[i].tolist(), ref_logprobs=ref_lp[i].tolist(),
-                   values=values[i].tolist(), token_rewards=rewards[i].tolist(),
+        row.update(old_logprobs=scored.old[i].tolist(), ref_logprobs=scored.ref[i].tolist(),
+                   values=scored.values[i].tolist(), token_rewards=rewards[i].tolist(),
                    next_value=float(nv[i]))
-        if raw is not None and row.get("engine_logprobs") is not None:  # both untempered
-            row["logprob_gap"] = float(np.abs(np.asarray(row["engine_logprobs"]) - raw[i]).mean())
+        if scored.raw and row.get("engine_logprobs") is not None:  # both untempered
+            gap = np.abs(np.asarray(row["engine_logprobs"]) - scored.raw[i])
+            row["logprob_gap"] = float(gap.mean())
     columns = {k: [r.get(k, 0) if k == "iteration" else r[k] for r in rows] for k in _GAE_INPUTS}
     advantages, returns = gae_for_table(columns, gae_params)
     for row, adv, ret in zip(rows, advantages, returns):

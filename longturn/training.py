@@ -13,7 +13,6 @@ import json
 import logging
 import pickle
 import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,9 +21,10 @@ from longturn.algo.gae import GAEParams
 from longturn.algo.trainer import PPOTrainer, TrainerSettings
 from longturn.collector import FixedTurnCollector
 from longturn.config import Params
+from longturn.device import resolve_device
 from longturn.distributed import barrier, init_distributed, is_main_process, sum_over_ranks
 from longturn.engines.registry import make_engine, sampling_from_params
-from longturn.metrics import MetricsLog, rollout_metrics
+from longturn.metrics import MetricsLog, PhaseClock, action_mix, rollout_metrics
 from longturn.models import load_tokenizer
 from longturn.rollout import AgentSettings, env_factory_from_params
 from longturn.trajectories import write_turns
@@ -55,7 +55,9 @@ def trainer_settings(params: Params) -> TrainerSettings:
         mini_batch_size=p.mini_batch_size, micro_batch_size=p.micro_batch_size,
         grad_clip=p.grad_clip, zero_stage=p.zero_stage, bf16=p.bf16, lora=p.lora,
         lora_r=p.lora_r, lora_alpha=p.lora_alpha, lora_layers=p.lora_layers,
-        share_prefix=p.share_prefix, seed=params.seed)
+        share_prefix=p.share_prefix, share_trunk=p.share_trunk,
+        gradient_checkpointing=p.gradient_checkpointing, target_kl=p.target_kl,
+        device=params.engine.device, seed=params.seed)
 
 
 def gae_params(params: Params) -> GAEParams:
@@ -81,7 +83,10 @@ def file_metadata(params: Params, iteration: int) -> dict[str, Any]:
 
 
 class CheckpointStore:
-    """Numbered checkpoint dirs, written under a temp name and renamed when complete."""
+    """Numbered checkpoint dirs, written under a temp name and renamed when complete.
+
+    Saving is two calls, so the caller can time the heavy part and record that time in the
+    history the checkpoint carries: `write` (engines, env slots, digests) and `commit`."""
 
     def __init__(self, root: Path, keep: int):
         self.root, self.keep = root, keep
@@ -90,17 +95,21 @@ class CheckpointStore:
         done = sorted(p for p in self.root.glob("iteration=*") if (p / "COMPLETE").is_file())
         return done[-1] if done else None
 
-    def save(self, trainer: PPOTrainer, collector_blobs: list[bytes], iteration: int,
-             history: list[dict[str, float]]) -> Path:
-        final = iteration_dir(self.root, iteration)
-        tmp = final.with_name(final.name + ".tmp")
+    def write(self, trainer: PPOTrainer, collector_blob: bytes, iteration: int) -> Path:
+        """Everything but the history, into iteration=NNNN.tmp (every rank writes its part)."""
+        tmp = self._tmp(iteration)
         if is_main_process():
             shutil.rmtree(tmp, ignore_errors=True)
         barrier()
         trainer.save_checkpoint(tmp, {"iteration": iteration})
-        (tmp / f"collector_rank{trainer.rank}.pkl").write_bytes(collector_blobs[0])
+        (tmp / f"collector_rank{trainer.rank}.pkl").write_bytes(collector_blob)
         (tmp / f"weights_digest_rank{trainer.rank}.txt").write_text(trainer.weights_digest() + "\n")
         barrier()
+        return tmp
+
+    def commit(self, iteration: int, history: list[dict[str, float]]) -> Path:
+        """Add the history, mark COMPLETE and move into place; prune old checkpoints."""
+        final, tmp = iteration_dir(self.root, iteration), self._tmp(iteration)
         if is_main_process():
             (tmp / "history.pkl").write_bytes(pickle.dumps(history))
             (tmp / "COMPLETE").write_text(f"{iteration}\n")
@@ -109,6 +118,10 @@ class CheckpointStore:
             self._prune()
         barrier()
         return final
+
+    def _tmp(self, iteration: int) -> Path:
+        final = iteration_dir(self.root, iteration)
+        return final.with_name(final.name + ".tmp")
 
     def _prune(self) -> None:
         done = sorted(p for p in self.root.glob("iteration=*") if (p / "COMPLETE").is_file())
@@ -167,7 +180,7 @@ def _guard_persisted(params: Params, paths: TrainPaths) -> None:
 def replay_update(params: Params, paths: TrainPaths, iteration_path: Path) -> dict[str, float]:
     """The update of one stored iteration, from its Parquet alone (no engine, no env). Starts
     from the checkpoint written just before that iteration when there is one."""
-    rank, _ = init_distributed()
+    rank, _ = init_distributed(resolve_device(params.engine.device))
     iteration = int(iteration_path.name.split("=")[1])
     trainer = PPOTrainer(paths.base, paths.critic, trainer_settings(params), gae_params(params),
                          load_tokenizer(paths.base))
@@ -183,7 +196,7 @@ def replay_update(params: Params, paths: TrainPaths, iteration_path: Path) -> di
 def run_training(params: Params, paths: TrainPaths, progress: bool = True,
                  run_id: str = "train") -> list[dict[str, float]]:
     """Train for `train.iterations` iterations (continuing a previous run); returns the history."""
-    rank, _ = init_distributed()
+    rank, _ = init_distributed(resolve_device(params.engine.device))
     _guard_persisted(params, paths)
     tokenizer = load_tokenizer(paths.base)
     trainer = PPOTrainer(paths.base, paths.critic, trainer_settings(params), gae_params(params),
@@ -193,50 +206,66 @@ def run_training(params: Params, paths: TrainPaths, progress: bool = True,
     start, history = _resume(store, trainer, collector)
     _drop_unfinished(paths.trajectories, start)
     metrics_log = MetricsLog(paths.live, history, enabled=is_main_process())
-    policy = _export_policy(trainer, paths, start)
-    engine = make_engine(str(policy), params)
+    engine = make_engine(str(paths.base), params)
     try:
+        if start > 0:  # resumed: the engine starts from the base weights, the actor has moved
+            push_weights(trainer, engine, paths)
         for iteration in range(start, params.train.iterations):
+            clock = PhaseClock(trainer.device)
             metrics = _iteration(params, paths, trainer, collector, engine, tokenizer,
-                                 iteration, run_id, rank, progress)
+                                 iteration, run_id, rank, progress, clock)
+            with clock.phase("sync"):
+                push_weights(trainer, engine, paths)
             history.append(metrics)
-            metrics_log.log(metrics)
-            engine.update_weights(str(_export_policy(trainer, paths, iteration + 1)))
             last = iteration + 1 == params.train.iterations
             if (iteration + 1) % params.train.checkpoint_every == 0 or last:
-                store.save(trainer, [collector.state()], iteration, history)
+                with clock.phase("checkpoint"):
+                    store.write(trainer, collector.state(), iteration)
+            metrics.update(clock.metrics(metrics["turns"]))
+            if (iteration + 1) % params.train.checkpoint_every == 0 or last:
+                store.commit(iteration, history)
+            metrics_log.log(metrics)
+            _log_iteration(iteration, metrics)
         trainer.export_actor(paths.final)
     finally:
         engine.close()
     return history
 
 
-def _export_policy(trainer: PPOTrainer, paths: TrainPaths, version: int) -> Path:
-    """The actor as an HF dir for the engine (the base model itself before any update)."""
-    if version == 0:
-        return paths.base
-    return trainer.export_actor(paths.policy)
+def push_weights(trainer: PPOTrainer, engine: Any, paths: TrainPaths) -> None:
+    """The actor's current weights to the inference engine: in memory when the engine can take
+    them (in-process HF engine, unpartitioned weights), else as an HF dir it reloads from disk."""
+    if hasattr(engine, "load_weights") and trainer.settings.zero_stage < 3:
+        engine.load_weights(trainer.actor_weights())
+    else:
+        engine.update_weights(str(trainer.export_actor(paths.policy)))
 
 
 def _iteration(params: Params, paths: TrainPaths, trainer: PPOTrainer,
                collector: FixedTurnCollector, engine: Any, tokenizer: Any, iteration: int,
-               run_id: str, rank: int, progress: bool) -> dict[str, float]:
-    """One iteration; its Parquet part is the only hand-off between rollout and update.
-
-    Rollout metrics count every rank's turns; update metrics are averaged over ranks."""
-    start = time.perf_counter()
+               run_id: str, rank: int, progress: bool, clock: "PhaseClock") -> dict[str, float]:
+    """Rollout, scoring, Parquet, update; the Parquet part is the only hand-off between rollout
+    and update. Rollout metrics count every rank's turns; update metrics are averaged over
+    ranks."""
     sampling = sampling_from_params(params, seed=params.seed)
     extra = {"run_id": run_id, "policy_version": f"iteration-{iteration}"}
-    rows = collector.collect(engine, tokenizer, sampling, iteration, extra, progress)
-    trainer.score(rows)
-    part = iteration_dir(paths.trajectories, iteration) / f"part-{rank:02d}.parquet"
-    write_turns(rows, part, file_metadata(params, iteration))
-    barrier()
+    with clock.phase("rollout"):
+        rows = collector.collect(engine, tokenizer, sampling, iteration, extra, progress)
+    with clock.phase("scoring"):  # includes writing the iteration's Parquet part
+        trainer.score(rows)
+        part = iteration_dir(paths.trajectories, iteration) / f"part-{rank:02d}.parquet"
+        write_turns(rows, part, file_metadata(params, iteration))
+        barrier()
     metrics = rollout_metrics(rows, sum_over_ranks)
-    metrics.update(trainer.update([str(part)]))
-    metrics["seconds_per_iteration"] = time.perf_counter() - start
-    log.info("iteration %d: success %.3f reward %.3f valid %.2f value_loss %.4f kl %.5f (%.0f s)",
-             iteration, metrics.get("success_rate", 0.0), metrics.get("mean_reward", 0.0),
-             metrics.get("valid_action_ratio", 0.0), metrics.get("value_loss", 0.0),
-             metrics.get("kl_mean", 0.0), metrics["seconds_per_iteration"])
+    metrics.update(action_mix(rows, collector.action_names(), sum_over_ranks))
+    with clock.phase("update"):
+        metrics.update(trainer.update([str(part)]))
     return metrics
+
+
+def _log_iteration(iteration: int, metrics: dict[str, float]) -> None:
+    log.info("iteration %d: success %.3f reward %.3f valid %.2f value_loss %.4f kl %.5f "
+             "(%.0f s, %.1f turns/s)", iteration, metrics.get("success_rate", 0.0),
+             metrics.get("mean_reward", 0.0), metrics.get("valid_action_ratio", 0.0),
+             metrics.get("value_loss", 0.0), metrics.get("kl_mean", 0.0),
+             metrics["seconds_per_iteration"], metrics["turns_per_s"])

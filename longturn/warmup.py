@@ -16,6 +16,7 @@ import numpy as np
 
 from longturn.algo.trainer import PPOTrainer
 from longturn.config import Params
+from longturn.device import resolve_device
 from longturn.distributed import init_distributed
 from longturn.engines.registry import make_engine, sampling_from_params
 from longturn.metrics import MetricsLog
@@ -49,7 +50,7 @@ def collect_frozen(params: Params, base: Path, rank: int, progress: bool) -> lis
 def run_critic_warmup(params: Params, base: Path, out: Path, live_dir: Path, work_dir: Path,
                       progress: bool = True) -> dict[str, float]:
     """Warm the critic; writes it to `out` and returns summary metrics."""
-    rank, _ = init_distributed()
+    rank, _ = init_distributed(resolve_device(params.engine.device))
     rows = collect_frozen(params, base, rank, progress)
     trainer = PPOTrainer(base, base, trainer_settings(params), gae_params(params),
                          load_tokenizer(base), progress=progress)

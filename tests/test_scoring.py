@@ -1,5 +1,5 @@
-"""score_rows: next_value rules (DESIGN §4), KL token rewards, GAE that passes the Parquet audit,
-tempered logprobs; audit_gae catches a tampered file."""
+"""score_rows: next_value rules (docs/design.md §4), KL token rewards, GAE that passes the Parquet
+audit, tempered logprobs; audit_gae catches a tampered file."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from longturn.algo.critic import ValueModel, state_values
 from longturn.algo.gae import GAEParams
+from longturn.algo.model_set import ModelSet
 from longturn.engines.logprobs import forward_logprobs
 from longturn.scoring import audit_gae, score_rows
 from longturn.trajectories import write_turns
@@ -76,7 +77,7 @@ def hand_rows() -> list[dict]:
 @pytest.fixture(scope="module")
 def scored(models) -> list[dict]:
     actor, ref, critic = models
-    return score_rows(hand_rows(), actor, ref, critic, Settings(), GAE, PAD)
+    return score_rows(hand_rows(), ModelSet(actor, ref, critic), Settings(), GAE, PAD)
 
 
 def _find(rows: list[dict], slot: int, step: int) -> dict:
@@ -134,18 +135,18 @@ def test_audit_passes_and_catches_tampering(scored: list[dict], tmp_path: Path) 
 
 def test_old_logprobs_match_forward_logprobs_at_t1(models) -> None:
     actor, ref, critic = models
-    rows = score_rows(hand_rows(), actor, ref, critic, Settings(temperature=1.0), GAE, PAD)
+    rows = score_rows(hand_rows(), ModelSet(actor, ref, critic), Settings(temperature=1.0), GAE, PAD)
     plain = forward_logprobs(actor, [r["prompt_ids"] for r in rows],
                              [r["response_ids"] for r in rows], batch_size=3, pad_id=PAD)
     for row, expected in zip(rows, plain):
         np.testing.assert_allclose(row["old_logprobs"], expected, atol=1e-5)
-    tempered = score_rows(hand_rows(), actor, ref, critic, Settings(temperature=0.7), GAE, PAD)
+    tempered = score_rows(hand_rows(), ModelSet(actor, ref, critic), Settings(temperature=0.7), GAE, PAD)
     assert not np.allclose(tempered[0]["old_logprobs"], rows[0]["old_logprobs"])
 
 
 def test_bf16_scoring_is_close(models, scored: list[dict]) -> None:
     actor, ref, critic = models
-    rows = score_rows(hand_rows(), actor, ref, critic, replace(Settings(), bf16=True), GAE, PAD)
+    rows = score_rows(hand_rows(), ModelSet(actor, ref, critic), replace(Settings(), bf16=True), GAE, PAD)
     for fast, exact in zip(rows, scored):
         np.testing.assert_allclose(fast["old_logprobs"], exact["old_logprobs"], atol=0.1)
         np.testing.assert_allclose(fast["values"], exact["values"], atol=0.1)
@@ -156,28 +157,28 @@ def test_rejects_empty_response_and_missing_bootstrap(models) -> None:
     rows = hand_rows()
     rows[0]["response_ids"] = []
     with pytest.raises(ValueError, match="zero response tokens"):
-        score_rows(rows, actor, ref, critic, Settings(), GAE, PAD)
+        score_rows(rows, ModelSet(actor, ref, critic), Settings(), GAE, PAD)
     rows = hand_rows()
     del _find(rows, 1, 2)["bootstrap_prompt_ids"]
     with pytest.raises(ValueError, match="bootstrap_prompt_ids"):
-        score_rows(rows, actor, ref, critic, Settings(), GAE, PAD)
+        score_rows(rows, ModelSet(actor, ref, critic), Settings(), GAE, PAD)
 
 
 def test_reuse_logprobs_keeps_policy_columns_and_refreshes_values(models) -> None:
     """The critic warm-up re-scores with the actor frozen: old/ref logprobs are kept as they are,
     values and GAE targets come from the current critic."""
     actor, ref, critic = models
-    rows = score_rows(hand_rows(), actor, ref, critic, Settings(), GAE, PAD)
+    rows = score_rows(hand_rows(), ModelSet(actor, ref, critic), Settings(), GAE, PAD)
     old = [list(r["old_logprobs"]) for r in rows]
     for r in rows:
         r["old_logprobs"] = [x + 1.0 for x in r["old_logprobs"]]  # a marker a recompute would undo
     moved = copy.deepcopy(critic)
     with torch.no_grad():
         moved.value_head.bias.add_(1.0)
-    again = score_rows(rows, actor, ref, moved, Settings(), GAE, PAD, reuse_logprobs=True)
+    again = score_rows(rows, ModelSet(actor, ref, moved), Settings(), GAE, PAD, reuse_logprobs=True)
     for row, before in zip(again, old):
         assert row["old_logprobs"] == pytest.approx([x + 1.0 for x in before])
-    fresh = score_rows(hand_rows(), actor, ref, moved, Settings(), GAE, PAD)
+    fresh = score_rows(hand_rows(), ModelSet(actor, ref, moved), Settings(), GAE, PAD)
     for row, expected in zip(again, fresh):
         assert row["values"] == pytest.approx(expected["values"], abs=1e-6)
         assert row["ref_logprobs"] == pytest.approx(expected["ref_logprobs"], abs=1e-6)

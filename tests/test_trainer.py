@@ -71,8 +71,9 @@ def test_update_moves_weights_and_reports_finite_metrics(tiny_model_dir, critic_
     assert all(math.isfinite(v) for v in metrics.values()), metrics
     assert metrics["grad_norm_actor"] > 0 and metrics["grad_norm_critic"] > 0
     assert _changed(actor, trainer.actor_module) and _changed(critic, trainer.critic_module)
-    assert trainer.ref is not None and all(
-        torch.equal(actor[k], v) for k, v in trainer.ref.named_parameters())  # ref stays frozen
+    ref = trainer.models.ref
+    assert ref is not None and all(
+        torch.equal(actor[k], v) for k, v in ref.named_parameters())  # ref stays frozen
 
 
 def test_lora_update_changes_only_adapters(tiny_model_dir, critic_dir, tokenizer, tmp_path) -> None:
@@ -110,8 +111,11 @@ def test_accumulation_gives_the_mini_batch_mean(tiny_model_dir, critic_dir, toke
     for metrics, params in results[1:]:
         for key in ("policy_loss", "value_loss", "grad_norm_actor", "grad_norm_critic"):
             assert metrics[key] == pytest.approx(base[key], rel=1e-4, abs=1e-6), key
+        # Adam's step is lr·m/√v: for a near-zero gradient a last-bit change in the summation
+        # order moves it by a sizeable part of lr (1e-3), so weights get a looser bound than the
+        # losses and norms above (a wrong accumulation scale shows in those, not here).
         for name, value in params.items():
-            torch.testing.assert_close(value, base_params[name], atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(value, base_params[name], atol=5e-5, rtol=1e-4)
 
 
 def _draws() -> tuple[float, float, float]:

@@ -1,7 +1,7 @@
 """Tensors for PPO from turn rows: tempered logprobs, padding, and the per-rank training batch.
 
-The trainer reads ONLY the Parquet file (DESIGN.md §3: the file is the hand-off), so this module
-turns its list columns back into right-padded [B, R] tensors, micro-batch by micro-batch.
+The trainer reads ONLY the Parquet file (docs/design.md §3: the file is the hand-off), so this
+module turns its list columns back into right-padded [B, R] tensors, micro-batch by micro-batch.
 """
 
 from __future__ import annotations

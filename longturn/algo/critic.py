@@ -3,7 +3,8 @@
 The critic shares the actor's token layout (engines/logprobs.py: prompts left-padded to a common end
 column P, responses right-padded after it), so ``values[k]`` lines up with the logprob of response
 token k: both are read from the hidden state of the token *preceding* token k, i.e. columns
-P-1 .. P+R-2. ``values[0]`` is therefore V(state) at the last prompt token (DESIGN.md §1, §4).
+P-1 .. P+R-2. ``values[0]`` is therefore V(state) at the last prompt token
+(docs/design.md §1, §4).
 
 On disk a critic is a plain HF dir of the backbone (``AutoModel`` loads it) plus
 ``value_head.safetensors``; a causal-LM dir without that file also loads, with a fresh head,
@@ -21,7 +22,7 @@ from torch import nn
 from transformers import AutoModel
 
 from longturn.algo.lora import merged_model
-from longturn.engines.logprobs import forward_packed, pack_prompt_response
+from longturn.engines.logprobs import PackedBatch, forward_packed, pack_prompt_response
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 
@@ -60,7 +61,10 @@ class ValueModel(nn.Module):
             past_key_values=past_key_values,
             use_cache=use_cache,
         )
-        hidden = out.last_hidden_state
+        return self.head_values(out.last_hidden_state)
+
+    def head_values(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The value head on final hidden states [..., H] -> float32 values [...]."""
         return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1).float()
 
     @classmethod
@@ -115,20 +119,27 @@ def response_values(
 
     Masked entries are 0. Gradients flow when called with grad enabled.
     """
-    device = _device(critic)
-    batch = pack_prompt_response(prompt_ids, response_ids, pad_id, device, share_prefix)
+    batch = pack_prompt_response(prompt_ids, response_ids, pad_id, _device(critic), share_prefix)
+    return packed_response_values(critic, batch), batch.response_mask
+
+
+def packed_response_values(critic: ValueModel, batch: PackedBatch) -> torch.Tensor:
+    """`response_values` of an already packed batch (whole-model forward)."""
     width_p, width_r = batch.prompt_width, batch.response_ids.shape[1]
     if width_r == 0:
-        empty = torch.zeros(len(prompt_ids), 0, device=device)
-        return empty, empty.bool()
-    values = forward_packed(critic, batch)
-    values = values[:, width_p - 1 : width_p + width_r - 1]
-    return values.masked_fill(~batch.response_mask, 0.0), batch.response_mask
+        return torch.zeros(batch.input_ids.shape[0], 0, device=batch.input_ids.device)
+    values = forward_packed(critic, batch)[:, width_p - 1 : width_p + width_r - 1]
+    return values.masked_fill(~batch.response_mask, 0.0)
 
 
 def state_values(critic: ValueModel, prompt_ids: list[list[int]], pad_id: int = 0,
                  share_prefix: bool = False) -> torch.Tensor:
     """V(state) [B] at the last prompt token: bootstraps the next observation at a segment end."""
-    device = _device(critic)
-    batch = pack_prompt_response(prompt_ids, [[] for _ in prompt_ids], pad_id, device, share_prefix)
+    batch = pack_prompt_response(prompt_ids, [[] for _ in prompt_ids], pad_id, _device(critic),
+                                 share_prefix)
+    return packed_state_values(critic, batch)
+
+
+def packed_state_values(critic: ValueModel, batch: PackedBatch) -> torch.Tensor:
+    """`state_values` of a batch packed with empty responses (whole-model forward)."""
     return forward_packed(critic, batch)[:, -1]

@@ -1,4 +1,4 @@
-"""Dual-discount GAE (DESIGN.md §5), vectorised as one linear-recurrence scan.
+"""Dual-discount GAE (docs/design.md §5), vectorised as one linear-recurrence scan.
 
 The per-token rule is a first-order linear recurrence over the flat token order
 (turns ordered by env slot, then time):

@@ -89,6 +89,31 @@ def merged_model(model: nn.Module) -> nn.Module:
     return merged
 
 
+def merged_state_dict(model: nn.Module) -> dict[str, Any]:
+    """The weights a plain copy of the model would have, LoRA folded in, named as in the base
+    model (no `base_layer`, no adapter tensors), without copying the model: the in-memory
+    weight push to an inference engine after each update. Tensors stay where the model is."""
+    from peft import PeftModel
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    if not isinstance(model, PeftModel):
+        return {k: v.detach() for k, v in model.state_dict().items()}
+    base = model.get_base_model()
+    out: dict[str, Any] = {}
+    for name, tensor in base.state_dict().items():
+        if ".lora_" in name:
+            continue
+        out[name.replace(".base_layer.", ".")] = tensor.detach()
+    for name, module in base.named_modules():
+        if isinstance(module, BaseTunerLayer) and not module.disable_adapters:
+            weight = module.get_base_layer().weight.detach()
+            for adapter in module.active_adapters:
+                if adapter in getattr(module, "lora_A", {}):
+                    weight = weight + module.get_delta_weight(adapter).detach()
+            out[f"{name}.weight"] = weight
+    return out
+
+
 def merge_and_save(model: nn.Module, out_dir: str | Path, tokenizer: Any | None = None) -> Path:
     """Save the actor as a plain HF dir that ``AutoModelForCausalLM`` (or an engine) loads."""
     out = Path(out_dir)

@@ -53,7 +53,8 @@ def token_rewards(
 ) -> torch.Tensor:
     """−β·KL on every valid token, plus the turn's scalar reward on its last valid token.
 
-    A row without any valid token is rejected: its reward would otherwise vanish (DESIGN.md §5).
+    A row without any valid token is rejected: its reward would otherwise vanish
+    (docs/design.md §5).
     """
     m = mask.bool()
     if m.shape[1] == 0 or not bool(m.any(dim=1).all()):

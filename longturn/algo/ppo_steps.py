@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from longturn.algo.batches import TurnBatch, autocast, masked_logprobs, pad_rows, tempered_logits
-from longturn.algo.critic import response_values
+from longturn.algo.batches import TurnBatch, autocast, masked_logprobs, pad_rows
+from longturn.algo.model_set import ModelSet
 from longturn.algo.ppo import (entropy_from_logits, explained_variance, masked_mean, policy_loss,
                                think_action_masks, value_loss)
 from longturn.distributed import sum_over_ranks
@@ -40,26 +41,41 @@ def schedule(n: int, mini_batch_size: int, micro_batch_size: int, rng: np.random
 
 
 class UpdateStats:
-    """Token-weighted means of per-token stats and plain means of per-step scalars."""
+    """Token-weighted means of per-token stats and plain means of per-step scalars.
+
+    Values may be device tensors: they are summed where they are and read once, in `summary`,
+    so collecting statistics does not make the host wait for the GPU every micro-batch."""
 
     def __init__(self) -> None:
-        self.weighted: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-        self.steps: dict[str, list[float]] = defaultdict(list)
+        self.weighted: dict[str, list[Any]] = defaultdict(lambda: [0.0, 0.0])
+        self.steps: dict[str, list[Any]] = defaultdict(list)
 
     def add_tokens(self, n_tokens: int, **values: torch.Tensor | float) -> None:
         for key, value in values.items():
             acc = self.weighted[key]
-            acc[0] += float(value) * n_tokens
+            acc[0] = acc[0] + _detached(value) * n_tokens
             acc[1] += n_tokens
 
-    def add_step(self, **values: float) -> None:
+    def add_step(self, **values: torch.Tensor | float) -> None:
         for key, value in values.items():
-            self.steps[key].append(float(value))
+            self.steps[key].append(_detached(value))
+
+    def merge(self, other: "UpdateStats") -> None:
+        """Add another collection's values (e.g. one epoch's) to this one."""
+        for key, (total, count) in other.weighted.items():
+            acc = self.weighted[key]
+            acc[0], acc[1] = acc[0] + total, acc[1] + count
+        for key, values in other.steps.items():
+            self.steps[key].extend(values)
 
     def summary(self) -> dict[str, float]:
-        out = {k: total / max(count, 1e-12) for k, (total, count) in self.weighted.items()}
-        out.update({k: float(np.mean(v)) for k, v in self.steps.items()})
+        out = {k: float(total) / max(count, 1e-12) for k, (total, count) in self.weighted.items()}
+        out.update({k: float(np.mean([float(x) for x in v])) for k, v in self.steps.items()})
         return out
+
+
+def _detached(value: torch.Tensor | float) -> torch.Tensor | float:
+    return value.detach() if isinstance(value, torch.Tensor) else float(value)
 
 
 def _device(engine: Any) -> torch.device:
@@ -78,59 +94,79 @@ def _take_step(engine: Any) -> float:
     return float("nan") if norm is None else float(norm)
 
 
-def _global_normalizer(local: float) -> float:
-    """This rank's share of the global token count: sum over ranks / world size."""
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    return float(sum_over_ranks(np.array([local]))[0]) / world
+@dataclass
+class Engines:
+    """The two DeepSpeed engines one update steps (their modules are the ModelSet's)."""
+
+    actor: Any
+    critic: Any
 
 
-def actor_step(engine: Any, batch: TurnBatch, mini: np.ndarray, micros: list[np.ndarray],
-               s: Any, pad_id: int, stats: UpdateStats) -> None:
-    """Clipped-surrogate step (minus entropy bonus) over one mini-batch."""
-    normalizer = max(_global_normalizer(float(batch.n_tokens(mini))), 1.0)
-    device, total = _device(engine), 0.0
+def _normalizers(batch: TurnBatch, mini: np.ndarray, s: Any) -> tuple[float, float]:
+    """Token counts of the whole mini-batch over all ranks: actor (tokens), critic (tokens with
+    position 0 weighted `first_token_weight`)."""
+    tokens = float(batch.n_tokens(mini))
+    valid_rows = int(sum(not batch.aborted[i] for i in mini))
+    weighted = tokens + (s.first_token_weight - 1.0) * valid_rows
+    pair = sum_over_ranks(np.array([tokens, weighted])) / (dist.get_world_size()
+                                                          if dist.is_initialized() else 1)
+    return max(float(pair[0]), 1.0), max(float(pair[1]), 1e-8)
+
+
+def minibatch_step(models: ModelSet, engines: Engines, batch: TurnBatch, mini: np.ndarray,
+                   micros: list[np.ndarray], s: Any, pad_id: int, stats: UpdateStats,
+                   train_actor: bool = True) -> None:
+    """One optimizer step per engine over one mini-batch.
+
+    Per micro-batch the shared trunk runs once; the actor branch then runs forward and backward
+    (clipped surrogate minus the entropy bonus), then the critic branch (clipped value loss,
+    position 0 weighted more), so only one branch's activations are alive at a time."""
+    actor_norm, critic_norm = _normalizers(batch, mini, s)
+    device = _device(engines.critic)
+    actor_total = critic_total = 0.0
     for j, idx in enumerate(micros):
         mb = batch.select(idx).to(device)
-        engine.set_gradient_accumulation_boundary(j == len(micros) - 1)
+        last = j == len(micros) - 1
         packed = pack_prompt_response(mb.prompt_ids, mb.response_ids, pad_id, device,
                                       s.share_prefix)
         with autocast(s.bf16, device):
-            logits = tempered_logits(engine, packed, s.temperature)
-        logprobs = masked_logprobs(logits, packed)
-        loss, st = policy_loss(logprobs, mb.old_logprobs, mb.advantages, mb.mask, s.clip_ratio,
-                               normalizer)
-        total += float(loss.detach())
-        if s.entropy_coef:
-            entropy = entropy_from_logits(logits, mb.mask)
-            loss = loss - s.entropy_coef * entropy * (mb.n_tokens / normalizer)
-        else:
-            with torch.no_grad():
-                entropy = entropy_from_logits(logits.detach(), mb.mask)
-        engine.backward(loss, scale_wrt_gas=False)
-        stats.add_tokens(mb.n_tokens, clip_fraction=st["clip_fraction"],
-                         approx_kl=st["approx_kl"], entropy=entropy.detach())
-    stats.add_step(policy_loss=total, grad_norm_actor=_take_step(engine))
-
-
-def critic_step(engine: Any, batch: TurnBatch, mini: np.ndarray, micros: list[np.ndarray],
-                s: Any, pad_id: int, stats: UpdateStats) -> None:
-    """Clipped value-regression step over one mini-batch (position 0 weighted more)."""
-    valid_rows = int(sum(not batch.aborted[i] for i in mini))
-    normalizer = batch.n_tokens(mini) + (s.first_token_weight - 1.0) * valid_rows
-    normalizer = max(_global_normalizer(float(normalizer)), 1e-8)
-    device, total = _device(engine), 0.0
-    for j, idx in enumerate(micros):
-        mb = batch.select(idx).to(device)
-        engine.set_gradient_accumulation_boundary(j == len(micros) - 1)
+            trunk = models.trunk(packed)
+        if train_actor:
+            engines.actor.set_gradient_accumulation_boundary(last)
+            actor_total += _actor_backward(models, engines.actor, trunk, packed, mb, s,
+                                           actor_norm, stats)
+        engines.critic.set_gradient_accumulation_boundary(last)
         with autocast(s.bf16, device):
-            values, _ = response_values(engine, mb.prompt_ids, mb.response_ids, pad_id,
-                                        s.share_prefix)
+            values = models.values(packed, trunk)
         loss, st = value_loss(values.float(), mb.values, mb.returns, mb.mask, s.value_clip,
-                              s.first_token_weight, normalizer)
-        engine.backward(loss, scale_wrt_gas=False)
-        total += float(loss.detach())
+                              s.first_token_weight, critic_norm)
+        engines.critic.backward(loss, scale_wrt_gas=False)
+        critic_total = critic_total + loss.detach()
         stats.add_tokens(mb.n_tokens, value_clip_fraction=st["value_clip_fraction"])
-    stats.add_step(value_loss=total, grad_norm_critic=_take_step(engine))
+    if train_actor:
+        stats.add_step(policy_loss=actor_total, grad_norm_actor=_take_step(engines.actor))
+    stats.add_step(value_loss=critic_total, grad_norm_critic=_take_step(engines.critic))
+
+
+def _actor_backward(models: ModelSet, engine: Any, trunk: Any, packed: Any, mb: Any, s: Any,
+                    normalizer: float, stats: UpdateStats) -> torch.Tensor:
+    """Forward and backward of the actor branch on one micro-batch; returns its loss."""
+    with autocast(s.bf16, packed.input_ids.device):
+        logits = models.actor_logits(packed, trunk).float() / s.temperature
+    logprobs = masked_logprobs(logits, packed)
+    loss, st = policy_loss(logprobs, mb.old_logprobs, mb.advantages, mb.mask, s.clip_ratio,
+                           normalizer)
+    total = loss.detach()
+    if s.entropy_coef:
+        entropy = entropy_from_logits(logits, mb.mask)
+        loss = loss - s.entropy_coef * entropy * (mb.n_tokens / normalizer)
+    else:
+        with torch.no_grad():
+            entropy = entropy_from_logits(logits.detach(), mb.mask)
+    engine.backward(loss, scale_wrt_gas=False)
+    stats.add_tokens(mb.n_tokens, clip_fraction=st["clip_fraction"], approx_kl=st["approx_kl"],
+                     entropy=entropy.detach())
+    return total
 
 
 def batch_stats(batch: TurnBatch, tokenizer: Any) -> dict[str, float]:

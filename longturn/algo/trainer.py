@@ -27,10 +27,13 @@ from transformers import AutoModelForCausalLM
 from longturn.algo.batches import read_turn_batch
 from longturn.algo.critic import ValueModel
 from longturn.algo.gae import GAEParams
-from longturn.algo.lora import apply_lora, merge_and_save
-from longturn.algo.ppo_steps import UpdateStats, actor_step, batch_stats, critic_step, schedule
+from longturn.algo.lora import apply_lora, merge_and_save, merged_state_dict
+from longturn.algo.model_set import ModelSet
+from longturn.algo.ppo_steps import Engines, UpdateStats, batch_stats, minibatch_step, schedule
 from longturn.algo.rng_state import load_rng_states, save_rng_states
-from longturn.distributed import barrier, init_distributed, is_main_process
+from longturn.device import resolve_device
+from longturn.distributed import (all_reduce_tensor, barrier, init_distributed, is_main_process,
+                                  sum_over_ranks)
 from longturn.scoring import score_rows
 
 log = logging.getLogger(__name__)
@@ -61,6 +64,10 @@ class TrainerSettings:
     lora_alpha: float = 16.0
     lora_layers: int | None = None  # adapters on the top N transformer layers only (None: all)
     share_prefix: bool = False  # run the prompts' common prefix once per micro-batch
+    share_trunk: bool = True  # run the frozen layers actor, reference and critic share once
+    gradient_checkpointing: bool = False
+    target_kl: float | None = None  # CleanRL: no further epochs once approx_kl exceeds it
+    device: str = "auto"  # engine.device: auto | cpu | cuda
     seed: int = 0
     whiten_advantages: bool = True
     weight_decay: float = 0.0
@@ -82,8 +89,12 @@ class TrainerSettings:
 
 
 def ds_config(settings: TrainerSettings) -> dict[str, Any]:
-    """DeepSpeed config of one engine (fp32 weights: bf16 is torch autocast, not DeepSpeed's)."""
-    return {
+    """DeepSpeed config of one engine: fp32 master weights, and with `bf16` torch's bf16 autocast
+    declared in DeepSpeed's own `torch_autocast` section. Without that section DeepSpeed turns an
+    outer autocast OFF inside its engine on CUDA ("enabled outside DeepSpeed but disabled within"),
+    and the update would run in fp32 while scoring ran in bf16. No module is listed as safe for
+    lower-precision gradient communication, so gradients are reduced in fp32."""
+    config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": settings.micro_batch_size,
         "gradient_accumulation_steps": settings.grad_accum_steps,
         "gradient_clipping": settings.grad_clip,
@@ -94,6 +105,10 @@ def ds_config(settings: TrainerSettings) -> dict[str, Any]:
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,
     }
+    if settings.bf16:
+        config["torch_autocast"] = {"enabled": True, "dtype": "bfloat16",
+                                    "lower_precision_safe_modules": []}
+    return config
 
 
 def _engine(model: torch.nn.Module, lr: float, settings: TrainerSettings) -> Any:
@@ -113,7 +128,8 @@ class PPOTrainer:
                  gae_params: GAEParams, tokenizer: Any, progress: bool = False) -> None:
         """``progress`` shows bars for scoring and the update (on rank 0 only)."""
         self.settings, self.gae_params, self.tokenizer = settings, gae_params, tokenizer
-        self.rank, self.world_size = init_distributed()
+        self.device = resolve_device(settings.device)
+        self.rank, self.world_size = init_distributed(self.device)
         self.progress = progress and self.rank == 0
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_id = int(pad or 0)
@@ -121,18 +137,23 @@ class PPOTrainer:
         torch.manual_seed(settings.seed)  # LoRA / value-head init is the same on every rank
         actor = AutoModelForCausalLM.from_pretrained(str(actor_dir), dtype=torch.float32)
         critic = ValueModel.from_pretrained(critic_dir)
+        ref: torch.nn.Module | None = None  # LoRA: the actor with its adapters disabled
         if settings.lora:
             actor = apply_lora(actor, settings.lora_r, settings.lora_alpha,
                                top_layers=settings.lora_layers)
             critic = apply_lora(critic, settings.lora_r, settings.lora_alpha,
                                 top_layers=settings.lora_layers)
-            self.ref: torch.nn.Module | None = None  # the actor with adapters disabled
-        else:
-            self.ref = copy.deepcopy(actor).eval().requires_grad_(False)
+        else:  # a frozen copy, made on the CPU and in bf16 under bf16: no fp32 copy on the GPU
+            ref = frozen_reference(actor, torch.bfloat16 if settings.bf16 else torch.float32)
         self.actor_engine = _engine(actor, settings.actor_lr, settings)
         self.critic_engine = _engine(critic, settings.critic_lr, settings)
-        if self.ref is not None:  # DeepSpeed moved the actor to its device; the ref follows
-            self.ref.to(self.actor_engine.device)
+        if ref is not None:  # DeepSpeed moved the actor to its device; the ref follows
+            ref.to(self.actor_engine.device)
+        self.models = ModelSet(self.actor_engine.module, ref, self.critic_engine.module,
+                               settings.share_trunk, settings.gradient_checkpointing)
+        log.info("trainer on %s: %d of %d layers shared by actor, reference and critic",
+                 self.actor_engine.device, self.models.depth,
+                 _layer_count(self.models.actor_decoder))
 
     @property
     def actor_module(self) -> torch.nn.Module:
@@ -148,8 +169,8 @@ class PPOTrainer:
         (``reuse_logprobs``: keep the old/ref logprobs rows already have; see score_rows)."""
         self.actor_engine.eval()
         self.critic_engine.eval()
-        return score_rows(rows, self.actor_module, self.ref, self.critic_module, self.settings,
-                          self.gae_params, self.pad_id, reuse_logprobs, self.progress)
+        return score_rows(rows, self.models, self.settings, self.gae_params, self.pad_id,
+                          reuse_logprobs, self.progress)
 
     def update(self, parquet_paths: list[str], train_actor: bool = True) -> dict[str, float]:
         """One PPO update from this rank's Parquet files; scalars averaged over ranks.
@@ -171,29 +192,48 @@ class PPOTrainer:
         steps = s.ppo_epochs * math.ceil(len(batch) / s.mini_batch_size)
         bar = tqdm(total=steps, desc="update", unit="mini-batch", disable=not self.progress,
                    leave=False)
+        engines = Engines(self.actor_engine, self.critic_engine)
+        epochs = 0
         for _ in range(s.ppo_epochs):
+            epoch_stats = UpdateStats()
             for mini, micros in schedule(len(batch), s.mini_batch_size, s.micro_batch_size, rng):
-                if train_actor:
-                    actor_step(self.actor_engine, batch, mini, micros, s, self.pad_id, stats)
-                critic_step(self.critic_engine, batch, mini, micros, s, self.pad_id, stats)
+                minibatch_step(self.models, engines, batch, mini, micros, s, self.pad_id,
+                               epoch_stats, train_actor)
                 bar.update(1)
+            stats.merge(epoch_stats)
+            epochs += 1
+            if train_actor and self._kl_exceeded(epoch_stats):
+                break
         bar.close()
         self.updates += 1
         seconds = time.perf_counter() - start
-        tokens = s.ppo_epochs * sum(len(p) + len(r) for p, r in
-                                    zip(batch.prompt_ids, batch.response_ids))
+        tokens = epochs * sum(len(p) + len(r) for p, r in
+                              zip(batch.prompt_ids, batch.response_ids))
         metrics = stats.summary()
         metrics.update(batch_stats(batch, self.tokenizer))
-        metrics.update(seconds=seconds, tokens_per_s=tokens / max(seconds, 1e-9))
+        metrics.update(seconds=seconds, tokens_per_s=tokens / max(seconds, 1e-9),
+                       epochs_run=float(epochs), lr_actor=_learning_rate(self.actor_engine),
+                       lr_critic=_learning_rate(self.critic_engine))
         log.debug("update %d on rank %d: %s", self.updates, self.rank, metrics)
         return self._mean_over_ranks(metrics)
+
+    def _kl_exceeded(self, epoch_stats: UpdateStats) -> bool:
+        """CleanRL's early stop: this epoch's approx_kl (mean over ranks) above ppo.target_kl."""
+        target = self.settings.target_kl
+        if target is None:
+            return False
+        local = epoch_stats.summary().get("approx_kl", 0.0)
+        mean = float(sum_over_ranks(np.array([local]))[0]) / self.world_size
+        if mean > target:
+            log.info("approx_kl %.4f > target_kl %.4f: no further PPO epochs this update",
+                     mean, target)
+        return mean > target
 
     def _check_same_size(self, n: int) -> None:
         """Ranks must run the same micro-batch schedule (ZeRO-2 reduces every micro-batch)."""
         if self.world_size == 1:
             return
-        sizes = torch.tensor([n, -n], dtype=torch.int64)
-        dist.all_reduce(sizes, op=dist.ReduceOp.MAX)
+        sizes = all_reduce_tensor(torch.tensor([n, -n], dtype=torch.int64), dist.ReduceOp.MAX)
         if int(sizes[0]) != -int(sizes[1]):
             raise ValueError(f"ranks hold different numbers of turns ({-int(sizes[1])}.."
                              f"{int(sizes[0])}): every rank must collect the same number")
@@ -202,8 +242,7 @@ class PPOTrainer:
         if self.world_size == 1:
             return metrics
         keys = sorted(metrics)
-        values = torch.tensor([metrics[k] for k in keys], dtype=torch.float64)
-        dist.all_reduce(values)
+        values = all_reduce_tensor(torch.tensor([metrics[k] for k in keys], dtype=torch.float64))
         return {k: float(v) / self.world_size for k, v in zip(keys, values.tolist())}
 
     def weights_digest(self) -> str:
@@ -237,6 +276,12 @@ class PPOTrainer:
         load_rng_states(src / f"rng_rank{self.rank}.pt")
         return dict(state.get("longturn_user", {}))
 
+    def actor_weights(self) -> dict[str, torch.Tensor]:
+        """The actor as a plain HF state dict (LoRA merged), on the trainer's device: what an
+        in-process engine loads in memory instead of a save-and-reload through disk."""
+        with torch.no_grad():
+            return merged_state_dict(self.actor_module)
+
     def export_actor(self, out_dir: str | Path) -> Path:
         """A plain HF dir (LoRA merged, tokenizer included) that inference engines load."""
         with _gathered(self.actor_module, self.settings.zero_stage):  # collective under ZeRO-3
@@ -252,6 +297,21 @@ class PPOTrainer:
                 self.critic_module.save_pretrained(out_dir, self.tokenizer)
         barrier()
         return Path(out_dir)
+
+
+def frozen_reference(actor: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """A frozen copy of the actor in `dtype`, made where the actor is (the CPU, before DeepSpeed
+    moves it), so the reference never exists in fp32 on the GPU under bf16."""
+    ref = copy.deepcopy(actor).to(dtype)
+    return ref.eval().requires_grad_(False)
+
+
+def _learning_rate(engine: Any) -> float:
+    return float(engine.optimizer.param_groups[0]["lr"])
+
+
+def _layer_count(decoder: torch.nn.Module | None) -> int:
+    return len(decoder.layers) if decoder is not None else 0
 
 
 def _gathered(module: torch.nn.Module, zero_stage: int) -> Any:

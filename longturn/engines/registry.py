@@ -9,9 +9,12 @@ from longturn.engines.base import Engine, SamplingParams
 
 
 def _hf(model_dir: str, params: Params) -> Engine:
+    from longturn.device import resolve_device
     from longturn.engines.hf import HFEngine
 
-    return HFEngine(model_dir, dtype=params.model.dtype, batch_size=params.engine.batch_size)
+    e = params.engine
+    return HFEngine(model_dir, dtype=params.model.dtype, device=resolve_device(e.device),
+                    batch_size=e.batch_size, cuda_graphs=e.cuda_graphs)
 
 
 def _sglang(model_dir: str, params: Params) -> Engine:

@@ -1,0 +1,126 @@
+"""The trainer's three models (actor, reference, critic) and the one way a batch runs through them.
+
+Scoring (old and reference logprobs, values) and the PPO update both call these methods, so a
+turn's old logprobs and the update's first logprobs come from the same computation. For model
+families `decoder_stack` can split, a micro-batch first runs the trunk the three models share
+(see `trunk.py`; nothing when they share none) and each output continues from it; other families
+run each model whole.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import AbstractContextManager, nullcontext
+
+import torch
+from torch import nn
+
+from longturn.algo.critic import ValueModel, packed_response_values, packed_state_values
+from longturn.engines.decoder_stack import decoder_of
+from longturn.algo.trunk import Branch, TrunkState, run_branch, run_trunk
+from longturn.engines.logprobs import PackedBatch, response_logits
+from longturn.errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+def frozen_depth(decoder: nn.Module) -> int:
+    """How many bottom layers (embedding included) hold no trainable parameter."""
+    if any(p.requires_grad for p in decoder.embed_tokens.parameters()):
+        return 0
+    for index, layer in enumerate(decoder.layers):
+        if any(p.requires_grad for p in layer.parameters()):
+            return index
+    return len(decoder.layers)
+
+
+def _same_weights(a: nn.Module, b: nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def shared_trunk_depth(decoders: list[nn.Module]) -> int:
+    """Layers the decoders can share: frozen in all of them and bitwise equal (embedding too)."""
+    depth = min(frozen_depth(d) for d in decoders)
+    if depth == 0:
+        return 0
+    first = decoders[0]
+    for other in decoders[1:]:
+        if other is first:
+            continue
+        parts = [(first.embed_tokens, other.embed_tokens)]
+        parts += list(zip(first.layers[:depth], other.layers[:depth]))
+        if not all(_same_weights(a, b) for a, b in parts):
+            log.info("actor and critic differ below their trainable layers: no shared trunk")
+            return 0
+    return depth
+
+
+def _lm_head(model: nn.Module) -> nn.Module:
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return inner.get_output_embeddings()
+
+
+def _response_columns(hidden: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
+    """Hidden states that predict each response token: columns P-1 .. P+R-2."""
+    start, width = batch.prompt_width - 1, batch.response_ids.shape[1]
+    return hidden[:, start : start + width]
+
+
+class ModelSet:
+    """Actor, reference (None: the actor with its LoRA adapters disabled) and critic."""
+
+    def __init__(self, actor: nn.Module, ref: nn.Module | None, critic: ValueModel,
+                 share_trunk: bool = True, gradient_checkpointing: bool = False) -> None:
+        if ref is None and not hasattr(actor, "disable_adapter"):
+            raise ValueError("no reference model given and the actor has no adapters to disable")
+        self.actor, self.ref, self.critic = actor, ref, critic
+        self.checkpoint = gradient_checkpointing
+        parts = [decoder_of(m) for m in (actor, critic, ref if ref is not None else actor)]
+        self.split = all(p is not None for p in parts)
+        if gradient_checkpointing and not self.split:
+            raise UserError("ppo.gradient_checkpointing needs a llama / qwen2 / qwen3 model "
+                            f"(this actor is {type(actor).__name__}); set it to false")
+        self.actor_decoder, self.critic_decoder, self.ref_decoder = parts
+        self.depth = shared_trunk_depth(parts) if share_trunk and self.split else 0
+
+    def reference(self) -> AbstractContextManager:
+        """Context in which the reference branch runs."""
+        return self.actor.disable_adapter() if self.ref is None else nullcontext()
+
+    def trunk(self, batch: PackedBatch) -> TrunkState:
+        """The shared trunk of this batch (empty when nothing is shared); no grad."""
+        if not self.split:
+            return TrunkState(0)
+        return run_trunk(self.actor_decoder, batch, self.depth)
+
+    def actor_logits(self, batch: PackedBatch, trunk: TrunkState) -> torch.Tensor:
+        """Raw logits [B, R, V] predicting each response token (grad follows grad mode)."""
+        if not self.split:
+            return response_logits(self.actor, batch)
+        hidden = run_branch(Branch(self.actor_decoder), trunk, batch, self.checkpoint)
+        return _lm_head(self.actor)(_response_columns(hidden, batch))
+
+    def ref_logits(self, batch: PackedBatch, trunk: TrunkState) -> torch.Tensor:
+        """The reference's raw logits [B, R, V] (never with grad)."""
+        model = self.actor if self.ref is None else self.ref
+        with torch.no_grad(), self.reference():
+            if not self.split:
+                return response_logits(model, batch)
+            hidden = run_branch(Branch(self.ref_decoder), trunk, batch)
+            return _lm_head(model)(_response_columns(hidden, batch))
+
+    def values(self, batch: PackedBatch, trunk: TrunkState) -> torch.Tensor:
+        """Critic values [B, R] before each response token, 0 at padding."""
+        if not self.split:
+            return packed_response_values(self.critic, batch)
+        hidden = run_branch(Branch(self.critic_decoder), trunk, batch, self.checkpoint)
+        values = self.critic.head_values(_response_columns(hidden, batch))
+        return values.masked_fill(~batch.response_mask, 0.0)
+
+    def state_values(self, batch: PackedBatch, trunk: TrunkState) -> torch.Tensor:
+        """V(state) [B] at each prompt's last token (batch packed with empty responses)."""
+        if not self.split:
+            return packed_state_values(self.critic, batch)
+        hidden = run_branch(Branch(self.critic_decoder), trunk, batch)
+        return self.critic.head_values(hidden[:, -1])

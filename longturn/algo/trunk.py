@@ -1,0 +1,96 @@
+"""Actor, reference and critic over one packed batch, their shared frozen trunk computed once.
+
+With LoRA on the top N layers the three models share everything below: the embedding and the
+bottom L − N layers are the base weights in all of them (the critic's too, since its warm-up
+trained only its own top layers and head). `run_trunk` runs those once per micro-batch, without
+grad (nothing in them trains), and `run_branch` continues from its output through one model's top
+layers and final norm. With `depth` 0 there is no trunk and each branch runs its whole model
+(full fine-tuning, where the critic's bottom differs from the actor's). The shared prompt prefix,
+when the batch has one, is run at batch size 1 in every part: trunk layers once, each branch's
+top layers once more, and the rows read it through a read-only cache.
+
+Scoring and the PPO update both go through these two functions, so old logprobs and the update's
+first logprobs are computed the same way.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from longturn.engines.decoder_stack import (PassInputs, ReadOnlyPrefixCache, pass_inputs,
+                                         prefix_inputs, run_layers)
+from longturn.engines.logprobs import PackedBatch
+
+
+@dataclass
+class Branch:
+    """One model's view: whose layers[depth:] and norm to run, inside which context (the
+    reference is the actor with its adapters disabled)."""
+
+    decoder: nn.Module
+    context: Callable[[], AbstractContextManager] = nullcontext
+
+
+@dataclass
+class TrunkState:
+    """The shared part of one packed batch, up to layer `depth` (nothing when depth is 0)."""
+
+    depth: int
+    prefix_hidden: torch.Tensor | None = None  # [1, C, H] after the trunk (or embeddings)
+    prefix_layers: list[Any] = field(default_factory=list)  # trunk layers' prefix K/V
+    prefix: PassInputs | None = None
+    hidden: torch.Tensor | None = None  # [B, T, H] of the non-prefix columns
+    suffix: PassInputs | None = None
+
+
+def _suffix_inputs(decoder: nn.Module, embeds: torch.Tensor, batch: PackedBatch,
+                   cache: ReadOnlyPrefixCache | None) -> PassInputs:
+    return pass_inputs(decoder, embeds, batch.attention_mask, batch.position_ids, cache)
+
+
+def run_trunk(decoder: nn.Module, batch: PackedBatch, depth: int) -> TrunkState:
+    """Embedding and layers[:depth] of `decoder` over the batch (and its shared prefix)."""
+    state = TrunkState(depth)
+    if depth == 0:
+        return state
+    with torch.no_grad():
+        cache = None
+        if batch.prefix_ids is not None:
+            embeds = decoder.embed_tokens(batch.prefix_ids)
+            state.prefix = prefix_inputs(decoder, embeds)
+            recorded = DynamicCache()
+            state.prefix_hidden = run_layers(decoder, 0, depth, embeds, state.prefix, recorded)
+            state.prefix_layers = list(recorded.layers[:depth])
+            cache = ReadOnlyPrefixCache(state.prefix_layers)
+        embeds = decoder.embed_tokens(batch.input_ids)
+        state.suffix = _suffix_inputs(decoder, embeds, batch, cache)
+        state.hidden = run_layers(decoder, 0, depth, embeds, state.suffix, cache)
+    return state
+
+
+def run_branch(branch: Branch, trunk: TrunkState, batch: PackedBatch,
+               checkpoint: bool = False) -> torch.Tensor:
+    """Normed last hidden states [B, T, H] of one model over the non-prefix columns; grad follows
+    torch's grad mode (only this branch's layers can carry it)."""
+    decoder, depth = branch.decoder, trunk.depth
+    with branch.context():
+        cache, prefix_hidden, prefix = None, trunk.prefix_hidden, trunk.prefix
+        if batch.prefix_ids is not None:
+            if prefix_hidden is None:
+                prefix_hidden = decoder.embed_tokens(batch.prefix_ids)
+                prefix = prefix_inputs(decoder, prefix_hidden)
+            recorded = DynamicCache()
+            run_layers(decoder, depth, None, prefix_hidden, prefix, recorded)
+            cache = ReadOnlyPrefixCache(trunk.prefix_layers + list(recorded.layers[depth:]))
+        hidden, suffix = trunk.hidden, trunk.suffix
+        if hidden is None:
+            hidden = decoder.embed_tokens(batch.input_ids)
+            suffix = _suffix_inputs(decoder, hidden, batch, cache)
+        hidden = run_layers(decoder, depth, None, hidden, suffix, cache, checkpoint)
+        return decoder.norm(hidden)
