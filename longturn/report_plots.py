@@ -1,4 +1,5 @@
-"""The report's PNG plots: learning curves, zero-shot vs final per task, KL, critic warm-up.
+"""The report's PNG plots: learning curves, zero-shot vs final per task, KL, critic warm-up
+(pooled success, timing and action mix are in report_training_plots).
 
 Every function takes plain data (a metrics DataFrame indexed by step, or the comparison table) and a
 path, draws with the non-interactive Agg backend and writes the PNG atomically. Each returns False
@@ -16,19 +17,22 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+from matplotlib.ticker import FormatStrFormatter, MaxNLocator  # noqa: E402
 import pandas as pd  # noqa: E402
 
+# success_rate is not here: one iteration may end a single episode, so it is drawn pooled into
+# blocks with intervals (report_training_plots.plot_success_blocks) instead of per iteration.
 CURVE_KEYS = [
-    "success_rate", "mean_reward", "episode_length", "valid_action_ratio",
-    "value_loss", "explained_variance", "clip_fraction", "approx_kl",
-    "entropy", "logprob_gap", "policy_loss", "tokens_per_s",
+    "mean_reward", "episode_length", "valid_action_ratio", "value_loss",
+    "explained_variance", "clip_fraction", "approx_kl", "entropy",
+    "logprob_gap", "policy_loss", "lr_actor", "lr_critic",
+    "epochs_run", "tokens_per_s", "turns_per_s", "peak_gpu_memory_gib",
 ]
-UNIT_RANGE = {"success_rate", "valid_action_ratio", "clip_fraction"}
+UNIT_RANGE = {"valid_action_ratio", "clip_fraction"}
 ZS_COLOUR, FINAL_COLOUR = "#8c8c8c", "#1f77b4"
 
 
-def _save(fig: Any, path: str | Path) -> Path:
+def save_png(fig: Any, path: str | Path) -> Path:
     """savefig to a temp name in the same folder, then rename: never a half-written PNG."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -47,7 +51,7 @@ def present_keys(df: pd.DataFrame, keys: list[str]) -> list[str]:
             if k in df.columns and pd.to_numeric(df[k], errors="coerce").notna().any()]
 
 
-def _series(df: pd.DataFrame, key: str) -> pd.Series:
+def series(df: pd.DataFrame, key: str) -> pd.Series:
     return pd.to_numeric(df[key], errors="coerce").dropna()
 
 
@@ -71,17 +75,19 @@ def plot_learning_curves(df: pd.DataFrame, path: str | Path) -> bool:
             ax.set_visible(False)
             continue
         key = keys[i]
-        _line(ax, _series(df, key), color=FINAL_COLOUR)
+        _line(ax, series(df, key), color=FINAL_COLOUR)
         ax.set_title(key.replace("_", " "), fontsize=10)
         ax.tick_params(labelsize=8)
         ax.grid(alpha=0.3)
         if key in UNIT_RANGE:
             ax.set_ylim(-0.03, 1.03)
+        if key.startswith("lr_"):  # plain 1e-05 ticks: the "1e-5" offset text hits the title
+            ax.yaxis.set_major_formatter(FormatStrFormatter("%.3g"))
         if i >= len(keys) - ncols:
             ax.set_xlabel("iteration", fontsize=9)
     fig.suptitle("Training curves (one point per PPO iteration)", fontsize=12)
     fig.tight_layout()
-    _save(fig, path)
+    save_png(fig, path)
     return True
 
 
@@ -125,7 +131,7 @@ def plot_task_bars(table: list[dict[str, Any]], path: str | Path) -> bool:
     ax.legend(loc="upper right", fontsize=8, ncols=2, frameon=False)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    _save(fig, path)
+    save_png(fig, path)
     return True
 
 
@@ -146,7 +152,7 @@ def plot_kl(df: pd.DataFrame, path: str | Path) -> bool:
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     for key in keys:
         label, colour, style = styles[key]
-        _line(ax, _series(df, key), color=colour, linestyle=style, label=label)
+        _line(ax, series(df, key), color=colour, linestyle=style, label=label)
     ax.set_xlabel("iteration")
     ax.set_ylabel("KL(π ‖ π_ref) per token")
     ax.set_title("KL to the reference policy, THINK vs ACTION tokens\n"
@@ -154,7 +160,7 @@ def plot_kl(df: pd.DataFrame, path: str | Path) -> bool:
     ax.legend(fontsize=8, frameon=False)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    _save(fig, path)
+    save_png(fig, path)
     return True
 
 
@@ -165,7 +171,7 @@ def plot_warmup(df: pd.DataFrame, path: str | Path) -> bool:
         return False
     fig, axes = plt.subplots(1, len(keys), figsize=(4.6 * len(keys), 3.4), squeeze=False)
     for ax, key in zip(axes.flat, keys):
-        s = _series(df, key)
+        s = series(df, key)
         _line(ax, s, color="#9467bd")
         if key == "value_loss" and (s > 0).all() and s.max() > 30 * s.min():
             ax.set_yscale("log")
@@ -174,5 +180,5 @@ def plot_warmup(df: pd.DataFrame, path: str | Path) -> bool:
         ax.grid(alpha=0.3)
     fig.suptitle("Critic warm-up (actor frozen)", fontsize=11)
     fig.tight_layout()
-    _save(fig, path)
+    save_png(fig, path)
     return True
