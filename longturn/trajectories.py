@@ -1,4 +1,4 @@
-"""The turn-level Parquet contract (DESIGN.md §4): one row per turn, written atomically.
+"""The turn-level Parquet contract (docs/design.md §4): one row per turn, written atomically.
 
 Column names are a contract: add columns freely, never rename. Training-only columns (values,
 advantages, …) are null in evaluation files.

@@ -1,4 +1,4 @@
-"""Dual-discount GAE (DESIGN.md §5): the vectorised scan against the rule itself."""
+"""Dual-discount GAE (docs/design.md §5): the vectorised scan against the rule itself."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 HEALTH_POLL_S = 1.0
 STOP_GRACE_S = 30.0
-# Logprobs of the raw policy (before temperature), as DESIGN §6 asks of every engine.
+# Logprobs of the raw policy (before temperature), as docs/design.md §6 asks of every engine.
 SERVER_ENV = {"SGLANG_RETURN_ORIGINAL_LOGPROB": "1"}
 PR_SET_PDEATHSIG = 1
 
