@@ -60,3 +60,29 @@ def test_dockerfile_agrees_with_profile_makefile_and_pyproject():
             assert path == "." or (ROOT / path).exists(), f"Dockerfile copies missing {path}"
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert ".venv/" in ignored and "data/train/" in ignored
+
+
+GPU1 = ROOT / "params-gpu1.yaml"
+
+
+def test_one_gpu_profile_validates_covers_every_key_and_asks_for_a_gpu():
+    params = load_params(GPU1)
+    assert params.engine.name == "hf" and params.engine.device == "cuda"
+    assert params.model.source == "smollm2-135m-instruct"  # embedded: nothing to mount
+    assert params.eval.episodes_per_task >= 256 and params.eval.tasks == ["goto"]
+    assert params.ppo.lora and params.ppo.share_trunk and params.train.launcher == "python"
+    default = yaml.safe_load((ROOT / "params.yaml").read_text())
+    missing = keys(default) - keys(yaml.safe_load(GPU1.read_text()))
+    assert not missing, f"params-gpu1.yaml lacks {sorted(missing)}"
+
+
+def test_cuda_device_on_a_machine_without_one_is_a_one_line_error(monkeypatch):
+    import pytest
+    import torch
+
+    from longturn.device import DeviceError, resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(DeviceError, match="engine.device is 'cuda' but torch sees no CUDA"):
+        resolve_device("cuda")
+    assert resolve_device("auto") == torch.device("cpu")
