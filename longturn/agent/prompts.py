@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from longturn.agent.token_cache import token_ids
 from longturn.agent.memory import HistoryEntry
 from longturn.envs.base import Instructions
 
@@ -98,7 +99,7 @@ def history_reply(
 def render(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[str, list[int]]:
     """Chat-template text (with the assistant header) and its token ids."""
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return text, tokenizer(text, add_special_tokens=False)["input_ids"]
+    return text, token_ids(tokenizer, text)
 
 
 def build_prompt(

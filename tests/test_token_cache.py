@@ -1,0 +1,60 @@
+"""The prompt token cache: piecewise ids equal whole-text ids on real prompts of every env family,
+with history; a tokenizer for which pieces differ switches the cache off without changing ids."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from transformers import AutoTokenizer
+
+from longturn.agent import token_cache
+from longturn.agent.token_cache import PieceTokenizer, token_ids
+from longturn.envs.registry import make_env
+from longturn.rollout import AgentSettings, EnvSlot
+from longturn.engines.base import Completion
+
+FAMILIES = [("babyai", "goto", {"num_dists": 0}), ("crafter", "default", {}),
+            ("babaisai", "env/two_room-break_stop-make_win", {})]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_tokenizer_dir: str):
+    return AutoTokenizer.from_pretrained(smollm2_tokenizer_dir)
+
+
+@pytest.mark.parametrize("family,task,kwargs", FAMILIES)
+def test_cached_ids_equal_whole_text_ids(tokenizer, family, task, kwargs) -> None:
+    slot = EnvSlot(make_env(family, task, **kwargs), 0, AgentSettings(history_turns=2,
+                                                                      max_prompt_tokens=4096))
+    slot.start(seed=3, episode_id="e")
+    pieces = PieceTokenizer(tokenizer)
+    for turn in range(6):
+        prompt = slot.prompt(tokenizer)
+        whole = tokenizer(prompt.text, add_special_tokens=False)["input_ids"]
+        assert pieces(prompt.text) == whole == prompt.ids
+        reply = f"THINK: step {turn}.\nACTION: {slot.env.actions[turn % len(slot.env.actions)]}"
+        ids = tokenizer(reply, add_special_tokens=False)["input_ids"]
+        row = slot.apply(prompt, Completion(ids, [0.0] * len(ids), "stop"), reply)
+        if row["terminated"] or row["truncated"]:
+            slot.start(seed=4 + turn, episode_id=f"e{turn}")
+    assert pieces.enabled and len(pieces.pieces) > 3  # the shared pieces were reused
+
+
+class SplitSensitive:
+    """A stand-in tokenizer whose ids depend on where the text is cut (one id per text)."""
+
+    def get_added_vocab(self) -> dict[str, int]:
+        return {"<|sep|>": 0}
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
+        return {"input_ids": [hash(text) % 1000]}
+
+
+def test_a_tokenizer_that_splits_differently_turns_the_cache_off(caplog) -> None:
+    fake = SplitSensitive()
+    with caplog.at_level(logging.WARNING, logger=token_cache.__name__):
+        ids = token_ids(fake, "a<|sep|>b")
+    assert ids == fake("a<|sep|>b")["input_ids"]
+    assert "prompt token cache off" in caplog.text
+    assert token_ids(fake, "c<|sep|>d") == fake("c<|sep|>d")["input_ids"]
