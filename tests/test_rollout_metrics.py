@@ -43,3 +43,14 @@ def test_ranks_are_summed_before_dividing() -> None:
     assert m["turns"] == 4 and m["episodes_ended"] == 4
     assert m["success_rate"] == 0.25
     assert m["episode_length"] == (3 + 10 * 3) / 4
+
+
+def test_action_mix_fractions_other_and_ranks() -> None:
+    from longturn.metrics import action_mix
+
+    rows = [{"action": a} for a in ("go forward", "go forward", "turn left", "dance")]
+    mix = action_mix(rows, ["turn left", "turn right", "go forward"])
+    assert mix == {"action_mix/turn_left": 0.25, "action_mix/turn_right": 0.0,
+                   "action_mix/go_forward": 0.5, "action_mix/other": 0.25}
+    doubled = action_mix(rows[:2], ["turn left", "go forward"], lambda a: a + np.array([1, 0, 0]))
+    assert doubled == {"action_mix/turn_left": 1 / 3, "action_mix/go_forward": 2 / 3}

@@ -190,3 +190,17 @@ def test_updates_raise_the_rewarded_response_and_lower_the_penalised_one(
         trainer.update([str(write_turns(trainer.score(rows()), tmp_path / f"b{step}.parquet"))])
     good_after, bad_after = logprob_sums()
     assert good_after > good_before + 0.1 and bad_after < bad_before - 0.1
+
+
+def test_target_kl_stops_the_epochs_and_lr_is_reported(tiny_model_dir, critic_dir, tokenizer,
+                                                       tmp_path) -> None:
+    """CleanRL's rule: after an epoch whose approx_kl exceeds target_kl, no further epoch."""
+    path = None
+    runs = {}
+    for target in (None, 1e-9):
+        trainer = _trainer(tiny_model_dir, critic_dir, tokenizer, ppo_epochs=3, target_kl=target)
+        path = path or _batch(trainer, 3, tmp_path / "b.parquet")
+        runs[target] = trainer.update([path])
+    assert runs[None]["epochs_run"] == 3 and runs[1e-9]["epochs_run"] == 1
+    assert runs[1e-9]["approx_kl"] > 1e-9  # the later mini-batches saw a moved policy
+    assert runs[None]["lr_actor"] == SETTINGS.actor_lr and runs[None]["lr_critic"] == SETTINGS.critic_lr

@@ -58,6 +58,15 @@ def test_train_writes_audited_iterations_and_resumes(tmp_path, tiny_model_dir):
     assert [c.name for c in (tmp_path / "checkpoints").glob("iteration=*")] == ["iteration=0002"]
     curve = pd.read_csv(tmp_path / "live/plots/metrics/train/value_loss.tsv", sep="\t")
     assert list(curve["step"]) == [0, 1, 2]
+    for metrics in history:  # where the time went, what the policy did, the optimizer state
+        phases = [metrics[f"seconds_{p}"] for p in ("rollout", "scoring", "update", "sync")]
+        assert all(s > 0 for s in phases) and "seconds_checkpoint" in metrics
+        assert metrics["seconds_per_iteration"] >= sum(phases) + metrics["seconds_checkpoint"]
+        assert metrics["turns_per_s"] == pytest.approx(6 / metrics["seconds_per_iteration"])
+        mix = {k: v for k, v in metrics.items() if k.startswith("action_mix/")}
+        assert "action_mix/go_forward" in mix and sum(mix.values()) == pytest.approx(1.0)
+        assert metrics["lr_actor"] > 0 and metrics["epochs_run"] >= 1 and "successes" in metrics
+    assert (tmp_path / "live/plots/metrics/train/action_mix/go_forward.tsv").is_file()
     assert (tmp_path / "final/config.json").is_file()
 
 
