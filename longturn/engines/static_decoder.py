@@ -33,6 +33,12 @@ def _round_up(n: int, bucket: int) -> int:
     return -(-n // bucket) * bucket
 
 
+def row_bucket(rows: int) -> int:
+    """Rows a captured graph is built for: a power of two up to 64, then a multiple of 64, so an
+    evaluation whose active envs drain one by one reuses a handful of graphs."""
+    return 1 << (rows - 1).bit_length() if rows <= 64 else _round_up(rows, 64)
+
+
 @dataclass
 class DecodeSlot:
     """Buffers, decode state and (CUDA) the captured step of one batch shape."""
@@ -108,6 +114,12 @@ class StaticDecoder:
 
     def decode(self, prompts: list[list[int]], sampling: SamplingParams,
                seeds: torch.Tensor) -> DecodeState:
+        """Decode one batch; with graphs, the batch is padded to `row_bucket` rows by repeating
+        its last prompt and seed (the extra rows' results come after the real ones)."""
+        if self.use_graphs and row_bucket(len(prompts)) > len(prompts):
+            extra = row_bucket(len(prompts)) - len(prompts)
+            prompts = list(prompts) + [prompts[-1]] * extra
+            seeds = torch.cat([seeds, seeds[-1:].expand(extra)])
         cut = shared_prefix_length(prompts) if self.prefix_sharing else 0
         tails = [p[cut:] for p in prompts]
         width_t = max(len(t) for t in tails)
