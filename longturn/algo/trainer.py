@@ -38,6 +38,7 @@ from longturn.scoring import score_rows
 
 log = logging.getLogger(__name__)
 _TAG = "state"  # fixed DeepSpeed tag: saving into the same dir again replaces the checkpoint
+BUCKET = 50_000_000  # elements per ZeRO reduce / all-gather bucket
 
 
 @dataclass
@@ -93,12 +94,15 @@ def ds_config(settings: TrainerSettings) -> dict[str, Any]:
     declared in DeepSpeed's own `torch_autocast` section. Without that section DeepSpeed turns an
     outer autocast OFF inside its engine on CUDA ("enabled outside DeepSpeed but disabled within"),
     and the update would run in fp32 while scoring ran in bf16. No module is listed as safe for
-    lower-precision gradient communication, so gradients are reduced in fp32."""
+    lower-precision gradient communication, so gradients are reduced in fp32. ZeRO's reduce and
+    all-gather buckets hold 50M elements instead of DeepSpeed's 500M: the default is 2 GB of fp32
+    per engine, memory a GPU shared with an inference server does not have to spare."""
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": settings.micro_batch_size,
         "gradient_accumulation_steps": settings.grad_accum_steps,
         "gradient_clipping": settings.grad_clip,
-        "zero_optimization": {"stage": settings.zero_stage},
+        "zero_optimization": {"stage": settings.zero_stage, "reduce_bucket_size": BUCKET,
+                              "allgather_bucket_size": BUCKET},
         "zero_allow_untested_optimizer": True,
         "fp16": {"enabled": False},
         "bf16": {"enabled": False},
