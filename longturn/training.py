@@ -217,12 +217,13 @@ def run_training(params: Params, paths: TrainPaths, progress: bool = True,
             with clock.phase("sync"):
                 push_weights(trainer, engine, paths)
             history.append(metrics)
-            last = iteration + 1 == params.train.iterations
-            if (iteration + 1) % params.train.checkpoint_every == 0 or last:
+            save = ((iteration + 1) % params.train.checkpoint_every == 0
+                    or iteration + 1 == params.train.iterations)
+            if save:
                 with clock.phase("checkpoint"):
                     store.write(trainer, collector.state(), iteration)
-            metrics.update(clock.metrics(metrics["turns"]))
-            if (iteration + 1) % params.train.checkpoint_every == 0 or last:
+            metrics.update(clock.metrics(metrics["turns"]))  # the history entry, before commit
+            if save:
                 store.commit(iteration, history)
             metrics_log.log(metrics)
             _log_iteration(iteration, metrics)
