@@ -3,9 +3,10 @@
 Batch of the GPU profile: 32 slots × 8 turns × 512 response tokens (131,072 tokens).
 Both run in the same process; the median of several repeats is printed with the
 speed-up ratio, and the two results must agree. Run: .venv/bin/python bench/gae.py
-[--threads N]. Torch defaults to one thread: the loop is single-threaded too, and on a
+[--threads N] [--tiny]. Torch defaults to one thread: the loop is single-threaded too, and on a
 shared, busy CPU torch's intra-op pool stalls on every op (hundreds of ms), which
-measures the neighbours rather than the algorithm.
+measures the neighbours rather than the algorithm. --tiny: 4 slots × 4 turns × 64 tokens,
+3 repeats (a smoke run in well under a second, not a measurement).
 """
 
 from __future__ import annotations
@@ -21,10 +22,13 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from longturn.algo.gae import GAEParams, dual_discount_gae  # noqa: E402
+from tiny_model import fill_defaults  # noqa: E402
 
-SLOTS, TURNS, TOKENS, REPEATS = 32, 8, 512, 11
+FULL = {"slots": 32, "turns": 8, "tokens": 512, "repeats": 11}
+TINY = {"slots": 4, "turns": 4, "tokens": 64, "repeats": 3}
 
 
 def loop_gae(values: list[float], rewards: list[float], lengths: list[int],
@@ -46,35 +50,47 @@ def loop_gae(values: list[float], rewards: list[float], lengths: list[int],
     return adv
 
 
-def median_time(fn: Callable[[], object]) -> tuple[float, float, object]:
-    """Median and min wall time over REPEATS calls after one warm-up, and the result."""
+def median_time(fn: Callable[[], object], repeats: int) -> tuple[float, float, object]:
+    """Median and min wall time over `repeats` calls after one warm-up, and the result."""
     out, times = fn(), []  # warm-up: torch's thread pool and allocator
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         t0 = time.perf_counter()
         out = fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times), min(times), out
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    torch.set_num_threads(parser.parse_args().threads)
+    for name in FULL:
+        parser.add_argument(f"--{name}", type=int, default=None,
+                            help=f"default {FULL[name]} (--tiny {TINY[name]})")
+    parser.add_argument("--tiny", action="store_true", help="tiny sizes: a smoke run")
+    args = fill_defaults(parser.parse_args(), FULL, TINY)
+    if min(args.slots, args.turns, args.tokens, args.repeats) < 1:
+        parser.error("--slots, --turns, --tokens and --repeats must be >= 1")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
-    n_turns = SLOTS * TURNS
-    values, rewards = rng.normal(size=n_turns * TOKENS), rng.normal(size=n_turns * TOKENS)
-    lengths = np.full(n_turns, TOKENS)
+    n_turns, tokens, repeats = args.slots * args.turns, args.tokens, args.repeats
+    values, rewards = rng.normal(size=n_turns * tokens), rng.normal(size=n_turns * tokens)
+    lengths = np.full(n_turns, tokens)
     next_values = rng.normal(size=n_turns)
-    carries = np.tile(np.r_[np.ones(TURNS - 1), 0.0], SLOTS)  # cut at each slot's end
+    carries = np.tile(np.r_[np.ones(args.turns - 1), 0.0], args.slots)  # cut at each slot's end
     p = GAEParams(0.99, 0.95, 1.0, 0.98)
     lists = (values.tolist(), rewards.tolist(), lengths.tolist(),
              next_values.tolist(), carries.tolist())
     t_vec, min_vec, (adv, _) = median_time(
-        lambda: dual_discount_gae(values, rewards, lengths, next_values, carries, p))
-    t_loop, min_loop, ref = median_time(lambda: loop_gae(*lists, p))
+        lambda: dual_discount_gae(values, rewards, lengths, next_values, carries, p), repeats)
+    t_loop, min_loop, ref = median_time(lambda: loop_gae(*lists, p), repeats)
     np.testing.assert_allclose(adv.numpy(), np.asarray(ref), rtol=1e-9, atol=1e-9)
-    print(f"dual-discount GAE, {n_turns} turns x {TOKENS} tokens = {values.size} tokens, "
-          f"{REPEATS} repeats, torch threads={torch.get_num_threads()}")
+    print(f"dual-discount GAE, {n_turns} turns x {tokens} tokens = {values.size} tokens, "
+          f"{repeats} repeats, torch threads={torch.get_num_threads()}")
     print(f"  python per-token loop : median {t_loop * 1e3:8.2f} ms   min {min_loop * 1e3:8.2f} ms")
     print(f"  vectorised (scan)     : median {t_vec * 1e3:8.2f} ms   min {min_vec * 1e3:8.2f} ms")
     print(f"  speed-up (median)     : {t_loop / t_vec:8.1f}x   (results agree, atol 1e-9)")

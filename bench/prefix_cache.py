@@ -7,9 +7,11 @@ runs alternate (off, on, off, on, ...) so load from neighbours hits both alike. 
 median / min wall times, the speed-up, and how well the outputs agree (same seed: the tokens match
 unless bf16 noise flips a draw), then checks in float32 on a few prompts that sharing changes
 nothing: same tokens, logprobs within 1e-4 (exit status 1 if not). Needs the converted model
-(`make repro`) or --model-dir. Run: .venv/bin/python bench/prefix_cache.py [--threads N]
-[--repeats R]. Torch defaults to one thread here: on a shared, busy 2-core CPU torch's intra-op
-pool stalls and the timings measure the neighbours (pass --threads 2 to compare).
+(`make repro`) or --model-dir, or --tiny: the tiny random model (bench/tiny_model.py), 4 prompts,
+4 new tokens, one repeat, the float32 check on 2 prompts (a smoke run in seconds, not a
+measurement). Run: .venv/bin/python bench/prefix_cache.py [--threads N] [--repeats R]
+[--tiny [--tiny-dir DIR]]. Torch defaults to one thread here: on a shared, busy 2-core CPU torch's
+intra-op pool stalls and the timings measure the neighbours (pass --threads 2 to compare).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import random
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,10 +28,16 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from longturn.engines.base import Completion, SamplingParams  # noqa: E402
 from longturn.engines.hf import HFEngine  # noqa: E402
 from longturn.engines.shared_prefix import shared_prefix_length  # noqa: E402
+from tiny_model import add_tiny_args, fill_defaults, resolve_model_dir  # noqa: E402
+
+FULL = {"prompts": 16, "prefix_tokens": 300, "suffix_tokens": 150, "new_tokens": 32, "repeats": 3,
+        "check_prompts": 4}
+TINY = {"prompts": 4, "new_tokens": 4, "repeats": 1, "check_prompts": 2}
 
 ACTIONS = {
     "turn left": "turn 90 degrees to the left", "turn right": "turn 90 degrees to the right",
@@ -109,15 +118,16 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", default=str(ROOT / "data/models/base"))
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--prompts", type=int, default=16)
-    parser.add_argument("--prefix-tokens", type=int, default=300)
-    parser.add_argument("--suffix-tokens", type=int, default=150)
-    parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3, help="timed calls per setting")
+    parser.add_argument("--prompts", type=int, default=None)
+    parser.add_argument("--prefix-tokens", type=int, default=None)
+    parser.add_argument("--suffix-tokens", type=int, default=None)
+    parser.add_argument("--new-tokens", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=None, help="timed calls per setting")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    parser.add_argument("--check-prompts", type=int, default=4,
+    parser.add_argument("--check-prompts", type=int, default=None,
                         help="prompts for the float32 equality check (0: skip it)")
-    return parser.parse_args()
+    add_tiny_args(parser)
+    return fill_defaults(parser.parse_args(), FULL, TINY)
 
 
 def time_both(engine: HFEngine, prompts: list[list[int]], sampling: SamplingParams,
@@ -153,10 +163,15 @@ def float32_check(model_dir: str, prompts: list[list[int]], new_tokens: int) -> 
 
 def main() -> None:
     args = parse_args()
-    if not (Path(args.model_dir) / "config.json").exists():
-        sys.exit(f"no model at {args.model_dir}: run `make repro` first, or pass --model-dir")
+    with tempfile.TemporaryDirectory() as tmp:
+        if not run(args, resolve_model_dir(args, tmp)):
+            sys.exit(1)
+
+
+def run(args: argparse.Namespace, model_dir: str) -> bool:
+    """Time sharing off vs on and print it; False if the float32 check fails."""
     torch.set_num_threads(args.threads)
-    engine = HFEngine(args.model_dir, dtype=args.dtype)
+    engine = HFEngine(model_dir, dtype=args.dtype)
     prompts = build_prompts(engine.tokenizer, args.prompts, args.prefix_tokens, args.suffix_tokens)
     sampling = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, seed=0)
     times, outputs = time_both(engine, prompts, sampling, args.repeats)
@@ -175,8 +190,9 @@ def main() -> None:
     print(f"  {args.dtype + ' outputs':22s} : {same}/{len(prompts)} completions identical, "
           f"max |d logprob| on agreeing tokens {worst:.2e} (layout noise: see float32)")
     del engine
-    if args.check_prompts and not float32_check(args.model_dir, prompts[:args.check_prompts], 8):
-        sys.exit(1)
+    if args.check_prompts:
+        return float32_check(model_dir, prompts[:args.check_prompts], 8)
+    return True
 
 
 if __name__ == "__main__":

@@ -2,23 +2,38 @@
 
 Prints turns/s for each and the ratio, measured side by side in one run. Uses the prepared base
 model (run `make repro` or the prepare_model stage first) and the env/prompt/engine params.
+--tiny plays 2 episodes of 2 turns with 8 new tokens on the tiny random model
+(bench/tiny_model.py): a smoke run in seconds, not a measurement.
 
     .venv/bin/python bench/rollout_throughput.py [--envs 8] [--turns 6] [--model-dir DIR]
+        [--tiny [--tiny-dir DIR]]
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+import tempfile
 import time
+from pathlib import Path
 
-from longturn.config import load_params
-from longturn.engines.registry import make_engine, sampling_from_params
-from longturn.evaluation import eval_jobs
-from longturn.models import load_tokenizer
-from longturn.rollout import AgentSettings, env_factory_from_params, play_episodes
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from longturn.config import load_params  # noqa: E402
+from longturn.engines.registry import make_engine, sampling_from_params  # noqa: E402
+from longturn.evaluation import eval_jobs  # noqa: E402
+from longturn.models import load_tokenizer  # noqa: E402
+from longturn.rollout import AgentSettings, env_factory_from_params, play_episodes  # noqa: E402
+from tiny_model import add_tiny_args, fill_defaults, resolve_model_dir  # noqa: E402
+
+FULL = {"envs": 8, "turns": 6, "new_tokens": None}
+TINY = {"envs": 2, "turns": 2, "new_tokens": 8}
 
 
 def timed_play(engine, tokenizer, params, jobs, parallel: int) -> tuple[int, float]:
+    """Turns played and wall seconds for `jobs` with `parallel` envs in lock-step."""
     settings = AgentSettings.from_params(params)
     start = time.perf_counter()
     turns, _ = play_episodes(engine, tokenizer, env_factory_from_params(params), jobs, parallel,
@@ -26,20 +41,35 @@ def timed_play(engine, tokenizer, params, jobs, parallel: int) -> tuple[int, flo
     return len(turns), time.perf_counter() - start
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--params", default="params.yaml")
-    ap.add_argument("--model-dir", default="data/models/base")
-    ap.add_argument("--envs", type=int, default=8, help="episodes, and envs in the batched run")
-    ap.add_argument("--turns", type=int, default=6, help="turns per episode (env.max_turns)")
+    ap.add_argument("--params", default=str(ROOT / "params.yaml"))
+    ap.add_argument("--model-dir", default=str(ROOT / "data/models/base"))
+    ap.add_argument("--envs", type=int, default=None,
+                    help=f"episodes, and envs in the batched run ({FULL['envs']}; --tiny "
+                         f"{TINY['envs']})")
+    ap.add_argument("--turns", type=int, default=None,
+                    help=f"turns per episode, env.max_turns ({FULL['turns']}; --tiny "
+                         f"{TINY['turns']})")
+    ap.add_argument("--new-tokens", type=int, default=None,
+                    help="max new tokens per turn (engine.sampling.max_new_tokens; --tiny "
+                         f"{TINY['new_tokens']})")
     ap.add_argument("--task", default="goto")
-    args = ap.parse_args()
+    add_tiny_args(ap)
+    args = fill_defaults(ap.parse_args(), FULL, TINY)
+    if args.envs < 1 or args.turns < 1:
+        ap.error("--envs and --turns must be >= 1")
+    return args
 
+
+def run(args: argparse.Namespace, model_dir: str) -> None:
     params = load_params(args.params)
     params.env.max_turns = args.turns
     params.engine.batch_size = args.envs
-    tokenizer = load_tokenizer(args.model_dir)
-    engine = make_engine(args.model_dir, params)
+    if args.new_tokens:
+        params.engine.sampling.max_new_tokens = args.new_tokens
+    tokenizer = load_tokenizer(model_dir)
+    engine = make_engine(model_dir, params)
     jobs = eval_jobs([args.task], args.envs, base_seed=0)
     timed_play(engine, tokenizer, params, jobs[:1], 1)  # warm-up: first-call allocations
     n_batched, t_batched = timed_play(engine, tokenizer, params, jobs, args.envs)
@@ -47,12 +77,19 @@ def main() -> None:
     engine.close()
     batched, single = n_batched / t_batched, n_single / t_single
     print(f"{args.envs} episodes of task {args.task!r}, up to {args.turns} turns each, "
-          f"{params.engine.name} engine, {params.model.dtype}")
+          f"{params.engine.name} engine, {params.model.dtype}, "
+          f"{params.engine.sampling.max_new_tokens} new tokens max")
     print(f"  batched ({args.envs} envs in lock-step): {n_batched:4d} turns in {t_batched:7.1f} s "
           f"= {batched:6.2f} turns/s")
     print(f"  one env at a time            : {n_single:4d} turns in {t_single:7.1f} s "
           f"= {single:6.2f} turns/s")
     print(f"  ratio batched / one-at-a-time: {batched / single:.2f}x")
+
+
+def main() -> None:
+    args = parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        run(args, resolve_model_dir(args, tmp))
 
 
 if __name__ == "__main__":

