@@ -24,7 +24,9 @@ class ModelParams(Section):
     """Which weights to start from: the embedded SmolLM2 or a path to a Hugging Face directory."""
 
     source: str = "smollm2-135m-instruct"
-    dtype: Literal["float32", "bfloat16"] = "bfloat16"
+    # generation dtype; auto: bfloat16 where the device computes it natively (GPUs, CPUs with
+    # AVX512-BF16 / AMX), float32 elsewhere (bf16 is ~500x slower than fp32 on an AVX2-only CPU)
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
 
 
 class SamplingSection(Section):
@@ -139,7 +141,7 @@ class PPOParams(Section):
     micro_batch_size: int = Field(4, ge=1)
     grad_clip: float = Field(1.0, gt=0)
     zero_stage: int = Field(0, ge=0, le=3)
-    bf16: bool = True
+    bf16: bool | Literal["auto"] = "auto"  # bf16 autocast (fp32 master weights); auto: as dtype
     lora: bool = True
     lora_r: int = Field(8, ge=1)
     lora_alpha: float = Field(16.0, gt=0)

@@ -42,6 +42,35 @@ def resolve_device(name: str = "auto") -> torch.device:
     return torch.device("cuda", rank)
 
 
+def fast_bf16(device: torch.device) -> bool:
+    """Does this device multiply in bf16 natively? A GPU that supports bf16, or a CPU with
+    AVX512-BF16 or AMX. Elsewhere bf16 matmuls fall back to slow code: on a 2-core AVX2-only
+    EPYC a 2048³ product ran at 0.3 GFLOP/s in bf16 against 176 in fp32."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    try:
+        capability = torch._C._cpu._get_cpu_capability()
+        return bool(capability.get("avx512_bf16") or capability.get("amx_bf16"))
+    except AttributeError:  # a torch without the probe: read the kernel's CPU flags
+        try:
+            flags = open("/proc/cpuinfo").read()
+        except OSError:
+            return False
+        return " avx512_bf16" in flags or " amx_bf16" in flags
+
+
+def resolve_dtype(name: str, device: torch.device) -> str:
+    """`model.dtype`: `auto` is bfloat16 where the device computes it natively, else float32."""
+    if name != "auto":
+        return name
+    return "bfloat16" if fast_bf16(device) else "float32"
+
+
+def resolve_bf16(setting: bool | str, device: torch.device) -> bool:
+    """`ppo.bf16`: `auto` turns bf16 autocast on where the device computes bf16 natively."""
+    return fast_bf16(device) if setting == "auto" else bool(setting)
+
+
 def pin_accelerator(device: torch.device) -> None:
     """Make DeepSpeed place its engines on `device`'s kind (it picks CUDA whenever it can)."""
     if device.type == "cuda":

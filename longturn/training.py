@@ -21,7 +21,7 @@ from longturn.algo.gae import GAEParams
 from longturn.algo.trainer import PPOTrainer, TrainerSettings
 from longturn.collector import FixedTurnCollector
 from longturn.config import Params
-from longturn.device import resolve_device
+from longturn.device import resolve_bf16, resolve_device
 from longturn.distributed import barrier, init_distributed, is_main_process, sum_over_ranks
 from longturn.engines.registry import make_engine, sampling_from_params
 from longturn.metrics import MetricsLog, PhaseClock, action_mix, rollout_metrics
@@ -53,7 +53,8 @@ def trainer_settings(params: Params) -> TrainerSettings:
         entropy_coef=p.entropy_coef, kl_beta=p.kl_beta, kl_estimator=p.kl_estimator,
         temperature=params.engine.sampling.temperature or 1.0, ppo_epochs=p.ppo_epochs,
         mini_batch_size=p.mini_batch_size, micro_batch_size=p.micro_batch_size,
-        grad_clip=p.grad_clip, zero_stage=p.zero_stage, bf16=p.bf16, lora=p.lora,
+        grad_clip=p.grad_clip, zero_stage=p.zero_stage,
+        bf16=resolve_bf16(p.bf16, resolve_device(params.engine.device)), lora=p.lora,
         lora_r=p.lora_r, lora_alpha=p.lora_alpha, lora_layers=p.lora_layers,
         share_prefix=p.share_prefix, share_trunk=p.share_trunk,
         gradient_checkpointing=p.gradient_checkpointing, target_kl=p.target_kl,

@@ -155,9 +155,9 @@ class PPOTrainer:
             ref.to(self.actor_engine.device)
         self.models = ModelSet(self.actor_engine.module, ref, self.critic_engine.module,
                                settings.share_trunk, settings.gradient_checkpointing)
-        log.info("trainer on %s: %d of %d layers shared by actor, reference and critic",
-                 self.actor_engine.device, self.models.depth,
-                 _layer_count(self.models.actor_decoder))
+        log.info("trainer on %s, bf16 autocast %s: %d of %d layers shared by actor, reference "
+                 "and critic", self.actor_engine.device, "on" if settings.bf16 else "off",
+                 self.models.depth, _layer_count(self.models.actor_decoder))
 
     @property
     def actor_module(self) -> torch.nn.Module:

@@ -9,11 +9,12 @@ from longturn.engines.base import Engine, SamplingParams
 
 
 def _hf(model_dir: str, params: Params) -> Engine:
-    from longturn.device import resolve_device
+    from longturn.device import resolve_device, resolve_dtype
     from longturn.engines.hf import HFEngine
 
     e = params.engine
-    return HFEngine(model_dir, dtype=params.model.dtype, device=resolve_device(e.device),
+    device = resolve_device(e.device)
+    return HFEngine(model_dir, dtype=resolve_dtype(params.model.dtype, device), device=device,
                     batch_size=e.batch_size, cuda_graphs=e.cuda_graphs)
 
 
