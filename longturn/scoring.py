@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import torch
 from tqdm.auto import tqdm
 
-from longturn.algo.batches import autocast, masked_logprobs, pad_rows
+from longturn.algo.batches import autocast, pad_rows
 from longturn.algo.gae import GAEParams, gae_for_table
 from longturn.algo.model_set import ModelSet
 from longturn.algo.ppo import kl_penalty, token_rewards
@@ -74,13 +74,11 @@ def score_batch(models: ModelSet, prompts: list[list[int]], responses: list[list
         with autocast(settings.bf16, device):
             trunk = models.trunk(batch)
             if logprobs:
-                logits = models.actor_logits(batch, trunk).float() / settings.temperature
-                out.old += _rows(masked_logprobs(logits, batch), lengths)
-                out.raw += _rows(masked_logprobs(logits * settings.temperature, batch), lengths)
-                del logits
-                ref = models.ref_logits(batch, trunk).float() / settings.temperature
-                out.ref += _rows(masked_logprobs(ref, batch), lengths)
-                del ref
+                old, raw = models.policy_logprobs(batch, trunk, settings.temperature)
+                ref, _ = models.policy_logprobs(batch, trunk, settings.temperature, True)
+                out.old += _rows(old, lengths)
+                out.raw += _rows(raw, lengths)
+                out.ref += _rows(ref, lengths)
             out.values += _rows(models.values(batch, trunk), lengths)
         _advance(bar, len(chunk))
     return out

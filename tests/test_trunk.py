@@ -13,7 +13,7 @@ from longturn.engines.decoder_stack import decoder_of
 from longturn.algo.lora import apply_lora
 from longturn.algo.model_set import ModelSet
 from longturn.algo.trunk import Branch, TrunkState, run_branch
-from longturn.engines.logprobs import pack_prompt_response, response_logits
+from longturn.engines.logprobs import pack_prompt_response, response_logits, token_logprobs
 
 PAD = 2
 SHARED = list(range(100, 140))
@@ -65,20 +65,46 @@ def test_shared_trunk_matches_separate_models(tiny_model_dir, share_prefix) -> N
     with torch.no_grad():
         got = _outputs(shared, batch, states)
         want = _outputs(separate, batch, states)
+        whole = (response_logits(actor, batch), _tempered(response_logits(actor, batch), batch))
         with actor.disable_adapter():
-            whole_ref = response_logits(actor, batch)
-        whole = (response_logits(actor, batch), whole_ref,
-                 packed_response_values(critic, batch), packed_state_values(critic, states))
+            whole += (_tempered(response_logits(actor, batch), batch),)
+        whole += (packed_response_values(critic, batch), packed_state_values(critic, states))
     for a, b, c in zip(got, want, whole):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(a, c, atol=1e-5, rtol=1e-5)
-    assert not torch.allclose(got[0], got[1])  # the adapters do change the actor
+    assert not torch.allclose(got[1], got[2])  # the adapters do change the actor
+
+
+T = 0.7
+
+
+def _tempered(logits: torch.Tensor, batch) -> torch.Tensor:
+    logprobs = token_logprobs(logits.float() / T, batch.response_ids)
+    return logprobs.masked_fill(~batch.response_mask, 0.0)
 
 
 def _outputs(models: ModelSet, batch, states) -> tuple[torch.Tensor, ...]:
     trunk = models.trunk(batch)
-    return (models.actor_logits(batch, trunk), models.ref_logits(batch, trunk),
+    return (models.actor_logits(batch, trunk), models.policy_logprobs(batch, trunk, T)[0],
+            models.policy_logprobs(batch, trunk, T, reference=True)[0],
             models.values(batch, trunk), models.state_values(states, models.trunk(states)))
+
+
+def test_logprobs_in_row_chunks_equal_the_whole_batch(tiny_model_dir, monkeypatch) -> None:
+    """Scoring applies the LM head a few rows at a time (bounded memory): same numbers."""
+    from longturn.algo import model_set
+
+    actor, critic = _models(tiny_model_dir, top_layers=1)
+    models = ModelSet(actor, None, critic)
+    batch = pack_prompt_response(PROMPTS, RESPONSES, PAD, share_prefix=True)
+    with torch.no_grad():
+        whole = models.policy_logprobs(batch, models.trunk(batch), T)
+        monkeypatch.setattr(model_set, "LOGIT_ELEMENTS", 1)  # one row per chunk
+        chunked = models.policy_logprobs(batch, models.trunk(batch), T)
+        raw = _tempered(response_logits(actor, batch) * T, batch)  # T·z / T: untempered
+    for a, b in zip(whole, chunked):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(whole[1], raw, atol=1e-5, rtol=1e-5)
 
 
 def test_no_shared_trunk_when_bottoms_differ_or_everything_trains(tiny_model_dir) -> None:

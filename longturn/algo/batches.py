@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import torch
 
 from longturn.algo.gae import masked_whiten
-from longturn.engines.logprobs import PackedBatch, response_logits, token_logprobs
+from longturn.engines.logprobs import PackedBatch, token_logprobs
 
 TRAIN_COLUMNS = ("prompt_ids", "response_ids", "old_logprobs", "ref_logprobs", "values",
                  "advantages", "returns", "aborted")
@@ -29,13 +29,6 @@ def autocast(enabled: bool, device: torch.device | str = "cpu") -> AbstractConte
     if not enabled:
         return nullcontext()
     return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
-
-
-def tempered_logits(model: torch.nn.Module, batch: PackedBatch, temperature: float) -> torch.Tensor:
-    """float32 logits / T predicting each response token: the sampling policy is softmax(z / T)."""
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0 for PPO logprobs, got {temperature}")
-    return response_logits(model, batch).float() / temperature
 
 
 def masked_logprobs(logits: torch.Tensor, batch: PackedBatch) -> torch.Tensor:

@@ -18,7 +18,7 @@ from torch import nn
 from longturn.algo.critic import ValueModel, packed_response_values, packed_state_values
 from longturn.engines.decoder_stack import decoder_of
 from longturn.algo.trunk import Branch, TrunkState, run_branch, run_trunk
-from longturn.engines.logprobs import PackedBatch, response_logits
+from longturn.engines.logprobs import PackedBatch, response_logits, token_logprobs
 from longturn.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,26 @@ def _response_columns(hidden: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
     return hidden[:, start : start + width]
 
 
+LOGIT_ELEMENTS = 1 << 28  # float32 logits a chunk of rows may hold at once (1 GiB)
+
+
+def _logprobs(features: torch.Tensor, head: nn.Module | None, batch: PackedBatch,
+              temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tempered, untempered) logprobs [B, R] from logits, or from hidden states and the LM head
+    applied a chunk of rows at a time."""
+    tokens, mask = batch.response_ids, batch.response_mask
+    width, vocab = tokens.shape[1], (head.out_features if head is not None else features.shape[-1])
+    rows = max(1, LOGIT_ELEMENTS // max(1, width * vocab))
+    tempered, raw = [], []
+    for start in range(0, tokens.shape[0], rows):
+        part = features[start : start + rows]
+        logits = (head(part) if head is not None else part).float()
+        ids = tokens[start : start + rows]
+        raw.append(token_logprobs(logits, ids))
+        tempered.append(token_logprobs(logits / temperature, ids))
+    return (torch.cat(tempered).masked_fill(~mask, 0.0), torch.cat(raw).masked_fill(~mask, 0.0))
+
+
 class ModelSet:
     """Actor, reference (None: the actor with its LoRA adapters disabled) and critic."""
 
@@ -101,14 +121,19 @@ class ModelSet:
         hidden = run_branch(Branch(self.actor_decoder), trunk, batch, self.checkpoint)
         return _lm_head(self.actor)(_response_columns(hidden, batch))
 
-    def ref_logits(self, batch: PackedBatch, trunk: TrunkState) -> torch.Tensor:
-        """The reference's raw logits [B, R, V] (never with grad)."""
-        model = self.actor if self.ref is None else self.ref
-        with torch.no_grad(), self.reference():
+    def policy_logprobs(self, batch: PackedBatch, trunk: TrunkState, temperature: float,
+                        reference: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logprobs [B, R] of the response tokens under softmax(z / T), and untempered (what
+        engines report), 0 at padding, without grad: scoring. The LM head runs a few rows at a
+        time, so the float32 logits of the whole batch (V is 152k for Qwen) never exist at once."""
+        model = self.actor if self.ref is None or not reference else self.ref
+        with torch.no_grad(), (self.reference() if reference else nullcontext()):
             if not self.split:
-                return response_logits(model, batch)
-            hidden = run_branch(Branch(self.ref_decoder), trunk, batch)
-            return _lm_head(model)(_response_columns(hidden, batch))
+                return _logprobs(response_logits(model, batch), None, batch, temperature)
+            decoder = self.ref_decoder if reference else self.actor_decoder
+            hidden = run_branch(Branch(decoder), trunk, batch)
+            return _logprobs(_response_columns(hidden, batch), _lm_head(model), batch,
+                             temperature)
 
     def values(self, batch: PackedBatch, trunk: TrunkState) -> torch.Tensor:
         """Critic values [B, R] before each response token, 0 at padding."""
