@@ -19,6 +19,7 @@ from typing import Any
 
 from longturn.algo.gae import GAEParams
 from longturn.algo.trainer import PPOTrainer, TrainerSettings
+from longturn.checkpoints import CheckpointStore, iteration_dir
 from longturn.collector import FixedTurnCollector
 from longturn.config import Params
 from longturn.device import resolve_bf16, resolve_device
@@ -66,10 +67,6 @@ def gae_params(params: Params) -> GAEParams:
     return GAEParams(g.gamma_step, g.lambda_step, g.gamma_token, g.lambda_token)
 
 
-def iteration_dir(root: Path, iteration: int) -> Path:
-    return root / f"iteration={iteration:04d}"
-
-
 def make_collector(params: Params, rank: int, run_id: str) -> FixedTurnCollector:
     r = params.rollout
     return FixedTurnCollector(env_factory_from_params(params), list(params.env.tasks), r.n_envs,
@@ -81,55 +78,6 @@ def file_metadata(params: Params, iteration: int) -> dict[str, Any]:
     return {**params.gae.model_dump(), "model": params.model.source,
             "engine": params.engine.name, "iteration": iteration,
             "sampling": params.engine.sampling.model_dump(), "ppo": params.ppo.model_dump()}
-
-
-class CheckpointStore:
-    """Numbered checkpoint dirs, written under a temp name and renamed when complete.
-
-    Saving is two calls, so the caller can time the heavy part and record that time in the
-    history the checkpoint carries: `write` (engines, env slots, digests) and `commit`."""
-
-    def __init__(self, root: Path, keep: int):
-        self.root, self.keep = root, keep
-
-    def latest(self) -> Path | None:
-        done = sorted(p for p in self.root.glob("iteration=*") if (p / "COMPLETE").is_file())
-        return done[-1] if done else None
-
-    def write(self, trainer: PPOTrainer, collector_blob: bytes, iteration: int) -> Path:
-        """Everything but the history, into iteration=NNNN.tmp (every rank writes its part)."""
-        tmp = self._tmp(iteration)
-        if is_main_process():
-            shutil.rmtree(tmp, ignore_errors=True)
-        barrier()
-        trainer.save_checkpoint(tmp, {"iteration": iteration})
-        (tmp / f"collector_rank{trainer.rank}.pkl").write_bytes(collector_blob)
-        (tmp / f"weights_digest_rank{trainer.rank}.txt").write_text(trainer.weights_digest() + "\n")
-        barrier()
-        return tmp
-
-    def commit(self, iteration: int, history: list[dict[str, float]]) -> Path:
-        """Add the history, mark COMPLETE and move into place; prune old checkpoints."""
-        final, tmp = iteration_dir(self.root, iteration), self._tmp(iteration)
-        if is_main_process():
-            (tmp / "history.pkl").write_bytes(pickle.dumps(history))
-            (tmp / "COMPLETE").write_text(f"{iteration}\n")
-            shutil.rmtree(final, ignore_errors=True)
-            tmp.rename(final)
-            self._prune()
-        barrier()
-        return final
-
-    def _tmp(self, iteration: int) -> Path:
-        final = iteration_dir(self.root, iteration)
-        return final.with_name(final.name + ".tmp")
-
-    def _prune(self) -> None:
-        done = sorted(p for p in self.root.glob("iteration=*") if (p / "COMPLETE").is_file())
-        for old in done[:-self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
-        for stale in self.root.glob("*.tmp"):
-            shutil.rmtree(stale, ignore_errors=True)
 
 
 def _resume(store: CheckpointStore, trainer: PPOTrainer,

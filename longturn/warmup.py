@@ -22,7 +22,8 @@ from longturn.engines.registry import make_engine, sampling_from_params
 from longturn.metrics import MetricsLog
 from longturn.models import load_tokenizer
 from longturn.trajectories import write_turns
-from longturn.training import file_metadata, gae_params, iteration_dir, make_collector, trainer_settings
+from longturn.checkpoints import iteration_dir
+from longturn.training import file_metadata, gae_params, make_collector, trainer_settings
 
 log = logging.getLogger(__name__)
 
