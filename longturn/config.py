@@ -15,9 +15,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 
 class Section(BaseModel):
-    """Base for every section: unknown keys are errors, values are checked on assignment too."""
+    """Base for every section: unknown keys are errors, values are checked on assignment too, and
+    types are strict (`n_envs: true` is not 1, `lora: 1` is not true; an int is still a valid
+    float)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, strict=True)
 
 
 class ModelParams(Section):
@@ -94,7 +96,7 @@ class PromptParams(Section):
 class EvalParams(Section):
     """Zero-shot and final evaluation: episodes per task, lock-step envs, sampling."""
 
-    tasks: list[str] | None = None
+    tasks: list[str] | None = Field(None, min_length=1)  # null: env.tasks; [] is an error
     episodes_per_task: int = Field(8, ge=1)
     parallel_envs: int = Field(8, ge=1)
     seed: int = Field(1000, ge=0)
@@ -181,6 +183,10 @@ class TrainParams(Section):
     # What runs components/train.py under DVC: `python` (one rank), or e.g.
     # `torchrun --nproc_per_node 8` for one rank per GPU (each rank steps its own envs).
     launcher: str = Field("python", min_length=1)
+    # After each checkpoint, push the finished iterations' trajectories and the kept checkpoints
+    # to a DVC remote (`remote`: its name; null: the repository's default remote).
+    push: bool = False
+    remote: str | None = None
 
 
 class Params(Section):

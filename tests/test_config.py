@@ -69,3 +69,20 @@ def test_stage_stops_before_work_with_one_line(tmp_path, stage):
     assert "eval.episodes_per_task" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize("data,key", [
+    ({"rollout": {"n_envs": True}}, "rollout.n_envs"),        # a bool is not a count
+    ({"ppo": {"lora": 1}}, "ppo.lora"),                       # an int is not a bool
+    ({"eval": {"episodes_per_task": 8.0}}, "eval.episodes_per_task"),
+    ({"eval": {"tasks": []}}, "eval.tasks"),                  # empty: an error, not env.tasks
+])
+def test_types_are_strict_and_an_empty_task_list_is_an_error(data, key):
+    with pytest.raises(ParamsError) as err:
+        parse_params(data, "p.yaml")
+    assert f"'{key}'" in str(err.value)
+
+
+def test_ints_stay_valid_floats_and_null_tasks_mean_the_training_tasks():
+    params = parse_params({"ppo": {"actor_lr": 1}, "eval": {"tasks": None}})
+    assert params.ppo.actor_lr == 1.0 and params.eval.tasks == params.env.tasks
