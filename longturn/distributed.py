@@ -1,8 +1,10 @@
 """torch.distributed set-up that works the same under torchrun and in a plain `python` process.
 
-DeepSpeed needs RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT; without them it tries MPI
-discovery (and fails on a missing mpi4py). A plain process is treated as a world of one. On CPU
-the backend is gloo.
+DeepSpeed needs RANK/WORLD_SIZE/LOCAL_RANK; without them it tries MPI discovery (and fails on a
+missing mpi4py). A plain process is treated as a world of one and meets itself through a file
+store in a private temporary directory, not a TCP port: a port picked as free and bound a moment
+later can be taken in between by any other process on the machine (EADDRINUSE, seen in CI).
+On CPU the backend is gloo.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -56,13 +59,17 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _single_process_env() -> None:
-    """Fill the launcher variables a plain process lacks (existing values are kept)."""
-    defaults = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
-    for key, value in defaults.items():
+def launched() -> bool:
+    """True under a launcher (torchrun, deepspeed, a Kubernetes job) that set the rendezvous."""
+    return all(key in os.environ for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def _single_process_init_method() -> str:
+    """Fill the rank variables a plain process lacks and return a file:// rendezvous of its own."""
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
         os.environ.setdefault(key, value)
-    if "MASTER_PORT" not in os.environ:
-        os.environ["MASTER_PORT"] = str(free_port())
+    store = Path(tempfile.mkdtemp(prefix="longturn-dist-")) / "store"
+    return store.as_uri()
 
 
 def default_backend(device: torch.device | None = None) -> str:
@@ -80,7 +87,8 @@ def init_distributed(device: torch.device | str | None = None,
     backend the ranks talk over; None means this rank's GPU when there is one."""
     from longturn.device import pin_accelerator, resolve_device
 
-    _single_process_env()
+    single = not launched() and not dist.is_initialized()
+    init_method = _single_process_init_method() if single else None
     device = resolve_device("auto") if device is None else torch.device(device)
     pin_accelerator(device)
     if not dist.is_initialized():
@@ -88,7 +96,9 @@ def init_distributed(device: torch.device | str | None = None,
 
         clear_stale_build_locks(extensions_root())
         deepspeed.init_distributed(dist_backend=backend or default_backend(device),
-                                   auto_mpi_discovery=False, verbose=False)
+                                   auto_mpi_discovery=False, verbose=False,
+                                   init_method=init_method,
+                                   rank=0 if single else -1, world_size=1 if single else -1)
     return dist.get_rank(), dist.get_world_size()
 
 
