@@ -1,4 +1,8 @@
-"""What every stage script shares: `--params`, logging, and turning known errors into one line."""
+"""What every stage script shares: `--params`, logging, and turning known errors into one line.
+
+Known errors: `UserError`s (a setting, a path, a gate, the disk), and a disk that is full,
+read-only or not ours wherever the write happened. Anything else keeps its traceback.
+"""
 
 from __future__ import annotations
 
@@ -8,16 +12,22 @@ import os
 import sys
 from typing import Callable, Sequence
 
-from longturn.agent.prompts import PromptTooLong
+from longturn.atomic import disk_error
 from longturn.config import Params, ParamsError, load_params
-from longturn.engines.sglang_server import SGLangError
 from longturn.errors import UserError
-from longturn.models import ModelSourceError
-from longturn.warmup import WarmupDidNotConverge
 
-# Errors whose message says what to change; anything else keeps its traceback.
-USER_ERRORS = (UserError, ParamsError, ModelSourceError, PromptTooLong, WarmupDidNotConverge,
-               SGLangError)
+# User errors of modules this file must not import: each import would make every stage depend on
+# that module in dvc.yaml (tests/test_dvc_deps.py). An error whose module the stage never
+# imported cannot have been raised, so they are looked up among the modules already loaded.
+# An entry can go once its class subclasses UserError.
+LAZY_USER_ERRORS = (("longturn.agent.prompts", "PromptTooLong"),
+                    ("longturn.engines.sglang_server", "SGLangError"))
+
+
+def user_error_types() -> tuple[type[BaseException], ...]:
+    """UserError, ParamsError, and the lazily looked-up classes of modules loaded so far."""
+    lazy = (getattr(sys.modules.get(module), name, None) for module, name in LAZY_USER_ERRORS)
+    return (UserError, ParamsError, *(cls for cls in lazy if isinstance(cls, type)))
 
 
 def parser(description: str) -> argparse.ArgumentParser:
@@ -41,11 +51,26 @@ def run(stage: str, body: Callable[[argparse.Namespace, Params], int | None],
     try:
         params = load_params(args.params)
         return int(body(args, params) or 0)
-    except USER_ERRORS as err:
-        print(f"{stage}: error: {err}", file=sys.stderr)
-        return 2
-    except ValueError as err:  # env/engine lookups and constructor checks name the bad value
-        if os.environ.get("LONGTURN_DEBUG"):
+    except Exception as err:  # noqa: BLE001 - sorted below; unknown errors are re-raised
+        line = one_line(err, getattr(args, "out", None) or ".")
+        debug = os.environ.get("LONGTURN_DEBUG") and not isinstance(err, user_error_types())
+        if line is None or debug:
             raise
-        print(f"{stage}: error: {err}\n(set LONGTURN_DEBUG=1 for the traceback)", file=sys.stderr)
+        print(f"{stage}: error: {line}", file=sys.stderr)
         return 2
+
+
+def one_line(err: Exception, out: str) -> str | None:
+    """The one line to print for a known error, or None for a bug (keep the traceback).
+
+    A ValueError names the bad value (env and engine lookups, constructor checks) but may be a
+    bug: its line says how to see the traceback. Any other failure while the output's disk is
+    full or read-only is that disk's fault."""
+    if isinstance(err, user_error_types()):
+        return str(err)
+    named = disk_error(out, err)
+    if named is not None:
+        return str(named)
+    if isinstance(err, ValueError):
+        return f"{err}\n(set LONGTURN_DEBUG=1 for the traceback)"
+    return None

@@ -1,4 +1,7 @@
-"""Stage critic_warmup: fit the critic to the frozen base policy (data/critic/warm)."""
+"""Stage critic_warmup: fit the critic to the frozen base policy (data/critic/warm).
+
+Above `warmup.max_final_loss` it exits 2 and writes no critic, so train cannot start from it.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +10,12 @@ from pathlib import Path
 
 from components.common import parser, run
 from longturn.atomic import write_json
+from longturn.models import check_model_dir
 from longturn.warmup import run_critic_warmup
 
 
 def body(args, params) -> None:
+    check_model_dir(args.model_dir)
     summary = run_critic_warmup(params, Path(args.model_dir), Path(args.out), Path(args.live),
                                 Path(args.work), progress=True)
     write_json(args.metrics, summary)

@@ -11,10 +11,13 @@ import sys
 from pathlib import Path
 
 from components.common import parser, run
+from longturn.models import check_model_dir
 from longturn.training import TrainPaths, replay_update, run_training
 
 
 def body(args, params) -> None:
+    check_model_dir(args.model_dir)
+    check_model_dir(args.critic_dir, tokenizer=False)
     out = Path(args.out)
     paths = TrainPaths(base=Path(args.model_dir), critic=Path(args.critic_dir),
                        trajectories=out / "trajectories", checkpoints=out / "checkpoints",

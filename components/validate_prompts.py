@@ -1,4 +1,8 @@
-"""Stage validate_prompts: budget-check prompts, sample answers, gate on the valid-action ratio."""
+"""Stage validate_prompts: budget-check prompts, sample answers, gate on the valid-action ratio.
+
+Below the gate it exits 1 after writing its report, and without the `passed` marker that
+critic_warmup and train depend on.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +14,9 @@ from components.common import parser, run
 from longturn.atomic import write_json, write_text
 from longturn.engines.registry import make_engine, sampling_from_params
 from longturn.envs.registry import make_env
-from longturn.models import load_tokenizer
+from longturn.models import check_model_dir, load_tokenizer
 from longturn.trajectories import write_table
-from longturn.validation import gate_failures, validate_task
+from longturn.validation import PASSED_MARKER, PASSED_TEXT, gate_failures, validate_task
 from longturn.validation_report import render_report
 
 log = logging.getLogger("validate_prompts")
@@ -20,6 +24,8 @@ log = logging.getLogger("validate_prompts")
 
 def body(args, params) -> int:
     out = Path(args.out)
+    (out / PASSED_MARKER).unlink(missing_ok=True)  # only a pass of this run may leave one
+    check_model_dir(args.model_dir)
     v = params.validation
     seeds = [v.seed + i for i in range(v.samples_per_task)]
     sampling = sampling_from_params(params, seed=v.seed)
@@ -45,7 +51,10 @@ def body(args, params) -> int:
     write_text(out / "report.md", render_report(results, failures, v.min_valid_action_ratio, settings))
     for failure in failures:
         print(f"validate_prompts: gate failed: {failure}", file=sys.stderr)
-    return 1 if failures else 0
+    if failures:
+        return 1
+    write_text(out / PASSED_MARKER, PASSED_TEXT)  # last: the gate holds only when all is written
+    return 0
 
 
 def main(argv=None) -> int:

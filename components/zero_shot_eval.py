@@ -6,9 +6,11 @@ import sys
 
 from components.common import parser, run
 from longturn.evaluation import evaluate_model
+from longturn.models import check_model_dir
 
 
 def body(args, params) -> None:
+    check_model_dir(args.model_dir)
     evaluate_model(args.model_dir, params, args.out, policy_version=args.policy_version)
 
 

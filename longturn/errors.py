@@ -9,3 +9,15 @@ from __future__ import annotations
 
 class UserError(Exception):
     """A problem with the user's input or machine; the message says what to change."""
+
+
+class ModelDirError(UserError):
+    """A model dir a stage reads is missing, empty, or holds damaged files."""
+
+
+class TrajectoryFileError(UserError):
+    """A turn or episode Parquet file is damaged or lacks a column of the contract."""
+
+
+class OutputNotWritable(UserError):
+    """A path cannot be written: the disk is full, read-only, or not ours."""

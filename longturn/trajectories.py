@@ -1,19 +1,23 @@
 """The turn-level Parquet contract (docs/design.md §4): one row per turn, written atomically.
 
 Column names are a contract: add columns freely, never rename. Training-only columns (values,
-advantages, …) are null in evaluation files.
+advantages, …) are null in evaluation files. Reading goes through `read_table`, so a damaged file
+or a missing column is an error naming the file and the column, not Arrow's schema dump.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
-import os
 import subprocess
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from longturn.atomic import atomic_file
+from longturn.errors import TrajectoryFileError
 
 SCHEMA_VERSION = "1"
 
@@ -109,18 +113,15 @@ def write_table(rows: Iterable[dict[str, Any]], path: str | Path, schema: pa.Sch
 
     With a schema, missing keys become nulls and extra keys are dropped; without, it is inferred.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     rows = list(rows)
     if schema is None:
         table = pa.Table.from_pylist(rows)
     else:
         table = pa.table({name: [r.get(name) for r in rows] for name in schema.names}, schema=schema)
     table = table.replace_schema_metadata(file_metadata(metadata))
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    pq.write_table(table, tmp, compression="zstd")
-    os.replace(tmp, path)
-    return path
+    with atomic_file(path) as tmp:
+        pq.write_table(table, tmp, compression="zstd")
+    return Path(path)
 
 
 def write_turns(rows: Iterable[dict[str, Any]], path: str | Path,
@@ -133,9 +134,46 @@ def write_episodes(rows: Iterable[dict[str, Any]], path: str | Path,
     return write_table(rows, path, EPISODE_SCHEMA, metadata)
 
 
+def read_schema(path: str | Path) -> pa.Schema:
+    """The schema of a Parquet file; a missing or damaged file names itself."""
+    path = Path(path)
+    if not path.is_file():
+        raise TrajectoryFileError(f"{path} does not exist")
+    try:
+        return pq.read_schema(path)
+    except (pa.ArrowException, OSError) as err:
+        raise TrajectoryFileError(f"{path} is not a readable Parquet file (truncated or "
+                                  f"damaged?): {_first_line(err)}") from None
+
+
+def read_table(path: str | Path, columns: Sequence[str] | None = None) -> pa.Table:
+    """These columns (all without) of a Parquet file; a missing column is named, with the
+    file's closest column outside the contract when it looks renamed."""
+    names = read_schema(path).names
+    contract = set(TURN_SCHEMA.names) | set(EPISODE_SCHEMA.names)
+    for column in columns or ():
+        if column not in names:
+            strangers = [n for n in names if n not in contract]
+            close = difflib.get_close_matches(column, strangers, n=1)
+            hint = f" (it has {close[0]!r}: renamed?)" if close else ""
+            raise TrajectoryFileError(f"{path} has no column {column!r}{hint}; column names are "
+                                      "a contract: docs/design.md §4")
+    try:
+        return pq.read_table(path, columns=list(columns) if columns is not None else None)
+    except (pa.ArrowException, OSError) as err:
+        raise TrajectoryFileError(f"{path} cannot be read (truncated or damaged?): "
+                                  f"{_first_line(err)}") from None
+
+
+def _first_line(err: BaseException) -> str:
+    """Arrow's messages go on with the whole schema: its first line is the point."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
 def read_metadata(path: str | Path) -> dict[str, str]:
     """The longturn.* key-value metadata of a Parquet file, keys without the prefix."""
-    raw = pq.read_schema(path).metadata or {}
+    raw = read_schema(path).metadata or {}
     out = {}
     for key, value in raw.items():
         key = key.decode()

@@ -4,6 +4,11 @@ Per task: render first-turn prompts for several seeds, check the token budget (i
 case of a full history window of maximum-length replies), sample one response per prompt, and
 measure how often the answer is a valid action before and after synonym translation, how it fails,
 and how long and how varied the THINK parts are. A task below the gate fails the stage.
+
+The gate is a file: `passed` (PASSED_MARKER) is written only when every task passes, and removed
+before a run starts, so a failed or interrupted validation never leaves one behind. Training
+stages depend on it in dvc.yaml, so `dvc repro train` stops at a failing gate. Its content is
+constant: a validation rerun that passes again does not rerun training.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from longturn.envs.actions import EMPTY, NO_ACTION, UNKNOWN
 from longturn.envs.base import TextEnv
 from longturn.envs.registry import translator_for
 
+PASSED_MARKER = "passed"
+PASSED_TEXT = "every task's valid-action ratio is at or above validation.min_valid_action_ratio\n"
 THINK = re.compile(r"think\s*:(.*?)(?:action\s*:|$)", re.IGNORECASE | re.DOTALL)
 FAILURES = (NO_ACTION, UNKNOWN, EMPTY, "multiple_actions", "cut_by_length")
 

@@ -3,13 +3,15 @@
 Collect `warmup.batches` fixed-turn batches with the base actor, then `warmup.iterations` times:
 re-score the turns with the current critic (values, bootstrap values and GAE targets change as it
 learns), sample `warmup.sample_fraction` of them and update the critic alone. A value loss that has
-not come down is reported, or is an error when `warmup.max_final_loss` is set.
+not come down is reported, or is an error when `warmup.max_final_loss` is set: then no critic is
+written (a previous one is removed first), so nothing downstream can take it for a warm critic.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -17,8 +19,9 @@ import numpy as np
 from longturn.algo.trainer import PPOTrainer
 from longturn.config import Params
 from longturn.device import resolve_device
-from longturn.distributed import init_distributed
+from longturn.distributed import init_distributed, is_main_process
 from longturn.engines.registry import make_engine, sampling_from_params
+from longturn.errors import UserError
 from longturn.metrics import MetricsLog
 from longturn.models import load_tokenizer
 from longturn.trajectories import write_turns
@@ -28,7 +31,7 @@ from longturn.training import file_metadata, gae_params, make_collector, trainer
 log = logging.getLogger(__name__)
 
 
-class WarmupDidNotConverge(RuntimeError):
+class WarmupDidNotConverge(UserError):
     """The critic's final loss is above `warmup.max_final_loss`."""
 
 
@@ -52,6 +55,8 @@ def run_critic_warmup(params: Params, base: Path, out: Path, live_dir: Path, wor
                       progress: bool = True) -> dict[str, float]:
     """Warm the critic; writes it to `out` and returns summary metrics."""
     rank, _ = init_distributed(resolve_device(params.engine.device))
+    if is_main_process():  # this run replaces it: a failure must not leave the old one looking new
+        shutil.rmtree(out, ignore_errors=True)
     rows = collect_frozen(params, base, rank, progress)
     trainer = PPOTrainer(base, base, trainer_settings(params), gae_params(params),
                          load_tokenizer(base), progress=progress)
@@ -70,11 +75,10 @@ def run_critic_warmup(params: Params, base: Path, out: Path, live_dir: Path, wor
         live.log({"value_loss": metrics["value_loss"],
                   "explained_variance": metrics["explained_variance"]})
         log.info("warm-up %d/%d: value loss %.5f", it + 1, w.iterations, metrics["value_loss"])
+    _check(losses, w.max_final_loss)  # the gate, before anything is exported
     trainer.export_critic(out)
-    summary = {"first_value_loss": losses[0], "final_value_loss": losses[-1],
-               "turns": float(len(rows)), "iterations": float(w.iterations)}
-    _check(losses, w.max_final_loss)
-    return summary
+    return {"first_value_loss": losses[0], "final_value_loss": losses[-1],
+            "turns": float(len(rows)), "iterations": float(w.iterations)}
 
 
 def _check(losses: list[float], max_final_loss: float | None) -> None:

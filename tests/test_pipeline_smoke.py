@@ -96,13 +96,35 @@ def _git(cwd: Path, *args: str) -> None:
     subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
 
 
-def _dvc(cwd: Path, *args: str) -> str:
+def dvc_run(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """dvc in `cwd` with only this venv on PATH; a failure is returned, not asserted."""
     bin_dir = Path(sys.executable).parent
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(cwd), "PYTHONPATH": str(cwd)}
-    proc = subprocess.run([str(bin_dir / "dvc"), *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([str(bin_dir / "dvc"), *args], cwd=cwd, capture_output=True, text=True,
                           env=env, timeout=600)
+
+
+def _dvc(cwd: Path, *args: str) -> str:
+    proc = dvc_run(cwd, *args)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout + proc.stderr
+
+
+def scratch_repo(tmp_path: Path, params: dict) -> Path:
+    """A committed git + DVC repo with this checkout's code, dvc.yaml, .dvcignore and `params`."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name in ("longturn", "components"):
+        shutil.copytree(ROOT / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "dvc.yaml", repo / "dvc.yaml")
+    write_params(repo / "params.yaml", params)
+    _git(repo, "init", "-q")
+    _dvc(repo, "init", "-q")
+    shutil.copy(ROOT / ".dvcignore", repo / ".dvcignore")  # what DVC leaves out of dir deps
+    _dvc(repo, "config", "core.analytics", "false")
+    _git(repo, "add", "-A")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "scratch")
+    return repo
 
 
 STAGES = ("prepare_model", "validate_prompts", "zero_shot_eval", "critic_warmup", "train",
@@ -110,18 +132,8 @@ STAGES = ("prepare_model", "validate_prompts", "zero_shot_eval", "critic_warmup"
 
 
 def test_dvc_repro_and_single_stage_rerun(tmp_path, tiny_model_dir):
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    for name in ("longturn", "components"):
-        shutil.copytree(ROOT / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(ROOT / "dvc.yaml", repo / "dvc.yaml")
     params = toy_params(tiny_model_dir)
-    write_params(repo / "params.yaml", params)
-    _git(repo, "init", "-q")
-    _dvc(repo, "init", "-q")
-    _dvc(repo, "config", "core.analytics", "false")
-    _git(repo, "add", "-A")
-    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "scratch")
+    repo = scratch_repo(tmp_path, params)
     out = _dvc(repo, "repro")
     for stage in STAGES:
         assert f"Running stage '{stage}'" in out

@@ -13,11 +13,12 @@ from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 
 from longturn.algo.gae import masked_whiten
 from longturn.engines.logprobs import PackedBatch, token_logprobs
+from longturn.errors import TrajectoryFileError
+from longturn.trajectories import read_table
 
 TRAIN_COLUMNS = ("prompt_ids", "response_ids", "old_logprobs", "ref_logprobs", "values",
                  "advantages", "returns", "aborted")
@@ -127,7 +128,10 @@ def read_turn_batch(paths: Sequence[str | Path], whiten: bool = True) -> TurnBat
     """
     if not paths:
         raise ValueError("update needs at least one Parquet file")
-    table = pa.concat_tables([pq.read_table(str(p), columns=list(TRAIN_COLUMNS)) for p in paths])
+    tables = [read_table(p, TRAIN_COLUMNS) for p in paths]
+    for path, part in zip(paths, tables):
+        _check_training_columns(path, part)
+    table = pa.concat_tables(tables)
     prompts = [list(map(int, r)) for r in _split_lists(table.column("prompt_ids"), np.int64)]
     responses = [list(map(int, r)) for r in _split_lists(table.column("response_ids"), np.int64)]
     columns = {k: _split_lists(table.column(k), np.float32) for k in _FLOAT_LISTS}
@@ -140,6 +144,15 @@ def read_turn_batch(paths: Sequence[str | Path], whiten: bool = True) -> TurnBat
         raise ValueError("every turn of the batch is aborted: nothing to train on")
     whitened = _whiten(columns["advantages"], aborted, whiten)
     return TurnBatch(prompts, responses, columns, aborted, whitened)
+
+
+def _check_training_columns(path: str | Path, table: pa.Table) -> None:
+    """Every training column is filled (an evaluation file, or rows never scored, has nulls)."""
+    for name in TRAIN_COLUMNS:
+        if name != "aborted" and table.column(name).null_count:
+            raise TrajectoryFileError(
+                f"{path}: column {name!r} has nulls: not a scored training file (evaluation "
+                "files leave the training columns empty)")
 
 
 def _whiten(advantages: list[np.ndarray], aborted: np.ndarray, whiten: bool) -> list[np.ndarray]:

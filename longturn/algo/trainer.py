@@ -31,6 +31,7 @@ from longturn.algo.lora import apply_lora, merge_and_save, merged_state_dict
 from longturn.algo.model_set import ModelSet
 from longturn.algo.ppo_steps import Engines, UpdateStats, batch_stats, minibatch_step, schedule
 from longturn.algo.rng_state import load_rng_states, save_rng_states
+from longturn.atomic import atomic_dir
 from longturn.device import resolve_device
 from longturn.distributed import (all_reduce_tensor, barrier, init_distributed, is_main_process,
                                   sum_over_ranks)
@@ -287,18 +288,23 @@ class PPOTrainer:
             return merged_state_dict(self.actor_module)
 
     def export_actor(self, out_dir: str | Path) -> Path:
-        """A plain HF dir (LoRA merged, tokenizer included) that inference engines load."""
+        """A plain HF dir (LoRA merged, tokenizer included) that inference engines load; written
+        under a temp name and renamed, so a kill mid-export leaves no dir that looks like a
+        model."""
         with _gathered(self.actor_module, self.settings.zero_stage):  # collective under ZeRO-3
             if is_main_process():
-                merge_and_save(self.actor_module, out_dir, self.tokenizer)
+                with atomic_dir(out_dir) as tmp:
+                    merge_and_save(self.actor_module, tmp, self.tokenizer)
         barrier()
         return Path(out_dir)
 
     def export_critic(self, out_dir: str | Path) -> Path:
-        """A critic dir (backbone + value_head.safetensors) that ValueModel.from_pretrained loads."""
+        """A critic dir (backbone + value_head.safetensors) that ValueModel.from_pretrained loads;
+        atomic like export_actor."""
         with _gathered(self.critic_module, self.settings.zero_stage):
             if is_main_process():
-                self.critic_module.save_pretrained(out_dir, self.tokenizer)
+                with atomic_dir(out_dir) as tmp:
+                    self.critic_module.save_pretrained(tmp, self.tokenizer)
         barrier()
         return Path(out_dir)
 

@@ -1,0 +1,48 @@
+"""`dvc exp run -S key=value` as the README documents it: on the toy pipeline, it reruns only the
+stages that read the key, and the experiment's params and metrics show the change."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from test_pipeline_smoke import _dvc, _git, dvc_run, scratch_repo, toy_params
+
+pytestmark = pytest.mark.smoke
+
+
+def test_exp_run_set_param_reruns_only_its_readers(tmp_path, tiny_model_dir):
+    params = toy_params(tiny_model_dir)
+    params["env"]["tasks"] = params["eval"]["tasks"] = ["goto"]
+    params["eval"].update(episodes_per_task=2, parallel_envs=2)
+    repo = scratch_repo(tmp_path, params)
+    targets = ("validate_prompts", "zero_shot_eval")  # the cheap part of the DAG
+    _dvc(repo, "repro", *targets)
+    _git(repo, "add", "-A")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "baseline")
+
+    out = _dvc(repo, "exp", "run", "-n", "fewer", "-S", "eval.episodes_per_task=1", *targets)
+
+    assert "Running stage 'zero_shot_eval'" in out
+    for stage in ("prepare_model", "validate_prompts"):  # they do not read eval.episodes_per_task
+        assert f"Running stage '{stage}'" not in out
+    assert yaml.safe_load((repo / "params.yaml").read_text())["eval"]["episodes_per_task"] == 1
+    metrics = json.loads((repo / "data/eval/zero_shot/metrics.json").read_text())
+    assert metrics["overall"]["episodes"] == 1
+    shown = dvc_run(repo, "exp", "show", "--json")
+    assert shown.returncode == 0, shown.stderr
+    experiment = find_experiment(json.loads(shown.stdout), "fewer")
+    data = experiment["data"]
+    assert data["params"]["params.yaml"]["data"]["eval"]["episodes_per_task"] == 1
+    assert data["metrics"]["data/eval/zero_shot/metrics.json"]["data"]["overall"]["episodes"] == 1
+
+
+def find_experiment(shown: list[dict], name: str) -> dict:
+    """The experiment called `name` in `dvc exp show --json` output (DVC 3 layout)."""
+    for commit in shown:
+        for exp in commit.get("experiments") or []:
+            if exp.get("name") == name:
+                return exp["revs"][0]
+    raise AssertionError(f"no experiment {name!r} in dvc exp show: {json.dumps(shown)[:2000]}")
