@@ -1,9 +1,13 @@
-"""Rollout throughput: the same episodes played with N envs batched vs one env at a time.
+"""Rollout throughput: the same episodes played with N envs batched vs one env at a time, and
+N env slots stepping in worker processes (`env.workers: true`) vs in this process.
 
-Prints turns/s for each and the ratio, measured side by side in one run. Uses the prepared base
-model (run `make repro` or the prepare_model stage first) and the env/prompt/engine params.
---tiny plays 2 episodes of 2 turns with 8 new tokens on the tiny random model
-(bench/tiny_model.py): a smoke run in seconds, not a measurement.
+Prints turns/s for each and the ratios, measured side by side in one run. The workers line times
+fixed-turn collection (the train rollout) after the slots are up; the workers' start-up is
+printed apart (once per stage). It is measured twice: with the model generating, and with a
+canned reply instead (env stepping and prompt rendering only, where the overlap shows). Uses the
+prepared base model (run `make repro` or the prepare_model stage first) and the
+env/prompt/engine params. --tiny plays 2 episodes of 2 turns with 8 new tokens on the tiny random
+model (bench/tiny_model.py): a smoke run in seconds, not a measurement.
 
     .venv/bin/python bench/rollout_throughput.py [--envs 8] [--turns 6] [--model-dir DIR]
         [--tiny [--tiny-dir DIR]]
@@ -21,7 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from longturn.config import load_params  # noqa: E402
+from longturn.collector import FixedTurnCollector  # noqa: E402
+from longturn.config import Params, load_params  # noqa: E402
+from longturn.engines.base import Completion  # noqa: E402
 from longturn.engines.registry import make_engine, sampling_from_params  # noqa: E402
 from longturn.evaluation import eval_jobs  # noqa: E402
 from longturn.models import load_tokenizer  # noqa: E402
@@ -39,6 +45,51 @@ def timed_play(engine, tokenizer, params, jobs, parallel: int) -> tuple[int, flo
     turns, _ = play_episodes(engine, tokenizer, env_factory_from_params(params), jobs, parallel,
                              sampling_from_params(params, seed=0), settings, progress=False)
     return len(turns), time.perf_counter() - start
+
+
+def with_workers(params: Params, workers: bool) -> Params:
+    """The params with env.workers set (no step timeout in process: it cannot be enforced)."""
+    timeout = (params.env.step_timeout_s or 60.0) if workers else None
+    env = params.env.model_copy(update={"workers": workers, "step_timeout_s": timeout})
+    return params.model_copy(update={"env": env})
+
+
+class CannedEngine:
+    """Answers every prompt with the same reply at once (an action the env does not know runs its
+    default): what is left is env stepping and prompt rendering."""
+
+    def __init__(self, tokenizer) -> None:
+        self.ids = tokenizer("THINK: keep going.\nACTION: go forward",
+                             add_special_tokens=False)["input_ids"]
+
+    def generate(self, prompts, sampling):
+        return [Completion(list(self.ids), [0.0] * len(self.ids), "stop") for _ in prompts]
+
+
+def timed_collect(engine, tokenizer, params: Params, envs: int, turns: int,
+                  workers: bool) -> tuple[int, float, float]:
+    """(turns, seconds of collection, seconds to start the slots) of one fixed-turn rollout."""
+    p = with_workers(params, workers)
+    start = time.perf_counter()
+    collector = FixedTurnCollector(env_factory_from_params(p), list(p.env.tasks), envs, turns,
+                                   AgentSettings.from_params(p), seed=0)
+    for slot in collector.slots:
+        slot.prompt(tokenizer)  # first prompts rendered, workers answered: the slots are up
+    started = time.perf_counter()
+    try:
+        rows = collector.collect(engine, tokenizer, sampling_from_params(p, seed=0), 0,
+                                 progress=False)
+    finally:
+        collector.close()
+    return len(rows), time.perf_counter() - started, started - start
+
+
+def workers_lines(engine, tokenizer, params: Params, envs: int, turns: int, label: str) -> None:
+    n_w, t_w, up_w = timed_collect(engine, tokenizer, params, envs, turns, workers=True)
+    n_l, t_l, up_l = timed_collect(engine, tokenizer, params, envs, turns, workers=False)
+    print(f"  {label}: workers {n_w / t_w:8.2f} turns/s, in-process {n_l / t_l:8.2f} turns/s, "
+          f"ratio workers / in-process {(n_w / t_w) / (n_l / t_l):.2f}x "
+          f"(slots up in {up_w:.1f} s with workers, {up_l:.1f} s in process)")
 
 
 def parse_args() -> argparse.Namespace:
@@ -74,7 +125,6 @@ def run(args: argparse.Namespace, model_dir: str) -> None:
     timed_play(engine, tokenizer, params, jobs[:1], 1)  # warm-up: first-call allocations
     n_batched, t_batched = timed_play(engine, tokenizer, params, jobs, args.envs)
     n_single, t_single = timed_play(engine, tokenizer, params, jobs, 1)
-    engine.close()
     batched, single = n_batched / t_batched, n_single / t_single
     print(f"{args.envs} episodes of task {args.task!r}, up to {args.turns} turns each, "
           f"{params.engine.name} engine, {params.model.dtype}, "
@@ -84,6 +134,12 @@ def run(args: argparse.Namespace, model_dir: str) -> None:
     print(f"  one env at a time            : {n_single:4d} turns in {t_single:7.1f} s "
           f"= {single:6.2f} turns/s")
     print(f"  ratio batched / one-at-a-time: {batched / single:.2f}x")
+    print(f"{args.envs} env slots x {args.turns} lock-steps of fixed-turn collection, "
+          f"env.workers true vs false:")
+    workers_lines(engine, tokenizer, params, args.envs, args.turns, "with the model ")
+    workers_lines(CannedEngine(tokenizer), tokenizer, params, args.envs, args.turns * 8,
+                  "canned replies ")
+    engine.close()
 
 
 def main() -> None:

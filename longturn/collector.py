@@ -4,7 +4,8 @@ Episodes are not reset between iterations: each slot's env, history window and e
 over, so an update always sees exactly n_envs × turns_per_env turns however long episodes are. A
 finished episode restarts at once in its slot with a new seed and id. Rows that must be
 bootstrapped (segment end, time-limit truncation) carry `bootstrap_prompt_ids`: the prompt of the
-next observation, which the critic scores later.
+next observation, which the critic scores later. An env that fails aborts its episode and is
+restarted (`longturn/rollout.py`); the slot goes on with a new episode.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import pickle
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from tqdm.auto import tqdm
 
@@ -35,22 +36,38 @@ class FixedTurnCollector:
                  run_id: str = "run"):
         self.turns_per_env = turns_per_env
         self.seed, self.rank, self.run_id = seed, rank, run_id
-        self.slots = [EnvSlot(env_factory(tasks[i % len(tasks)]), rank * n_envs + i, settings)
-                      for i in range(n_envs)]
+        envs = [env_factory(tasks[i % len(tasks)]) for i in range(n_envs)]  # workers start together
+        self.slots = [EnvSlot(env, rank * n_envs + i, settings) for i, env in enumerate(envs)]
         self.episode_counts = [0] * n_envs
-        for i in range(n_envs):
-            self._start_next(i)
+        # reasons of episodes whose reset failed, not yet carried by a row (`aborted_resets`)
+        self.unreported: list[list[str]] = [[] for _ in range(n_envs)]
+        self._start_next(range(n_envs))
 
-    def _start_next(self, i: int) -> None:
-        count = self.episode_counts[i]
-        slot = self.slots[i]
-        seed = episode_seed(self.seed, self.rank, i, count)
-        slot.start(seed, f"{self.run_id}-r{self.rank}-e{slot.env_index}-{count}")
-        self.episode_counts[i] = count + 1
+    def _start_next(self, indices: Iterable[int]) -> None:
+        """New episodes in these slots, resets in parallel; a failed reset is counted (carried by
+        the slot's next row) and the slot tries the next seed (EnvGaveUp after max_retries)."""
+        todo = list(indices)
+        while todo:
+            for i in todo:
+                count = self.episode_counts[i]
+                slot = self.slots[i]
+                seed = episode_seed(self.seed, self.rank, i, count)
+                slot.begin_start(seed, f"{self.run_id}-r{self.rank}-e{slot.env_index}-{count}")
+                self.episode_counts[i] = count + 1
+            failed = []
+            for i in todo:
+                failure = self.slots[i].finish_start()
+                if failure is not None:
+                    self.unreported[i].append(failure.reason)
+                    failed.append(i)
+            todo = failed
 
     def collect(self, engine: Engine, tokenizer: Any, sampling: SamplingParams, iteration: int,
                 extra: dict[str, Any] | None = None, progress: bool = True) -> list[dict[str, Any]]:
-        """Play turns_per_env lock-steps; return the rows ordered by (step, slot)."""
+        """Play turns_per_env lock-steps; return the rows ordered by (step, slot).
+
+        An episode whose reset failed has no turn: its termination reason rides on its slot's
+        row of that step as `aborted_resets` (counted by the rollout metrics, not in Parquet)."""
         rows: list[dict[str, Any]] = []
         for step in tqdm(range(self.turns_per_env), desc=f"rollout {iteration}", unit="step",
                          disable=not progress):
@@ -58,15 +75,19 @@ class FixedTurnCollector:
             step_rows = generate_turns(engine, tokenizer, self.slots,
                                        dataclasses.replace(sampling, seed=step_seed))
             last = step == self.turns_per_env - 1
+            ended = []
             for i, row in enumerate(step_rows):
-                done = row.pop("done")
+                if row.pop("done"):
+                    ended.append(i)
                 row.update(extra or {}, iteration=iteration, step=step, segment_end=last)
                 needs_bootstrap = (last and not row["terminated"]) or row["truncated"]
                 if needs_bootstrap and not row["aborted"]:
                     row["bootstrap_prompt_ids"] = self.slots[i].prompt(tokenizer).ids
-                if done:
-                    self._start_next(i)
-                rows.append(row)
+            self._start_next(ended)
+            for i, row in enumerate(step_rows):
+                if self.unreported[i]:
+                    row["aborted_resets"], self.unreported[i] = self.unreported[i], []
+            rows.extend(step_rows)
         return rows
 
     def action_names(self) -> list[str]:
@@ -74,14 +95,23 @@ class FixedTurnCollector:
         return list(dict.fromkeys(a for slot in self.slots for a in slot.env.actions))
 
     def state(self) -> bytes:
-        """Everything needed to continue the same episodes after a restart (envs included)."""
-        return pickle.dumps({"slots": self.slots, "episode_counts": self.episode_counts})
+        """Everything needed to continue the same episodes after a restart (envs included: an env
+        in a worker process is pickled there)."""
+        return pickle.dumps({"slots": self.slots, "episode_counts": self.episode_counts,
+                             "unreported": self.unreported})
 
     def load_state(self, blob: bytes) -> None:
         state = pickle.loads(blob)
         if len(state["slots"]) != len(self.slots):
+            for slot in state["slots"]:
+                slot.env.close()
             raise ValueError(f"checkpoint has {len(state['slots'])} env slots, params ask for "
                              f"{len(self.slots)}: resume with the same rollout.n_envs")
+        self.close()
+        self.slots, self.episode_counts = state["slots"], state["episode_counts"]
+        self.unreported = state.get("unreported") or [[] for _ in self.slots]
+
+    def close(self) -> None:
+        """Close every env (and stop its worker process)."""
         for slot in self.slots:
             slot.env.close()
-        self.slots, self.episode_counts = state["slots"], state["episode_counts"]

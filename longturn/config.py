@@ -74,13 +74,28 @@ class EngineParams(Section):
 
 
 class EnvParams(Section):
-    """Environment family, its tasks and the invalid-action rule."""
+    """Environment family, its tasks, the invalid-action rule, and how env failures are handled."""
 
     name: str = "babyai"
     tasks: list[str] = Field(default_factory=lambda: ["goto"], min_length=1)
     kwargs: dict[str, Any] = Field(default_factory=dict)
     invalid_action_penalty: float = Field(0.1, ge=0.0)
     max_turns: int | None = Field(None, ge=1)
+    # true: each env slot steps in its own worker process (a hung or crashing env is killed and
+    # restarted, its episode aborted); false: in this process (a raise still aborts the episode,
+    # a hang blocks the stage)
+    workers: bool = True
+    # seconds a reset or step may take in a worker before it is killed (null: no limit)
+    step_timeout_s: float | None = Field(60.0, gt=0)
+    # env failures in a row one slot survives; one more stops the stage naming env, task and seed
+    max_retries: int = Field(3, ge=0)
+
+    @model_validator(mode="after")
+    def _timeout_needs_workers(self) -> "EnvParams":
+        if not self.workers and self.step_timeout_s is not None:
+            raise ValueError("env.step_timeout_s needs env.workers: true (a step in this process "
+                             "cannot be interrupted); set env.step_timeout_s: null")
+        return self
 
 
 class PromptParams(Section):
@@ -184,9 +199,79 @@ class TrainParams(Section):
     # `torchrun --nproc_per_node 8` for one rank per GPU (each rank steps its own envs).
     launcher: str = Field("python", min_length=1)
     # After each checkpoint, push the finished iterations' trajectories and the kept checkpoints
-    # to a DVC remote (`remote`: its name; null: the repository's default remote).
+    # to a DVC remote (`remote`: its name in .dvc/config, or a URL such as s3://bucket/path or a
+    # local path, added as the remote `longturn-url` in .dvc/config.local; null: the default).
     push: bool = False
     remote: str | None = None
+
+
+KUBE_CPU = r"^([0-9]*[.])?[0-9]+m?$"                        # "8", "0.5", "500m"
+KUBE_MEMORY = r"^[0-9]+(E|Ei|P|Pi|T|Ti|G|Gi|M|Mi|K|Ki)?$"    # "64Gi", "512Mi"
+
+
+class PodResources(Section):
+    """What one Kubeflow task asks of its node. `shm` sizes a RAM-backed /dev/shm (NCCL, SGLang
+    and DataLoader workers pass tensors through it; a pod's default is 64 MiB); it counts
+    against the pod's memory."""
+
+    gpus: int = Field(0, ge=0)
+    cpu: str = Field("1", pattern=KUBE_CPU)
+    memory: str = Field("4Gi", pattern=KUBE_MEMORY)
+    shm: str | None = Field(None, pattern=KUBE_MEMORY)
+
+
+class Toleration(Section):
+    """One Kubernetes toleration, as in a pod spec."""
+
+    key: str | None = None
+    operator: Literal["Equal", "Exists"] = "Equal"
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+
+
+class KubeflowResources(Section):
+    """Requests per pipeline component (zero-shot and final evaluation share `eval`)."""
+
+    prepare_model: PodResources = PodResources()
+    validate_prompts: PodResources = PodResources()
+    eval: PodResources = PodResources()
+    critic_warmup: PodResources = PodResources()
+    train: PodResources = PodResources()
+    report: PodResources = PodResources()
+
+
+class KubeflowParams(Section):
+    """`python -m pipeline` only (DVC never reads it): where the model and the run state live on
+    the cluster and what each task asks of it. Left out of the params the tasks see, so moving a
+    run to other nodes does not invalidate Kubeflow's cache."""
+
+    pvc: str | None = None          # an existing PersistentVolumeClaim (null: nothing mounted)
+    mount_path: str = "/models"     # where prepare_model and train segments mount it
+    # an object-store URI (s3://, gs://, minio://) of an HF dir, imported as a Model artifact and
+    # read by prepare_model instead of model.source (null: model.source, e.g. on the volume)
+    model_uri: str | None = None
+    # train segments' scratch on the volume (a retried pod resumes from its own checkpoints);
+    # null: the pod's own disk (a retry restarts the segment from its input checkpoint)
+    work_dir: str | None = None
+    node_selector: dict[str, str] = Field(default_factory=dict)  # GPU tasks only
+    tolerations: list[Toleration] = Field(default_factory=list)  # GPU tasks only
+    # Kubernetes Secrets as env variables of train tasks, {secret: {key: ENV_NAME}}: the object
+    # store's credentials for train.push (e.g. {aws: {id: AWS_ACCESS_KEY_ID, ...}})
+    secret_env: dict[str, dict[str, str]] = Field(default_factory=dict)
+    resources: KubeflowResources = KubeflowResources()
+
+    @model_validator(mode="after")
+    def _paths_on_the_volume(self) -> "KubeflowParams":
+        if not self.mount_path.startswith("/"):
+            raise ValueError(f"kubeflow.mount_path must be absolute, got {self.mount_path!r}")
+        if self.work_dir is not None:
+            if self.pvc is None:
+                raise ValueError("kubeflow.work_dir needs kubeflow.pvc (a scratch dir on the "
+                                 "volume); set kubeflow.work_dir: null to use the pod's disk")
+            if not Path(self.work_dir).is_relative_to(self.mount_path):
+                raise ValueError(f"kubeflow.work_dir {self.work_dir!r} is not under "
+                                 f"kubeflow.mount_path {self.mount_path!r}")
+        return self
 
 
 class Params(Section):
@@ -204,6 +289,7 @@ class Params(Section):
     ppo: PPOParams = PPOParams()
     warmup: WarmupParams = WarmupParams()
     train: TrainParams = TrainParams()
+    kubeflow: KubeflowParams = KubeflowParams()
 
     @model_validator(mode="after")
     def _eval_tasks_default_to_env_tasks(self) -> "Params":

@@ -1,7 +1,8 @@
 """Evaluation: play fixed seeds per task, write every turn and episode, summarise with intervals.
 
 Seeds are `eval.seed + i` for episode i of every task, so zero-shot and final evaluations play the
-same episodes (a paired comparison).
+same episodes (a paired comparison). Episodes aborted by a failing env are counted apart
+(`aborted_episodes`, `termination/<reason>`), never as failures.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 from longturn.atomic import write_json
 from longturn.config import Params
 from longturn.engines.base import Engine
+from longturn.envs.termination import count, reason_of
 from longturn.models import load_tokenizer
 from longturn.rollout import AgentSettings, EpisodeJob, env_factory_from_params, play_episodes
 from longturn.engines.registry import make_engine, sampling_from_params
@@ -31,22 +33,32 @@ def eval_jobs(tasks: list[str], episodes_per_task: int, base_seed: int) -> list[
 
 
 def summarise(episodes: list[dict[str, Any]]) -> dict[str, Any]:
-    """Success rate ± SE, Wilson 95% interval, mean return and length, valid-action ratio."""
+    """Success rate ± SE and Wilson 95% interval, mean return and length, valid-action ratio, and
+    how many episodes ended for each termination reason.
+
+    Aborted episodes (the env raised or hung) are counted apart, not as failures: the success rate,
+    its interval and the means are over `completed_episodes` (named in `success_denominator`)."""
     n = len(episodes)
-    wins = sum(bool(e["success"]) for e in episodes)
-    turns = sum(e["length"] for e in episodes)
-    low, high = wilson_interval(wins, n)
+    done = [e for e in episodes if not e["aborted"]]
+    m = len(done)
+    wins = sum(bool(e["success"]) for e in done)
+    turns = sum(e["length"] for e in done)
+    low, high = wilson_interval(wins, m)
     return {
         "episodes": n,
+        "aborted_episodes": n - m,
+        "completed_episodes": m,
+        "success_denominator": "completed_episodes",
         "successes": wins,
-        "success_rate": wins / n if n else 0.0,
-        "success_se": standard_error(wins, n),
+        "success_rate": wins / m if m else 0.0,
+        "success_se": standard_error(wins, m),
         "success_ci95_low": low,
         "success_ci95_high": high,
-        "mean_return": sum(e["return"] for e in episodes) / n if n else 0.0,
-        "mean_env_return": sum(e["env_return"] for e in episodes) / n if n else 0.0,
-        "mean_length": turns / n if n else 0.0,
-        "valid_action_ratio": sum(e["valid_actions"] for e in episodes) / turns if turns else 0.0,
+        "mean_return": sum(e["return"] for e in done) / m if m else 0.0,
+        "mean_env_return": sum(e["env_return"] for e in done) / m if m else 0.0,
+        "mean_length": turns / m if m else 0.0,
+        "valid_action_ratio": sum(e["valid_actions"] for e in done) / turns if turns else 0.0,
+        **count(reason_of(e) for e in episodes),
     }
 
 
@@ -75,13 +87,32 @@ def evaluate(engine: Engine, tokenizer: Any, params: Params, out_dir: str | Path
         ep.update(run_id=run_id, policy_version=policy_version)
     meta = {"policy_version": policy_version, "sampling": sampling.__dict__,
             "env": params.env.model_dump(), "prompt": params.prompt.model_dump()}
-    write_turns(turns, out / "turns.parquet", meta)
-    write_episodes(episodes, out / "episodes.parquet", meta)
     metrics = metrics_by_task(episodes, tasks)
-    write_json(out / "metrics.json", metrics)
-    log.info("eval %s: success %.3f (%d episodes, %d turns)", policy_version,
-             metrics["overall"]["success_rate"], len(episodes), len(turns))
+    write_outputs(out, metrics, episodes, turns, meta)
+    overall = metrics["overall"]
+    log.info("eval %s: success %.3f (%d of %d episodes completed, %d aborted; %d turns)",
+             policy_version, overall["success_rate"], overall["completed_episodes"],
+             overall["episodes"], overall["aborted_episodes"], len(turns))
     return metrics
+
+
+def write_outputs(out: Path, metrics: dict[str, Any], episodes: list[dict[str, Any]],
+                  turns: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+    """metrics.json, episodes.parquet, turns.parquet: smallest first, and each tried even when
+    one before it failed (a full disk), so a finished evaluation keeps what could be written; the
+    first error is raised after the last write."""
+    writes = [(lambda: write_json(out / "metrics.json", metrics)),
+              (lambda: write_episodes(episodes, out / "episodes.parquet", meta)),
+              (lambda: write_turns(turns, out / "turns.parquet", meta))]
+    first: Exception | None = None
+    for write in writes:
+        try:
+            write()
+        except Exception as err:
+            log.error("could not write evaluation output: %s", err)
+            first = first or err
+    if first is not None:
+        raise first
 
 
 def evaluate_model(model_dir: str | Path, params: Params, out_dir: str | Path,

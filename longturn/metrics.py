@@ -12,21 +12,37 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-_SUMMED = ("turns", "episodes_ended", "successes")  # totals; every other metric is a ratio
+from longturn.envs.termination import ABORTED, PREFIX, REASONS, count, reason_of
+
+TERMINATION_KEYS = tuple(PREFIX + r for r in REASONS)  # the same keys on every rank
+_SUMMED = ("turns", "episodes_ended", "episodes_aborted", "successes",
+           *TERMINATION_KEYS)  # totals; every other metric is a ratio
 ACTION_MIX_PREFIX = "action_mix/"
 
 
 def rollout_totals(rows: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:
-    """(numerator, denominator) of each rollout metric, so ranks can be summed before dividing."""
+    """(numerator, denominator) of each rollout metric, so ranks can be summed before dividing.
+
+    Every ended episode is counted under its termination reason (`termination/<reason>`), aborted
+    ones included (also those whose reset failed: `aborted_resets` on a row); success rate and
+    episode length are over the episodes that were not aborted."""
     ended = [r for r in rows if r["terminated"] or r["truncated"] or r["aborted"]]
+    completed = [r for r in ended if not r["aborted"]]
+    reasons = [reason_of(r) for r in ended] + [a for r in rows for a in r.get("aborted_resets", ())]
+    counted = count(reasons)
+    terminations = {key: counted[key] for key in TERMINATION_KEYS}
+    aborted = sum(terminations[PREFIX + r] for r in ABORTED)
     n = float(len(rows))
     gaps = [r["logprob_gap"] for r in rows if r.get("logprob_gap") is not None]
+    wins = float(sum(bool(r["success"]) for r in completed))
     return {
         "turns": (n, 1.0),
-        "episodes_ended": (float(len(ended)), 1.0),
-        "success_rate": (float(sum(bool(r["success"]) for r in ended)), float(len(ended))),
-        "successes": (float(sum(bool(r["success"]) for r in ended)), 1.0),
-        "episode_length": (float(sum(r["turn"] + 1 for r in ended)), float(len(ended))),
+        "episodes_ended": (float(len(reasons)), 1.0),
+        "episodes_aborted": (float(aborted), 1.0),
+        **{key: (float(value), 1.0) for key, value in terminations.items()},
+        "success_rate": (wins, float(len(completed))),
+        "successes": (wins, 1.0),
+        "episode_length": (float(sum(r["turn"] + 1 for r in completed)), float(len(completed))),
         "mean_reward": (float(sum(r["reward"] for r in rows)), n),
         "mean_env_reward": (float(sum(r["env_reward"] for r in rows)), n),
         "valid_action_ratio": (float(sum(bool(r["action_valid"]) for r in rows)), n),
@@ -40,8 +56,9 @@ def rollout_totals(rows: list[dict[str, Any]]) -> dict[str, tuple[float, float]]
 def rollout_metrics(rows: list[dict[str, Any]],
                     sum_over_ranks: Callable[[np.ndarray], np.ndarray] | None = None
                     ) -> dict[str, float]:
-    """Success among episodes that ended in this batch, reward per turn, lengths, validity;
-    over every rank's rows when ``sum_over_ranks`` (an all-reduce of an array) is given.
+    """Success among episodes that ended in this batch (aborted ones apart), reward per turn,
+    lengths, validity, episodes ended per termination reason; over every rank's rows when
+    ``sum_over_ranks`` (an all-reduce of an array) is given.
     A ratio with nothing to count is NaN (left out of the curves); logprob_gap is then absent."""
     totals = rollout_totals(rows)
     keys = sorted(totals)

@@ -1,5 +1,6 @@
 """The run report: zero-shot vs final per task (Wilson intervals, paired exact McNemar test),
-training success pooled into blocks, training curves, where the time goes, action mix, KL, warm-up.
+how episodes ended (termination reasons, aborted episodes apart), training success pooled into
+blocks, training curves, where the time goes, action mix, KL, warm-up.
 
 Inputs are the two eval folders (`metrics.json`, layout of `evaluation.metrics_by_task`, and
 `episodes.parquet`) and the DVCLive folders of training and critic warm-up. Any of them may be
@@ -18,12 +19,13 @@ import pandas as pd
 
 from longturn.atomic import write_text
 from longturn.report_eval import (  # noqa: F401  (comparison_table is part of this module's API)
-    comparison_table, eval_reading, pair_evaluations, table_markdown,
+    aborted_reading, comparison_table, endings_table, eval_reading, pair_evaluations,
+    table_markdown,
 )
 from longturn.report_plots import plot_kl, plot_learning_curves, plot_task_bars, plot_warmup
 from longturn.report_training import (  # noqa: F401  (kl_reading is part of this module's API)
     ACTION_PREFIX, PHASE_KEYS, action_reading, kl_reading, pool_success_blocks, success_reading,
-    timing_reading, training_reading, warmup_reading,
+    termination_reading, timing_reading, training_reading, warmup_reading,
 )
 from longturn.report_training_plots import plot_action_mix, plot_success_blocks, plot_timing
 
@@ -33,8 +35,8 @@ log = logging.getLogger(__name__)
 # peak_gpu_memory_gib (drawn when logged, but a CPU run has no GPU to measure) and the
 # `action_mix/<action>` keys, whose names depend on the env (checked by prefix).
 TRAIN_KEYS = [
-    "episodes_ended", "successes", "success_rate", "mean_reward", "episode_length",
-    "valid_action_ratio", "kl_think", "kl_action", "kl_mean", "policy_loss", "value_loss",
+    "episodes_ended", "episodes_aborted", "successes", "success_rate", "mean_reward",
+    "episode_length", "valid_action_ratio", "kl_think", "kl_action", "kl_mean", "policy_loss", "value_loss",
     "explained_variance", "clip_fraction", "approx_kl", "entropy", "logprob_gap", "lr_actor",
     "lr_critic", "epochs_run", "tokens_per_s", "turns_per_s", "seconds_per_iteration", *PHASE_KEYS,
 ]
@@ -161,6 +163,21 @@ def _draw(out: Path, table: list, blocks: list, train: pd.DataFrame,
     return drawn
 
 
+def _endings_section(zs: dict, fin: dict, train: pd.DataFrame) -> list[str]:
+    """How episodes ended (termination reasons) in both evaluations and in training."""
+    table = endings_table(zs, fin)
+    readings = aborted_reading(zs, fin) + termination_reading(train)
+    body = table + ([""] if table and readings else []) + readings
+    if not body:
+        return ["## How episodes ended", "", "*No termination counts in the inputs (written "
+                "before they were counted).*", ""]
+    note = ("Aborted episodes (env error: the env raised or its worker process died; timeout: "
+            "no answer within `env.step_timeout_s`) are out of the loss and out of every success "
+            "rate, counted here apart from failures, so a flaky env never reads as a weak policy. "
+            "Time limit: truncated by the env or `env.max_turns`.")
+    return ["## How episodes ended", ""] + body + ["", note, ""]
+
+
 def _training_sections(drawn: dict[str, bool], train: pd.DataFrame, blocks: list) -> list[str]:
     phases = ", ".join(PHASE_KEYS)
     return (
@@ -199,6 +216,7 @@ def build_report(zero_shot_dir: str | Path, final_dir: str | Path, train_live_di
         table, paired, why_unpaired)
     lines += _section("Zero-shot vs final evaluation", drawn["tasks.png"], "tasks.png",
                       "success per task, zero-shot vs final", evals, "no evaluation metrics")
+    lines += _endings_section(zs, fin, train)
     lines += _training_sections(drawn, train, blocks)
     warm_body = warmup_reading(warm) if drawn["warmup.png"] else []
     lines += _section("Critic warm-up", drawn["warmup.png"], "warmup.png", "critic warm-up",

@@ -13,26 +13,34 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from longturn.envs.termination import PREFIX, REASONS
 from longturn.stats import PairedOutcome, paired_outcomes, wilson_interval
 
 SIDES = ("zero_shot", "final")
 EPISODE_COLUMNS = ("task", "episode_seed", "success")
+REASON_LABELS = {"success": "success", "failure": "failure", "time_limit": "time limit",
+                 "env_error": "env error", "timeout": "timeout"}
 
 
 # --------------------------------------------------------------------------- paired episodes
 
 def read_episodes(eval_dir: str | Path) -> tuple[list[dict[str, Any]] | None, str | None]:
-    """(task, episode_seed, success) rows of an eval's episodes.parquet, or None and why not."""
+    """(task, episode_seed, success) rows of an eval's episodes.parquet, or None and why not.
+    Aborted episodes (the env failed) are left out: they are neither a success nor a failure, so
+    such a seed is unpaired."""
     path = Path(eval_dir) / "episodes.parquet"
     if not path.is_file():
         return None, f"`{path}` is missing"
     try:
-        lacking = [c for c in EPISODE_COLUMNS if c not in pq.read_schema(path).names]
+        names = pq.read_schema(path).names
+        lacking = [c for c in EPISODE_COLUMNS if c not in names]
         if lacking:
             return None, f"`{path}` has no column {', '.join(lacking)}"
-        return pq.read_table(path, columns=list(EPISODE_COLUMNS)).to_pylist(), None
+        columns = list(EPISODE_COLUMNS) + (["aborted"] if "aborted" in names else [])
+        rows = pq.read_table(path, columns=columns).to_pylist()
     except (OSError, ValueError, pa.ArrowException) as err:
         return None, f"`{path}` could not be read ({type(err).__name__}: {err})"
+    return [{k: r[k] for k in EPISODE_COLUMNS} for r in rows if not r.get("aborted")], None
 
 
 def pair_evaluations(zero_shot_dir: str | Path, final_dir: str | Path
@@ -75,10 +83,13 @@ def _unpaired(o: PairedOutcome) -> str:
 # --------------------------------------------------------------------------- comparison table
 
 def _side(m: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Success with a Wilson interval recomputed from the counts (so old files without CIs work)."""
+    """Success with a Wilson interval recomputed from the counts (so old files without CIs work),
+    over the completed episodes (aborted ones apart; older files: over all episodes)."""
     if not m or not m.get("episodes"):
         return None
-    n = int(m["episodes"])
+    n = int(m.get("completed_episodes", m["episodes"]))
+    if n == 0:
+        return None
     wins = int(m["successes"]) if "successes" in m else round(m.get("success_rate", 0.0) * n)
     low, high = wilson_interval(wins, n)
     return {"episodes": n, "successes": wins, "success": wins / n, "low": low, "high": high,
@@ -175,4 +186,42 @@ def eval_reading(table: list[dict[str, Any]], paired: dict[str, PairedOutcome] |
                   "exact McNemar test counts the seeds whose outcome changed (lost: zero-shot "
                   "success, final failure; gained: the reverse). Non-overlapping Wilson intervals "
                   "are a more conservative test of a difference."]
+    return lines
+
+
+# --------------------------------------------------------------------------- how episodes ended
+
+def endings_table(zero_shot: dict[str, Any], final: dict[str, Any]) -> list[str]:
+    """Per task and evaluation, episodes per termination reason (markdown); [] when neither
+    metrics file counts them (written before termination reasons were counted)."""
+    head = ["task", "evaluation", *REASON_LABELS.values(), "success rate over"]
+    lines = []
+    for name, metrics in (("zero-shot", zero_shot), ("final", final)):
+        parts = list((metrics.get("tasks") or {}).items())
+        parts += [("**overall**", metrics["overall"])] if metrics.get("overall") else []
+        for task, m in parts:
+            if not any(PREFIX + r in m for r in REASONS):
+                continue
+            n = int(m.get("episodes", 0))
+            done = int(m.get("completed_episodes", n))
+            cells = [task, name, *(str(int(m.get(PREFIX + r, 0))) for r in REASONS),
+                     f"{done} of {n} episodes"]
+            lines.append("| " + " | ".join(cells) + " |")
+    if not lines:
+        return []
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + lines
+
+
+def aborted_reading(zero_shot: dict[str, Any], final: dict[str, Any]) -> list[str]:
+    """One line per evaluation that lost episodes to its env."""
+    lines = []
+    for name, metrics in (("zero-shot", zero_shot), ("final", final)):
+        m = metrics.get("overall") or {}
+        aborted = int(m.get("aborted_episodes", 0))
+        if aborted:
+            causes = ", ".join(f"{int(m.get(PREFIX + r, 0))} {REASON_LABELS[r]}"
+                               for r in ("env_error", "timeout"))
+            lines.append(f"- The {name} evaluation lost {aborted} of {int(m['episodes'])} "
+                         f"episodes to the env ({causes}): they are left out of its success "
+                         "rates and of the paired test; the stage log names each failure.")
     return lines

@@ -44,8 +44,11 @@ class SuccessBlock:
 
 def ended_counts(df: pd.DataFrame) -> pd.DataFrame:
     """Per iteration with an ended episode: `episodes` and `successes` (from `successes` when
-    logged, else round(success_rate · episodes_ended), the only record of older runs)."""
-    ended = numeric(df, "episodes_ended").round().astype(int)
+    logged, else round(success_rate · episodes_ended), the only record of older runs). Aborted
+    episodes (`episodes_aborted`, when logged) are not counted: success is over the others."""
+    ended = numeric(df, "episodes_ended")
+    ended = (ended - numeric(df, "episodes_aborted").reindex(ended.index).fillna(0.0))
+    ended = ended.round().astype(int)
     ended = ended[ended > 0]
     wins = numeric(df, "successes").reindex(ended.index)
     from_rate = (numeric(df, "success_rate").reindex(ended.index) * ended).round()
@@ -177,6 +180,41 @@ def action_reading(df: pd.DataFrame) -> list[str]:
                 f"({step}), at or above the {COLLAPSE_SHARE:.0%} flag."]
     return [f"No collapse: “{top}”, the most frequent action, takes {share:.0%} of the turns "
             f"in the last iteration ({step}); the flag is at {COLLAPSE_SHARE:.0%}."]
+
+
+# --------------------------------------------------------------------------- terminations
+
+TERMINATION_PREFIX = "termination/"
+TERMINATION_LABELS = {"success": "success", "failure": "failure", "time_limit": "time limit",
+                      "env_error": "env error", "timeout": "timeout"}
+
+
+def termination_totals(df: pd.DataFrame) -> dict[str, int]:
+    """Episodes per termination reason over the whole run ({} when none was logged)."""
+    return {reason: int(round(numeric(df, TERMINATION_PREFIX + reason).sum()))
+            for reason in TERMINATION_LABELS if TERMINATION_PREFIX + reason in df.columns}
+
+
+def termination_reading(df: pd.DataFrame) -> list[str]:
+    """How training episodes ended, and whether the env cost any (aborted: out of the loss)."""
+    totals = termination_totals(df)
+    if not totals:
+        return []
+    ended = sum(totals.values())
+    parts = ", ".join(f"{TERMINATION_LABELS[r]} {n}" for r, n in totals.items())
+    aborted = totals.get("env_error", 0) + totals.get("timeout", 0)
+    iterations = len(set().union(*(numeric(df, TERMINATION_PREFIX + r).index for r in totals)))
+    line = f"- training: {ended} episodes ended over {iterations} iteration(s): {parts}."
+    if aborted:
+        worst = numeric(df, "episodes_aborted")
+        peak = (f" (at most {int(worst.max())} in one iteration, iteration {int(worst.idxmax())})"
+                if len(worst) else "")
+        line += (f" {aborted} ({aborted / ended:.0%}) were aborted by the env{peak}: their "
+                 "turns are out of the loss and they are not counted as failures; the stage "
+                 "log names each failure.")
+    else:
+        line += " No episode was aborted by the env."
+    return [line]
 
 
 # --------------------------------------------------------------------------- KL and warm-up

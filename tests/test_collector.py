@@ -8,6 +8,8 @@ from longturn.collector import FixedTurnCollector
 from longturn.engines.base import SamplingParams
 from longturn.engines.hf import HFEngine
 from longturn.envs.babyai import BabyAITextEnv
+from longturn.envs.registry import EnvSpec
+from longturn.envs.workers import WorkerEnv
 from longturn.models import load_tokenizer
 from longturn.rollout import AgentSettings
 
@@ -26,10 +28,15 @@ def tokenizer(tiny_model_dir):
     return load_tokenizer(tiny_model_dir)
 
 
-def make_collector(max_turns=3):
+def make_collector(max_turns=3, workers=False, n_envs=3):
     settings = AgentSettings(max_turns=max_turns, max_prompt_tokens=2048)
-    return FixedTurnCollector(lambda task: BabyAITextEnv(task), ["goto", "open"], n_envs=3,
-                              turns_per_env=4, settings=settings, seed=11, run_id="t")
+    factory = ((lambda task: WorkerEnv(EnvSpec("babyai", task), timeout_s=60.0)) if workers
+               else (lambda task: BabyAITextEnv(task)))
+    return FixedTurnCollector(factory, ["goto", "open"], n_envs=n_envs, turns_per_env=4,
+                              settings=settings, seed=11, run_id="t")
+
+
+KEYS = ("episode_id", "turn", "prompt_ids", "response_ids", "action", "reward", "termination")
 
 
 def test_fixed_turn_batches_continue_episodes(engine, tokenizer):
@@ -69,5 +76,27 @@ def test_state_roundtrip_continues_identically(engine, tokenizer):
     b.load_state(a.state())
     rows_a = a.collect(engine, tokenizer, SAMPLING, iteration=1, progress=False)
     rows_b = b.collect(engine, tokenizer, SAMPLING, iteration=1, progress=False)
-    keys = ("episode_id", "turn", "prompt_ids", "response_ids", "action", "reward")
-    assert [[r[k] for k in keys] for r in rows_a] == [[r[k] for k in keys] for r in rows_b]
+    assert [[r[k] for k in KEYS] for r in rows_a] == [[r[k] for k in KEYS] for r in rows_b]
+
+
+def test_worker_envs_play_the_same_turns_and_resume_from_a_checkpoint(engine, tokenizer):
+    """Envs in worker processes give the rows envs in this process give; a collector state
+    (each worker pickles its env) continues the same episodes in new workers."""
+    local, remote = make_collector(n_envs=2), make_collector(workers=True, n_envs=2)
+    resumed = None
+    try:
+        rows_l = local.collect(engine, tokenizer, SAMPLING, 0, progress=False)
+        rows_r = remote.collect(engine, tokenizer, SAMPLING, 0, progress=False)
+        assert [[r[k] for k in KEYS] for r in rows_l] == [[r[k] for k in KEYS] for r in rows_r]
+        assert any(r["termination"] == "time_limit" for r in rows_r)
+        resumed = make_collector(workers=True, n_envs=2)
+        resumed.load_state(remote.state())
+        pids = {slot.env.pid for slot in remote.slots}
+        assert not pids & {slot.env.pid for slot in resumed.slots}
+        rows_r = remote.collect(engine, tokenizer, SAMPLING, iteration=1, progress=False)
+        rows_c = resumed.collect(engine, tokenizer, SAMPLING, iteration=1, progress=False)
+        assert [[r[k] for k in KEYS] for r in rows_r] == [[r[k] for k in KEYS] for r in rows_c]
+    finally:
+        for c in (local, remote, resumed):
+            if c is not None:
+                c.close()

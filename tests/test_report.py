@@ -30,7 +30,8 @@ def fake_episodes(task: str, wins: int, n: int, first_win: int = 0, length: int 
         won = first_win <= i < first_win + wins
         out.append({"task": task, "episode_seed": SEED + i, "episode_id": f"eval-{task}-{i}",
                     "success": won, "length": length, "return": float(won),
-                    "env_return": float(won), "valid_actions": valid, "aborted": False})
+                    "env_return": float(won), "valid_actions": valid, "aborted": False,
+                    "terminated": won, "truncated": not won})
     return out
 
 
@@ -166,6 +167,8 @@ def test_report_table_numbers_and_reading(full_report: Path) -> None:
     assert "could not be computed" not in text
     assert "do not overlap" in text  # goto
     assert "ACTION KL rose faster than THINK KL" in text
+    assert "| goto | final | 18 | 0 | 2 | 0 | 0 | 20 of 20 episodes |" in text  # how they ended
+    assert "lost" not in text.split("## How episodes ended")[1].split("##")[0]  # none aborted
     assert "- **model.source**: tiny" in text and "- **env.tasks**: goto, pickup" in text
     for png in PLOTS:
         assert f"]({png})" in text
@@ -352,3 +355,55 @@ def test_kl_reading_needs_a_real_gap() -> None:
     assert "check the outputs for action hacking" in kl_reading(big)[0]
     down = pd.DataFrame({"kl_think": [0.0, 0.02], "kl_action": [0.0, 0.01]})
     assert "no sign of action hacking" in kl_reading(down)[0]
+
+
+# --------------------------------------------------------------------------- how episodes ended
+
+def test_aborted_episodes_are_counted_apart_in_the_report(tmp_path: Path) -> None:
+    """Final goto: 18 of 20 seeds played (6 wins), 2 lost to the env (one error, one timeout);
+    zero-shot goto: the same 20 seeds, 2 wins. The aborted seeds are outside the success rate
+    and unpaired; the endings table and the training line say how episodes ended."""
+    zs = fake_episodes("goto", 2, 20)
+    fin = fake_episodes("goto", 6, 20, first_win=2)
+    for episode, reason in zip(fin[18:], ("env_error", "timeout")):
+        episode.update(aborted=True, success=False, termination=reason, length=1)
+    for e in zs + fin:
+        e.setdefault("termination", None)
+        e.update(terminated=e["success"], truncated=not e["success"] and not e["aborted"])
+    for name, episodes in (("zero_shot", zs), ("final", fin)):
+        write_json(tmp_path / name / "metrics.json", metrics_by_task(episodes, ["goto"]))
+        frame = pd.DataFrame(episodes).drop(columns="termination")  # not a Parquet column
+        frame.to_parquet(tmp_path / name / "episodes.parquet")
+    live = write_live(tmp_path, "live", {
+        "train/episodes_ended": [3.0, 4.0], "train/episodes_aborted": [0.0, 2.0],
+        "train/successes": [1.0, 1.0], "train/termination/success": [1.0, 1.0],
+        "train/termination/failure": [0.0, 0.0], "train/termination/time_limit": [2.0, 1.0],
+        "train/termination/env_error": [0.0, 1.0], "train/termination/timeout": [0.0, 1.0]})
+    text = build_report(tmp_path / "zero_shot", tmp_path / "final", live, tmp_path / "w",
+                        tmp_path / "report", {}).read_text()
+    assert "| goto | " + cell(2, 20) + " | " + cell(6, 18) + " |" in text
+    assert "| goto | final | 6 | 0 | 12 | 1 | 1 | 18 of 20 episodes |" in text
+    assert "| goto | zero-shot | 2 | 0 | 18 | 0 | 0 | 20 of 20 episodes |" in text
+    assert ("The final evaluation lost 2 of 20 episodes to the env (1 env error, 1 timeout)"
+            in text)
+    assert "Paired on 18 seeds" in text  # the two aborted seeds are unpaired, not failures
+    assert ("- training: 7 episodes ended over 2 iteration(s): success 2, failure 0, time limit "
+            "3, env error 1, timeout 1. 2 (29%) were aborted by the env (at most 2 in one "
+            "iteration, iteration 1)") in text
+    blocks = pool_success_blocks(read_live_metrics(live))
+    assert [(b.episodes, b.successes) for b in blocks] == [(5, 2)]  # aborted ones left out
+
+
+def test_old_metrics_without_termination_counts_say_so(inputs: dict[str, Path],
+                                                       tmp_path: Path) -> None:
+    import json
+
+    for name in ("zero_shot", "final"):
+        metrics = json.loads((inputs[name] / "metrics.json").read_text())
+        for part in [metrics["overall"], *metrics["tasks"].values()]:
+            for key in [k for k in part if k.startswith("termination/")]:
+                del part[key]
+        write_json(tmp_path / name / "metrics.json", metrics)
+    text = build_report(tmp_path / "zero_shot", tmp_path / "final", tmp_path / "t",
+                        tmp_path / "w", tmp_path / "report", {}).read_text()
+    assert "*No termination counts in the inputs" in text

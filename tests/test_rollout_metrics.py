@@ -54,3 +54,29 @@ def test_action_mix_fractions_other_and_ranks() -> None:
                    "action_mix/go_forward": 0.5, "action_mix/other": 0.25}
     doubled = action_mix(rows[:2], ["turn left", "go forward"], lambda a: a + np.array([1, 0, 0]))
     assert doubled == {"action_mix/turn_left": 1 / 3, "action_mix/go_forward": 2 / 3}
+
+
+def test_termination_reasons_counted_and_aborted_apart() -> None:
+    """An aborted episode ends (counted by reason) but is neither a success nor a failure; an
+    episode whose reset failed rides on a row as `aborted_resets`."""
+    rows = [_row(3, success=True, ended=True), _row(7, ended=True),
+            {**_row(2), "aborted": True, "termination": "timeout", "reward": 0.0},
+            {**_row(4), "terminated": True, "success": False},
+            {**_row(0), "aborted_resets": ["env_error", "env_error"]}]
+    m = rollout_metrics(rows)
+    assert {k: m[f"termination/{k}"] for k in ("success", "failure", "time_limit", "env_error",
+                                               "timeout")} == \
+        {"success": 1, "failure": 1, "time_limit": 1, "env_error": 2, "timeout": 1}
+    assert m["episodes_ended"] == 6 and m["episodes_aborted"] == 3
+    assert m["success_rate"] == 1 / 3  # over the three episodes the env did not abort
+    assert m["episode_length"] == (4 + 8 + 5) / 3
+
+
+def test_termination_counts_are_summed_over_ranks() -> None:
+    rank1 = [{**_row(1), "aborted": True, "termination": "env_error"}]
+    totals = rollout_totals(rank1)
+    contribution = np.array([totals[k] for k in sorted(totals)])
+    m = rollout_metrics([_row(5, success=True, ended=True)], lambda v: v + contribution)
+    assert m["termination/env_error"] == 1 and m["termination/success"] == 1
+    assert m["episodes_aborted"] == 1 and m["success_rate"] == 1.0
+    assert sorted(rollout_totals([])) == sorted(totals)  # the same keys on every rank

@@ -1,12 +1,17 @@
-"""Env lookup by name: built-in families, or any `module:factory` plugin returning a TextEnv."""
+"""Env lookup by name: built-in families, any `module:factory` plugin returning a TextEnv, or a
+plain `gymnasium.Env` (class or factory result), adapted to text by `gym_adapter`."""
 
 from __future__ import annotations
 
 import importlib
+import inspect
+import sys
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from longturn.envs.actions import ActionTranslator
 from longturn.envs.base import TextEnv
+from longturn.envs.free_text import FreeTextTranslator
 
 BUILTIN: dict[str, str] = {
     "babyai": "longturn.envs.babyai:BabyAITextEnv",
@@ -15,7 +20,7 @@ BUILTIN: dict[str, str] = {
 }
 
 
-def resolve_factory(name: str) -> Callable[..., TextEnv]:
+def resolve_factory(name: str) -> Callable[..., Any]:
     """`babyai` or `package.module:callable` → the callable that builds one env for a task."""
     target = BUILTIN.get(name, name)
     if ":" not in target:
@@ -33,15 +38,53 @@ def resolve_factory(name: str) -> Callable[..., TextEnv]:
         raise ValueError(f"env {name!r}: module {module_name!r} has no {attr!r}") from None
 
 
-def make_env(name: str, task: str, **kwargs: Any) -> TextEnv:
-    """Build one text env; constructor errors (bad task, bad kwarg) surface with the env named."""
-    factory = resolve_factory(name)
+def _is_gym_class(obj: Any) -> bool:
+    gym = sys.modules.get("gymnasium")  # a gymnasium env's module has imported it already
+    return gym is not None and isinstance(obj, type) and issubclass(obj, gym.Env)
+
+
+def _takes_task(cls: type) -> bool:
     try:
-        return factory(task=task, **kwargs)
+        return "task" in inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def make_env(name: str, task: str, **kwargs: Any) -> TextEnv:
+    """Build one text env; constructor errors (bad task, bad kwarg) surface with the env named.
+
+    A gymnasium.Env class gets `env.kwargs` (and `task=` only if its constructor names it); any
+    other factory gets `task=` and `env.kwargs`. A gymnasium env that comes out is wrapped."""
+    factory = resolve_factory(name)
+    gym_class = _is_gym_class(factory)
+    try:
+        env = factory(**kwargs, **({"task": task} if not gym_class or _takes_task(factory) else {}))
     except TypeError as err:
         raise ValueError(f"env {name!r} task {task!r}: bad env.kwargs {kwargs}: {err}") from err
+    if gym_class or "gymnasium" in sys.modules:
+        from longturn.envs.gym_adapter import GymTextEnv, is_gym_env
+
+        if is_gym_env(env):
+            return GymTextEnv(env, name, task)  # type: ignore[return-value]
+    return env
 
 
-def translator_for(env: TextEnv) -> ActionTranslator:
-    """The action translator built from the env's own action list, synonyms and default."""
+@dataclass(frozen=True)
+class EnvSpec:
+    """Everything needed to build one env again: in a worker process, or after a failure."""
+
+    name: str
+    task: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def build(self) -> TextEnv:
+        return make_env(self.name, self.task, **self.kwargs)
+
+
+def translator_for(env: TextEnv) -> ActionTranslator | FreeTextTranslator:
+    """The action translator built from the env's own action list, synonyms and default; free
+    text when the env takes its actions as text (a gymnasium Text space)."""
+    space = getattr(env, "text_action_space", None)
+    if space is not None or not env.actions:
+        return FreeTextTranslator(env.default_action, space)
     return ActionTranslator(env.actions, env.synonyms, env.default_action)

@@ -1,0 +1,96 @@
+"""An env stepped in this process, behind the same split calls as `WorkerEnv`.
+
+The rollout talks to every env the same way: `submit_reset`/`wait_reset`, `submit_step`/
+`wait_step` (raising `EnvFailure`), and `restart()` after a failure. Here the call runs at submit
+and its exception is kept for the wait; there is no timeout (an in-process call cannot be
+interrupted: use `env.workers: true` for that). `restart()` rebuilds the env from its spec when it
+has one. Any other attribute is the wrapped env's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from longturn.envs.base import Instructions, Observation, TextEnv
+from longturn.envs.failures import EnvFailure
+from longturn.envs.registry import EnvSpec
+
+
+class LocalEnv:
+    """Wraps one in-process TextEnv; `spec` (optional) says how to build it again."""
+
+    def __init__(self, env: TextEnv, spec: EnvSpec | None = None):
+        self.env, self.spec, self.restarts = env, spec, 0
+        self._outcome: Any = None
+        self._broken: EnvFailure | None = None  # a rebuild that raised: every call fails with it
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__") or attr in ("env", "spec"):
+            raise AttributeError(attr)
+        return getattr(self.env, attr)
+
+    name = property(lambda self: self.env.name)
+    task = property(lambda self: self.env.task)
+    actions = property(lambda self: self.env.actions)
+    default_action = property(lambda self: self.env.default_action)
+    synonyms = property(lambda self: self.env.synonyms)
+
+    @property
+    def instructions(self) -> Instructions:
+        return self.env.instructions
+
+    def _run(self, call: Any, *args: Any) -> None:
+        if self._broken is not None:
+            self._outcome = self._broken
+            return
+        try:
+            self._outcome = call(*args)
+        except Exception as err:  # an env bug costs its episode, not the run
+            self._outcome = EnvFailure.from_exception(err)
+
+    def _result(self) -> Any:
+        outcome, self._outcome = self._outcome, None
+        if isinstance(outcome, EnvFailure):
+            raise outcome
+        return outcome
+
+    def submit_reset(self, seed: int | None) -> None:
+        self._run(lambda: self.env.reset(seed=seed))
+
+    def wait_reset(self) -> tuple[Observation, dict[str, Any]]:
+        return self._result()
+
+    def submit_step(self, action: str) -> None:
+        self._run(self.env.step, action)
+
+    def wait_step(self) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
+        return self._result()
+
+    def reset(self, seed: int | None = None) -> tuple[Observation, dict[str, Any]]:
+        return self.env.reset(seed=seed)
+
+    def step(self, action: str) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
+        return self.env.step(action)
+
+    def restart(self) -> None:
+        """A fresh env from the spec; without one (an env handed in built), the same env goes on
+        (its next reset starts clean)."""
+        if self.spec is None:
+            return
+        try:
+            self.env.close()
+        except Exception:
+            pass
+        self.restarts += 1
+        try:
+            self.env, self._broken = self.spec.build(), None
+        except Exception as err:
+            self._broken = EnvFailure.from_exception(err)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def managed(env: Any) -> Any:
+    """`env` itself when it already has the split calls (WorkerEnv, LocalEnv), else wrapped."""
+    return env if hasattr(env, "submit_step") else LocalEnv(env)
