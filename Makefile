@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install repro test bench clean-data
+.PHONY: install repro test bench clean-data push pull
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,14 @@ install: $(STAMP)
 
 repro: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" dvc repro
+
+# Data to and from the DVC remote (.dvc/config: `storage`, ~/longturn-dvc-storage by default;
+# `dvc remote modify storage url s3://bucket/path` points it at S3 or GCS).
+push: install
+	$(BIN)/dvc push
+
+pull: install
+	$(BIN)/dvc pull
 
 test: install
 	$(BIN)/python -m pytest -q

@@ -24,6 +24,7 @@ from longturn.collector import FixedTurnCollector
 from longturn.config import Params
 from longturn.device import resolve_bf16, resolve_device
 from longturn.distributed import barrier, init_distributed, is_main_process, sum_over_ranks
+from longturn.dvc_remote import push_training_outputs
 from longturn.engines.registry import make_engine, sampling_from_params
 from longturn.metrics import MetricsLog, PhaseClock, action_mix, rollout_metrics
 from longturn.models import load_tokenizer
@@ -174,6 +175,9 @@ def run_training(params: Params, paths: TrainPaths, progress: bool = True,
             metrics.update(clock.metrics(metrics["turns"]))  # the history entry, before commit
             if save:
                 store.commit(iteration, history)
+                if params.train.push and is_main_process():  # a failed push only warns
+                    push_training_outputs(paths.trajectories, paths.checkpoints, iteration,
+                                          params.train.remote)
             metrics_log.log(metrics)
             _log_iteration(iteration, metrics)
         trainer.export_actor(paths.final)

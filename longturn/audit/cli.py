@@ -1,0 +1,131 @@
+"""`longturn audit`: read a run's trajectory Parquet files without writing code.
+
+Every subcommand takes a run dir (default `data/train`; an evaluation dir such as
+`data/eval/final` where it makes sense) and prints plain text, or JSON with `--json`. A missing
+dir, a truncated or foreign Parquet file is one line on stderr and exit status 2; `gae` and `diff`
+exit 1 when they find a mismatch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from longturn.audit.output import Output
+from longturn.audit.run_files import open_run
+from longturn.errors import UserError
+
+DEFAULT_RUN = "data/train"
+RUN_HELP = f"train output, trajectories dir, eval dir or one file (default: {DEFAULT_RUN})"
+EXAMPLES = """examples:
+  longturn audit summary data/train
+  longturn audit episodes data/train --success no --min-length 8 --iteration 3
+  longturn audit show train-r0-e1-4 data/train --no-prompt
+  longturn audit gae data/train
+  longturn audit sql "SELECT iteration, action, count(*) FROM turns GROUP BY ALL ORDER BY 1"
+  longturn audit plot data/train --out audit-plots
+  longturn audit diff data/train ../other-clone/data/train"""
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[1],
+                                epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="machine-readable output")
+    run = argparse.ArgumentParser(add_help=False)
+    run.add_argument("run_dir", nargs="?", default=DEFAULT_RUN, metavar="RUN_DIR", help=RUN_HELP)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    sub.add_parser("summary", parents=[run, common],
+                   help="iterations, turns, episodes, success, valid actions, termination "
+                        "reasons; per rank, per task and per iteration")
+    ep = sub.add_parser("episodes", parents=[run, common], help="one row per episode, filtered")
+    ep.add_argument("--task", help="only this task")
+    ep.add_argument("--success", choices=("yes", "no"), help="only successful (or other) episodes")
+    ep.add_argument("--min-length", type=int, help="at least this many turns")
+    ep.add_argument("--max-length", type=int, help="at most this many turns")
+    ep.add_argument("--iteration", type=int, help="only episodes with a turn in this iteration")
+    ep.add_argument("--limit", type=int, help="show at most this many rows")
+
+    show = sub.add_parser("show", parents=[common],
+                          help="an episode's turns as the model saw them: prompt, THINK, ACTION, "
+                               "reward, value, advantage")
+    show.add_argument("episode_id", metavar="EPISODE_ID", help="as `episodes` lists them")
+    show.add_argument("run_dir", nargs="?", default=DEFAULT_RUN, metavar="RUN_DIR", help=RUN_HELP)
+    show.add_argument("--no-prompt", action="store_true", help="leave the prompts out")
+    show.add_argument("--turn", type=int, help="only this turn of the episode")
+
+    gae = sub.add_parser("gae", parents=[run, common],
+                         help="recompute advantages and returns from each file's own columns and "
+                              "metadata; report the worst error (exit 1 above --tolerance)")
+    gae.add_argument("--tolerance", type=float, default=1e-4,
+                     help="largest error that passes (default: %(default)g)")
+
+    sql = sub.add_parser("sql", parents=[common],
+                         help="DuckDB SQL over the views `turns` (and `episodes` of an eval dir)")
+    sql.add_argument("query", metavar="QUERY", help="e.g. \"SELECT action, count(*) FROM turns "
+                                                    "GROUP BY 1\"; columns: docs/design.md §4, "
+                                                    "plus rank")
+    sql.add_argument("run_dir", nargs="?", default=DEFAULT_RUN, metavar="RUN_DIR", help=RUN_HELP)
+
+    plot = sub.add_parser("plot", parents=[run, common],
+                          help="PNGs: return and advantage distributions, action mix per iteration")
+    plot.add_argument("--out", default="audit-plots", help="folder for the PNGs (default: %(default)s)")
+
+    diff = sub.add_parser("diff", parents=[common],
+                          help="first iteration, rank and row where token ids differ (exit 1), "
+                               "or identical")
+    diff.add_argument("run_a", metavar="RUN_A", help="a run dir (as RUN_DIR elsewhere)")
+    diff.add_argument("run_b", metavar="RUN_B", help="the run dir to compare it with")
+    return p
+
+
+def _run(args: argparse.Namespace) -> Output:
+    command = args.command
+    if command == "diff":
+        from longturn.audit.diff import diff_runs
+
+        return diff_runs(open_run(args.run_a), open_run(args.run_b))
+    run = open_run(args.run_dir)
+    if command == "summary":
+        from longturn.audit.summary import summarise
+
+        return summarise(run)
+    if command == "episodes":
+        from longturn.audit.episodes import EpisodeFilter, list_episodes
+
+        success = None if args.success is None else args.success == "yes"
+        which = EpisodeFilter(args.task, success, args.min_length, args.max_length, args.iteration)
+        return list_episodes(run, which, args.limit)
+    if command == "show":
+        from longturn.audit.show import show_episode
+
+        return show_episode(run, args.episode_id, not args.no_prompt, args.turn)
+    if command == "gae":
+        from longturn.audit.gae import audit_run
+
+        return audit_run(run, args.tolerance)
+    if command == "sql":
+        from longturn.audit.sql import query
+
+        return query(run, args.query)
+    from longturn.audit.plot import plot_run
+
+    return plot_run(run, Path(args.out))
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "longturn audit") -> int:
+    args = _parser(prog).parse_args(argv)
+    try:
+        output = _run(args)
+    except UserError as err:
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        return 2
+    try:
+        print(output.render(args.json))
+        sys.stdout.flush()
+    except BrokenPipeError:  # `... | head`: the reader left, nothing to report
+        sys.stderr.close()
+    return output.status

@@ -1,0 +1,84 @@
+"""`diff RUN_A RUN_B`: the first iteration (rank, row) where the token ids of two runs differ.
+
+Two runs from the same params and seed must store the same prompt and response token ids turn for
+turn; the first place they part says which iteration (and which rank's rollout) to look at.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from longturn.audit.output import Output
+from longturn.audit.run_files import Run, TurnFile, read_file, require_columns
+
+TOKENS = ("prompt_ids", "response_ids")
+CONTEXT = ("episode_id", "turn")
+
+
+def _key(turn_file: TurnFile) -> tuple[int, int]:
+    """(iteration, rank) of a file; an evaluation file is iteration 0."""
+    name = turn_file.path.parent.name
+    iteration = int(name.split("=", 1)[1]) if name.startswith("iteration=") else 0
+    return iteration, turn_file.rank
+
+
+def _first_token_difference(a: list[int], b: list[int]) -> int:
+    for k, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return k
+    return min(len(a), len(b))
+
+
+def _compare_files(a: TurnFile, b: TurnFile) -> dict[str, Any] | None:
+    """The first differing row of two files, or None when their token ids match."""
+    tables = []
+    for turn_file in (a, b):
+        require_columns(turn_file.path, (*TOKENS, *CONTEXT))
+        tables.append(read_file(turn_file.path, [*TOKENS, *CONTEXT]))
+    ta, tb = tables
+    if ta.num_rows == tb.num_rows and all(ta.column(c).equals(tb.column(c)) for c in TOKENS):
+        return None
+    rows_a, rows_b = ta.to_pylist(), tb.to_pylist()
+    for row, (ra, rb) in enumerate(zip(rows_a, rows_b)):
+        for column in TOKENS:
+            if ra[column] != rb[column]:
+                return {"row": row, "column": column, "episode_id": ra["episode_id"],
+                        "turn": ra["turn"],
+                        "token": _first_token_difference(ra[column] or [], rb[column] or []),
+                        "length_a": len(ra[column] or []), "length_b": len(rb[column] or [])}
+    return {"row": min(len(rows_a), len(rows_b)), "column": "rows",
+            "rows_a": len(rows_a), "rows_b": len(rows_b)}
+
+
+def _describe(first: dict[str, Any]) -> str:
+    where = f"iteration {first['iteration']}, rank {first['rank']}"
+    if first["column"] == "file":
+        return f"{where}: only in {first['only_in']}"
+    if first["column"] == "rows":
+        return (f"{where}: the first {first['row']} rows match, then RUN_A has {first['rows_a']} "
+                f"rows and RUN_B {first['rows_b']}")
+    return (f"{where}, row {first['row']} (episode {first['episode_id']}, turn {first['turn']}): "
+            f"{first['column']} differ at token {first['token']} (lengths {first['length_a']} "
+            f"and {first['length_b']})")
+
+
+def diff_runs(run_a: Run, run_b: Run) -> Output:
+    files_a = {_key(f): f for f in run_a.files}
+    files_b = {_key(f): f for f in run_b.files}
+    compared = 0
+    for key in sorted(files_a.keys() | files_b.keys()):
+        iteration, rank = key
+        if key not in files_a or key not in files_b:
+            only = run_a.root if key in files_a else run_b.root
+            first: dict[str, Any] | None = {"column": "file", "only_in": str(only)}
+        else:
+            first = _compare_files(files_a[key], files_b[key])
+            compared += 1
+        if first is not None:
+            first = {"iteration": iteration, "rank": rank, **first}
+            return Output(f"first difference: {_describe(first)}",
+                          {"identical": False, "first_difference": first}, status=1)
+    iterations = len({k[0] for k in files_a})
+    return Output(f"identical: prompt_ids and response_ids match in all {compared} file(s) "
+                  f"({iterations} iteration(s))",
+                  {"identical": True, "files": compared, "iterations": iterations})
