@@ -1,8 +1,12 @@
 """Compile, run locally, or submit the Kubeflow pipeline.
 
-    python -m pipeline compile --params params-gpu.yaml [--image IMG] [--gpus 8]  # YAML to upload
-    python -m pipeline local --params params.yaml --root /tmp/kfp   # every task here, no cluster
-    python -m pipeline submit --params params-gpu.yaml --host http://kfp.example:8080 [--image IMG]
+    python -m pipeline compile --params params-gpu.yaml --image IMG   # YAML to upload
+    python -m pipeline local --params params.yaml --root /tmp/kfp      # every task here, no cluster
+    python -m pipeline submit --params params-gpu.yaml --image IMG --host https://kfp.example \\
+        --namespace team-a --token "$TOKEN" --experiment longturn
+
+Cluster settings (volume, model URI, requests, node selector, tolerations) come from `kubeflow:`
+in the params file; the flags below override them for one compile or submission.
 """
 
 from __future__ import annotations
@@ -12,46 +16,82 @@ import sys
 from pathlib import Path
 
 from longturn.config import ParamsError, load_params
-from pipeline.build import Resources, build_pipeline
+from pipeline.build import build_pipeline
+from pipeline.cluster import Cluster, check_model_source, with_overrides
+from pipeline.submit import Submission, SubmitError, submit
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n".join(__doc__.splitlines()[1:]))
     p.add_argument("action", choices=["compile", "local", "submit"])
     p.add_argument("--params", default="params.yaml", help="compiled into the pipeline")
-    p.add_argument("--image", default=Resources.image, help="the image built from Dockerfile")
-    p.add_argument("--gpus", type=int, default=Resources.train_gpus, help="GPUs per train task")
-    p.add_argument("--eval-gpus", type=int, default=Resources.eval_gpus,
-                   help="GPUs for validation, evaluation and warm-up tasks")
-    p.add_argument("--retries", type=int, default=Resources.retries)
-    p.add_argument("--no-cache", action="store_true", help="rerun every task")
+    p.add_argument("--image", default=Cluster.image, help="the image built from Dockerfile")
     p.add_argument("--out", default="longturn-pipeline.yaml", help="the compiled pipeline YAML")
+    p.add_argument("--retries", type=int, default=Cluster.retries, help="per train segment")
+    p.add_argument("--no-cache", action="store_true", help="rerun every task")
+    k = p.add_argument_group("cluster (override kubeflow: in the params file)")
+    k.add_argument("--gpus", type=int, help="GPUs per train task (kubeflow.resources.train.gpus)")
+    k.add_argument("--eval-gpus", type=int, help="GPUs for validation, evaluation and warm-up")
+    k.add_argument("--pvc", help="PersistentVolumeClaim to mount (kubeflow.pvc)")
+    k.add_argument("--mount-path", help="where the claim is mounted (kubeflow.mount_path)")
+    k.add_argument("--model-uri", help="object-store HF dir for prepare_model (kubeflow.model_uri)")
+    k.add_argument("--work-dir", help="train scratch on the volume (kubeflow.work_dir)")
+    s = p.add_argument_group("submit")
+    s.add_argument("--host", help="the Kubeflow Pipelines API endpoint")
+    s.add_argument("--namespace", help="the Kubeflow profile namespace (multi-user installs)")
+    auth = s.add_mutually_exclusive_group()
+    auth.add_argument("--token", help="an existing bearer token for the endpoint")
+    auth.add_argument("--in-cluster", action="store_true",
+                      help="use this pod's projected Kubeflow service-account token")
+    s.add_argument("--experiment", default="longturn", help="experiment name")
+    s.add_argument("--run-name", help="default: longturn-<git commit>-<UTC time>")
     p.add_argument("--root", default="kfp_local", help="local: where task outputs go")
-    p.add_argument("--host", help="submit: the Kubeflow Pipelines API endpoint")
-    p.add_argument("--experiment", default="longturn", help="submit: experiment name")
     return p.parse_args(argv)
+
+
+def _cluster(args: argparse.Namespace, params) -> Cluster:
+    kubeflow = with_overrides(params.kubeflow, {
+        "gpus": args.gpus, "eval_gpus": args.eval_gpus, "pvc": args.pvc,
+        "mount_path": args.mount_path, "model_uri": args.model_uri, "work_dir": args.work_dir})
+    local = args.action == "local"
+    warning = check_model_source(params, kubeflow, local)
+    if warning:
+        print(f"pipeline: warning: {warning}", file=sys.stderr)
+    return Cluster(image=args.image, kubeflow=kubeflow, local=local, retries=args.retries,
+                   caching=not args.no_cache)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _arguments(argv)
     try:
         params = load_params(args.params)
+        cluster = _cluster(args, params)
     except ParamsError as err:
         print(f"pipeline: error: {err}", file=sys.stderr)
         return 2
-    local = args.action == "local"
-    resources = Resources(image=args.image, train_gpus=0 if local else args.gpus,
-                          eval_gpus=0 if local else args.eval_gpus, retries=args.retries,
-                          caching=not args.no_cache)
-    pipeline_func = build_pipeline(params, Path(args.params).read_text(), resources)
-    if local:
+    pipeline_func = build_pipeline(params, Path(args.params).read_text(), cluster)
+    if cluster.local:
         return _run_local(pipeline_func, args.root)
     from kfp import compiler
 
-    package = args.out
-    compiler.Compiler().compile(pipeline_func, package_path=package)
-    print(f"compiled {package}")
-    return _submit(package, args) if args.action == "submit" else 0
+    compiler.Compiler().compile(pipeline_func, package_path=args.out)
+    print(f"compiled {args.out}")
+    if args.action != "submit":
+        return 0
+    submission = Submission(host=args.host, namespace=args.namespace, token=args.token,
+                            in_cluster=args.in_cluster, experiment=args.experiment,
+                            run_name=args.run_name, caching=not args.no_cache)
+    try:
+        run_id, run_name = submit(args.out, submission, ROOT)
+    except SubmitError as err:
+        print(f"pipeline: error: {err}", file=sys.stderr)
+        return 2
+    print(f"submitted run {run_name} ({run_id}) to {args.host or 'the in-cluster endpoint'}")
+    return 0
 
 
 def _run_local(pipeline_func, root: str) -> int:
@@ -64,23 +104,6 @@ def _run_local(pipeline_func, root: str) -> int:
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=root)
     pipeline_func()
     print(f"local run finished; task outputs under {root}")
-    return 0
-
-
-def _submit(package: str, args: argparse.Namespace) -> int:
-    if not args.host:
-        print("pipeline: error: submit needs --host (the Kubeflow Pipelines endpoint)", file=sys.stderr)
-        return 2
-    import kfp
-
-    try:
-        client = kfp.Client(host=args.host)
-        run = client.create_run_from_pipeline_package(package, experiment_name=args.experiment,
-                                                      enable_caching=not args.no_cache)
-    except Exception as err:  # kfp raises bare connection errors from its constructor
-        print(f"pipeline: error: could not submit to {args.host}: {err}", file=sys.stderr)
-        return 2
-    print(f"submitted run {run.run_id} to {args.host}")
     return 0
 
 

@@ -4,13 +4,13 @@ Kubeflow components (pipeline/components.py) are thin: they hand their artifact 
 functions, which write the params the pipeline was compiled with to a file and run
 `python -m components.<stage>` (the train stage under `train.launcher`, e.g. torchrun), so a task
 fails exactly when the DVC stage would, with the stage's own one-line error in the pod log.
+Train segments add their resume-and-publish steps on top (pipeline/segments.py).
 """
 
 from __future__ import annotations
 
 import json
 import shlex
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -65,22 +65,6 @@ def warmup(params_yaml: str, base_model: str, out: str) -> None:
     run_stage("critic_warmup", params_yaml, "--model-dir", base_model, "--out", str(root / "warm"),
               "--live", str(root / "live"), "--work", str(root / "batches"),
               "--metrics", str(root / "metrics.json"))
-
-
-def train_segment(params_yaml: str, end_iteration: int, base_model: str, warmup_dir: str,
-                  previous: str | None, out: str) -> None:
-    """Iterations up to `end_iteration` (exclusive), resuming from the previous segment's state.
-
-    The state folder (trajectories/, checkpoints/, live/, final/) is copied forward whole, so each
-    segment's artifact is a complete record of the run so far and a retried task restarts from
-    its last checkpoint."""
-    if previous is not None:
-        shutil.copytree(previous, out, dirs_exist_ok=True)
-    train = (yaml.safe_load(params_yaml) or {}).get("train", {})
-    run_stage("train", params_yaml, "--model-dir", base_model,
-              "--critic-dir", str(Path(warmup_dir) / "warm"), "--out", out,
-              launcher=train.get("launcher", "python"),
-              overrides={"train.iterations": end_iteration})
 
 
 def success_rate(eval_dir: str) -> float:
