@@ -51,6 +51,7 @@ TURN_SCHEMA = pa.schema(
         ("success", pa.bool_()),
         ("segment_end", pa.bool_()),
         ("aborted", pa.bool_()),
+        ("termination", pa.string()),  # why the episode ended at this turn (envs/termination.py)
         ("finish_reason", pa.string()),
         ("history_dropped", pa.int32()),
         ("engine_logprobs", _f32_list),
@@ -83,6 +84,7 @@ EPISODE_SCHEMA = pa.schema(
         ("terminated", pa.bool_()),
         ("truncated", pa.bool_()),
         ("aborted", pa.bool_()),
+        ("termination", pa.string()),
     ]
 )
 

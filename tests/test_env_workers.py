@@ -213,6 +213,7 @@ def test_training_goes_on_past_a_hanging_env(tmp_path, tiny_model_dir) -> None:
     part = tmp_path / "trajectories/iteration=0000/part-00.parquet"
     frame = pd.read_parquet(part)
     assert frame.loc[frame["aborted"], "step"].tolist() == [2, 2]  # the 3rd step of each env
+    assert frame.loc[frame["aborted"], "termination"].tolist() == ["timeout", "timeout"]
     batch = read_turn_batch([part])
     kept = sum(len(r) for r, a in zip(frame["response_ids"], frame["aborted"]) if not a)
     assert batch.n_tokens(range(len(batch))) == kept  # aborted turns carry no loss token
@@ -252,6 +253,8 @@ def test_eval_counts_aborted_episodes_apart(tmp_path, tiny_model_dir) -> None:
                                                       "env_error", "timeout")} \
         == {"success": 0, "failure": 0, "time_limit": 2, "env_error": 1, "timeout": 1}
     assert overall["mean_length"] == 2.0  # over the completed episodes only
+    assert episodes["termination"].to_dict() == {1000: "time_limit", 1001: "env_error",
+                                                 1002: "time_limit", 1003: "timeout"}
     turns = pd.read_parquet(tmp_path / "turns.parquet")
     assert len(turns) == 5 and turns["aborted"].sum() == 1
 
