@@ -1,0 +1,1 @@
+"""Stage scripts: one per pipeline stage, each a thin layer over the longturn library."""
