@@ -18,7 +18,7 @@ import yaml
 from longturn.audit.cli import main as audit_main
 from longturn.distributed import extensions_root
 from longturn.dvc_remote import (URL_REMOTE, find_repo_root, init_push_repo, pointer_for, pointers,
-                                  push_training_outputs)
+                                  push_training_outputs, resolve_remote)
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -106,6 +106,21 @@ def test_a_url_remote_in_a_run_dir_outside_any_checkout(tmp_path, monkeypatch):
     digest = _md5(part)
     assert (bucket / "files/md5" / digest[:2] / digest[2:]).read_bytes() == part.read_bytes()
     assert init_push_repo(work / "trajectories", ROOT) == work  # inside one already
+
+
+@pytest.mark.parametrize("url, fs_name", [("s3://bucket/longturn", "S3FileSystem"),
+                                           ("gs://bucket/longturn", "GSFileSystem")])
+def test_object_store_urls_open_with_the_pinned_plugins(tmp_path, monkeypatch, url, fs_name):
+    """`train.remote: s3://...` or `gs://...` becomes a remote DVC can open: without dvc-s3 /
+    dvc-gs it raises RemoteMissingDepsError here, long before a push. Nothing is contacted."""
+    from dvc.repo import Repo
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    repo = init_push_repo(tmp_path / "work", ROOT)
+    assert resolve_remote(repo, url) == URL_REMOTE
+    with Repo(str(repo)) as dvc_repo:
+        remote = dvc_repo.cloud.get_remote(URL_REMOTE)
+        assert type(remote.fs).__name__ == fs_name and remote.path == url.split("://", 1)[1]
 
 
 def _md5(path: Path) -> str:
