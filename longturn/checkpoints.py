@@ -76,6 +76,13 @@ def verify(directory: Path) -> str | None:
     return None
 
 
+def complete_checkpoints(root: Path) -> list[Path]:
+    """The `iteration=NNNN` dirs under `root` with a COMPLETE marker, oldest first (not a
+    `.tmp` dir a crash left between its marker and its rename)."""
+    return sorted(p for p in root.glob("iteration=*")
+                  if p.name.split("=", 1)[1].isdigit() and (p / COMPLETE).is_file())
+
+
 class CheckpointStore:
     """Checkpoints under `root`, the newest `keep` complete ones kept."""
 
@@ -85,7 +92,7 @@ class CheckpointStore:
 
     def complete(self) -> list[Path]:
         """Checkpoints with a COMPLETE marker, oldest first."""
-        return sorted(p for p in self.root.glob("iteration=*") if (p / COMPLETE).is_file())
+        return complete_checkpoints(self.root)
 
     def latest(self) -> Path | None:
         """The newest complete checkpoint whose files match its manifest; damaged newer ones

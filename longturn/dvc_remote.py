@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+from longturn.checkpoints import complete_checkpoints
+
 log = logging.getLogger(__name__)
 
 POINTER_ROOT = "pushed"  # pointers live under <repo>/pushed/<path of the pushed dir in the repo>
@@ -191,7 +193,7 @@ def _push(trajectories: Path, checkpoints: Path, iteration: int,
                         "it): nothing is pushed", trajectories)
         return []
     remote = resolve_remote(repo, remote)
-    kept = [d for d in iteration_dirs(checkpoints) if (d / "COMPLETE").is_file()]
+    kept = complete_checkpoints(checkpoints)
     sources = [d for d in (*iteration_dirs(trajectories, iteration), *kept)
                if d.resolve().is_relative_to(repo)]
     started, pushed = time.monotonic(), []

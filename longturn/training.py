@@ -19,7 +19,7 @@ from typing import Any
 
 from longturn.algo.gae import GAEParams
 from longturn.algo.trainer import PPOTrainer, TrainerSettings
-from longturn.checkpoints import CheckpointStore, iteration_dir
+from longturn.checkpoints import COMPLETE, CheckpointStore, iteration_dir
 from longturn.collector import FixedTurnCollector
 from longturn.config import Params
 from longturn.device import resolve_bf16, resolve_device
@@ -135,7 +135,7 @@ def replay_update(params: Params, paths: TrainPaths, iteration_path: Path) -> di
     trainer = PPOTrainer(paths.base, paths.critic, trainer_settings(params), gae_params(params),
                          load_tokenizer(paths.base))
     before = iteration_dir(paths.checkpoints, iteration - 1)
-    if iteration > 0 and (before / "COMPLETE").is_file():
+    if iteration > 0 and (before / COMPLETE).is_file():
         trainer.load_checkpoint(before)
     parts = sorted(iteration_path.glob(f"part-{rank:02d}.parquet"))
     if not parts:

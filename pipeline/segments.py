@@ -30,11 +30,10 @@ from typing import Any
 
 import yaml
 
-from longturn.checkpoints import iteration_dir
+from longturn.checkpoints import COMPLETE, complete_checkpoints, iteration_dir
 from longturn.dvc_remote import init_push_repo, pointers
 from pipeline.stage_calls import StageFailed, run_stage
 
-COMPLETE = "COMPLETE"
 WORK_DIR_ENV = "LONGTURN_WORK_DIR"  # set on train tasks from kubeflow.work_dir
 
 
@@ -70,7 +69,7 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 def checkpoint_iteration(checkpoints: Path) -> int | None:
     """The iteration of the one complete checkpoint in a checkpoint artifact (None: empty)."""
-    done = sorted(p for p in checkpoints.glob("iteration=*") if (p / COMPLETE).is_file())
+    done = complete_checkpoints(checkpoints)
     return int(done[-1].name.split("=")[1]) if done else None
 
 
