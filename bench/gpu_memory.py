@@ -136,9 +136,9 @@ def server_share_bytes(engine_name: str, mem_fraction: float | None, gpu_gib: fl
 
 # ---- the model ---------------------------------------------------------------------------
 
-def arch_config(name: str, tokenizer: Any) -> Any:
-    """The transformers config of a published arch, with the tokenizer's special ids; refuses
-    a vocabulary the tokenizer's ids would overflow."""
+def arch_config(name: str, tokenizer: Any, layers: int | None = None) -> Any:
+    """The transformers config of a published arch, with the tokenizer's special ids, cut to
+    `layers` decoder layers when given; refuses a vocabulary the tokenizer's ids would overflow."""
     from transformers import AutoConfig
 
     if name not in ARCHS:
@@ -147,14 +147,16 @@ def arch_config(name: str, tokenizer: Any) -> Any:
     if spec["vocab_size"] < len(tokenizer):
         raise ValueError(f"{name}: vocabulary {spec['vocab_size']} is smaller than the "
                          f"tokenizer's {len(tokenizer)}")
+    if layers is not None:
+        spec["num_hidden_layers"] = layers
     return AutoConfig.for_model(spec.pop("model_type"), bos_token_id=tokenizer.bos_token_id,
                                 eos_token_id=tokenizer.eos_token_id,
                                 pad_token_id=tokenizer.pad_token_id, **spec)
 
 
-def build_random_model(name: str, out: Path) -> str:
-    """A random-weight model of arch `name` saved in bf16 with the SmolLM2 tokenizer (the tiny
-    arch: the tiny model of bench/tiny_model.py)."""
+def build_random_model(name: str, out: Path, layers: int | None = None) -> str:
+    """A random-weight model of arch `name` (`layers` deep when given) saved in bf16 with the
+    SmolLM2 tokenizer (the tiny arch: the tiny model of bench/tiny_model.py)."""
     from transformers import AutoModelForCausalLM
 
     if name == "tiny":
@@ -164,7 +166,7 @@ def build_random_model(name: str, out: Path) -> str:
     default = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)  # half the host memory of an fp32 init
     try:
-        model = AutoModelForCausalLM.from_config(arch_config(name, tokenizer))
+        model = AutoModelForCausalLM.from_config(arch_config(name, tokenizer, layers))
     finally:
         torch.set_default_dtype(default)
     model.save_pretrained(out)
@@ -426,6 +428,10 @@ def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", choices=ARCH_CHOICES, default=None,
                     help="model built from its config (default qwen2.5-3b; --tiny: tiny)")
+    ap.add_argument("--layers", type=int, default=None,
+                    help="decoder layers of the arch (default: all). Every state and activation "
+                         "grows linearly with depth: two depths that fit one device give the "
+                         "slope, and the full depth follows")
     ap.add_argument("--params", default=str(ROOT / "params-gpu.yaml"))
     ap.add_argument("--ranks", type=int, default=8, help="ranks (GPUs) ZeRO shards over")
     ap.add_argument("--gpu-gib", type=float, default=80.0, help="memory of one GPU")
@@ -448,6 +454,8 @@ def parse_args() -> argparse.Namespace:
     args = fill_defaults(ap.parse_args(), FULL, TINY)
     if args.ranks < 1 or args.gpu_gib <= 0:
         ap.error("--ranks must be >= 1 and --gpu-gib > 0")
+    if args.layers is not None and (args.layers < 1 or args.arch == "tiny"):
+        ap.error("--layers must be >= 1, and the tiny arch has its own depth")
     return args
 
 
@@ -457,7 +465,7 @@ def main() -> None:
         reuse = args.arch == "tiny" and args.tiny_dir
         target = Path(args.tiny_dir) if reuse else Path(tmp) / "model"
         try:
-            model_dir = build_random_model(args.arch, target)
+            model_dir = build_random_model(args.arch, target, args.layers)
         except TinyModelError as err:
             sys.exit(str(err))
         measure(args, model_dir, tmp)
