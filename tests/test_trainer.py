@@ -90,8 +90,8 @@ def test_lora_update_changes_only_adapters(tiny_model_dir, critic_dir, tokenizer
     out = trainer.export_actor(tmp_path / "actor")
     plain = AutoModelForCausalLM.from_pretrained(out).eval()
     ids = torch.tensor([[5, 17, 99, 3, 41, 8]])
-    with torch.no_grad():
-        expected = trainer.actor_module(input_ids=ids).logits
+    with torch.no_grad():  # the trainer's device may be a GPU, the exported model loads on CPU
+        expected = trainer.actor_module(input_ids=ids.to(trainer.device)).logits.cpu()
         torch.testing.assert_close(plain(input_ids=ids).logits, expected, atol=1e-4, rtol=1e-4)
 
 
@@ -153,7 +153,7 @@ def test_export_critic_round_trip(tiny_model_dir, critic_dir, tokenizer, tmp_pat
     with torch.no_grad():
         expected, _ = response_values(trainer.critic_module, prompts, responses, 2)
         got, _ = response_values(loaded, prompts, responses, 2)
-    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, expected.cpu(), atol=1e-5, rtol=1e-5)
     actor_out = trainer.export_actor(tmp_path / "actor")
     assert AutoModelForCausalLM.from_pretrained(actor_out) is not None
     assert (Path(actor_out) / "tokenizer.json").is_file()
