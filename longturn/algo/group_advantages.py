@@ -1,0 +1,114 @@
+"""Critic-free turn-level advantages: GRPO's episode-group baseline and GiGPO's anchor states.
+
+Both compare episodes that started from the same env seed (a group, `algo.group_size` of them),
+so no critic is needed; every turn is still its own training sample and each token of a turn gets
+the turn's advantage.
+
+- GRPO (Shao et al. 2024, "DeepSeekMath", group-relative baseline), at the turn level: an
+  episode's return R (the sum of its turn rewards) is normalised within its group,
+  Â = (R − mean) / (std + eps) (std: population std; `norm_std: false` keeps R − mean), and turn
+  t of a T-turn episode gets γ_step^(T−1−t) · Â: the episode's outcome discounted back to the turn.
+- GiGPO (Feng et al. 2025, "Group-in-Group Policy Optimization for LLM Agent Training",
+  arXiv:2505.10978): GRPO's episode-level advantage plus a step-level one. Turns of a group whose
+  observation text is identical (an anchor state, met by several episodes or several times in
+  one) form a step group; each turn's discounted return from that step,
+  G_t = Σ_k γ_step^(k−t) r_k, is normalised within its step group, and
+  A = A_episode + step_weight · A_step. A state met once has no step-level signal (0).
+
+A turn's reward is everything the turn earned: the env reward minus the invalid-action penalty
+plus the −β·KL of its tokens (the KL stays in the reward, as with GAE). An episode with an aborted
+turn (its env failed) has no return to compare: all its turns get 0 and it joins no group. A
+truncated episode's return is what it collected (nothing is bootstrapped without a critic).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+ESTIMATORS = ("gae", "grpo", "gigpo")
+CRITIC_FREE = ("grpo", "gigpo")
+
+
+def needs_critic(estimator: str) -> bool:
+    """Whether the estimator learns a value function (GAE) or compares episodes (the others)."""
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"unknown advantage estimator {estimator!r}: one of {', '.join(ESTIMATORS)}")
+    return estimator not in CRITIC_FREE
+
+
+@dataclass(frozen=True)
+class GroupParams:
+    """What a critic-free estimator needs; recorded in each Parquet file's metadata."""
+
+    estimator: str = "grpo"
+    gamma_step: float = 1.0
+    norm_std: bool = True
+    step_weight: float = 1.0
+    eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        if self.estimator not in CRITIC_FREE:
+            raise ValueError(f"{self.estimator!r} is not a critic-free estimator "
+                             f"({', '.join(CRITIC_FREE)})")
+
+
+def normalised(values: np.ndarray, norm_std: bool, eps: float) -> np.ndarray:
+    """values − mean, divided by (population std + eps) when `norm_std`; 0 for fewer than two."""
+    values = np.asarray(values, dtype=np.float64)
+    if len(values) < 2:
+        return np.zeros(len(values))
+    centered = values - values.mean()
+    return centered / (values.std() + eps) if norm_std else centered
+
+
+def discounted_returns(rewards: np.ndarray, gamma: float) -> np.ndarray:
+    """G_t = Σ_k γ^(k−t) r_k over one episode's turns."""
+    out = np.zeros(len(rewards))
+    running = 0.0
+    for t in range(len(rewards) - 1, -1, -1):
+        running = rewards[t] + gamma * running
+        out[t] = running
+    return out
+
+
+def turn_advantages(group: Sequence[Any], episode: Sequence[Any], turn: Sequence[int],
+                    reward: Sequence[float], observation: Sequence[str],
+                    aborted: Sequence[bool], params: GroupParams) -> tuple[np.ndarray, np.ndarray]:
+    """(advantage, discounted return G_t) per turn row; rows may come in any order."""
+    n = len(turn)
+    if not all(len(c) == n for c in (group, episode, reward, observation, aborted)):
+        raise ValueError("turn_advantages: every column needs one value per row")
+    advantages, returns = np.zeros(n), np.zeros(n)
+    rows_of: dict[Any, list[int]] = defaultdict(list)
+    for i, e in enumerate(episode):
+        rows_of[e].append(i)
+    episodes_of: dict[Any, list[Any]] = defaultdict(list)
+    for e, rows in rows_of.items():
+        rows.sort(key=lambda i: turn[i])
+        if any(aborted[i] for i in rows):
+            continue
+        groups = {group[i] for i in rows}
+        if len(groups) != 1:
+            raise ValueError(f"episode {e!r} has turns in several groups: {sorted(map(str, groups))}")
+        returns[rows] = discounted_returns(np.asarray([reward[i] for i in rows], float),
+                                           params.gamma_step)
+        episodes_of[groups.pop()].append(e)
+    for episodes in episodes_of.values():
+        totals = np.asarray([sum(reward[i] for i in rows_of[e]) for e in episodes], float)
+        for e, a in zip(episodes, normalised(totals, params.norm_std, params.eps)):
+            rows = rows_of[e]
+            advantages[rows] = a * params.gamma_step ** np.arange(len(rows) - 1, -1, -1)
+    if params.estimator == "gigpo":
+        anchors: dict[tuple[Any, str], list[int]] = defaultdict(list)
+        for g, episodes in episodes_of.items():
+            for e in episodes:
+                for i in rows_of[e]:
+                    anchors[(g, observation[i])].append(i)
+        for rows in anchors.values():
+            advantages[rows] += params.step_weight * normalised(returns[rows], params.norm_std,
+                                                                params.eps)
+    return advantages, returns
