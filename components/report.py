@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from components.common import parser, run
+from longturn.algo.group_advantages import needs_critic
 from longturn.report import build_report
 
 
@@ -15,9 +16,10 @@ def body(args, params) -> None:
         "env.tasks": params.env.tasks,
         "eval.tasks": params.eval.tasks,
         "eval.episodes_per_task": params.eval.episodes_per_task,
+        "algo.advantage": params.algo.advantage,
     }
     build_report(args.zero_shot, args.final, args.train_live, args.warmup_live, args.out,
-                 title_info)
+                 title_info, critic=needs_critic(params.algo.advantage))
 
 
 def main(argv=None) -> int:

@@ -11,13 +11,15 @@ import sys
 from pathlib import Path
 
 from components.common import parser, run
+from longturn.algo.group_advantages import needs_critic
 from longturn.models import check_model_dir
 from longturn.training import TrainPaths, replay_update, run_training
 
 
 def body(args, params) -> None:
     check_model_dir(args.model_dir)
-    check_model_dir(args.critic_dir, tokenizer=False)
+    if needs_critic(params.algo.advantage):  # grpo / gigpo: the warm-up stage wrote only a note
+        check_model_dir(args.critic_dir, tokenizer=False)
     out = Path(args.out)
     paths = TrainPaths(base=Path(args.model_dir), critic=Path(args.critic_dir),
                        trajectories=out / "trajectories", checkpoints=out / "checkpoints",

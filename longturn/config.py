@@ -142,6 +142,18 @@ class GAESection(Section):
     lambda_token: float = Field(1.0, ge=0.0, le=1.0)
 
 
+class AlgoParams(Section):
+    """How rewards become advantages: `gae` (a critic, dual-discount GAE, fixed-turn batches whose
+    episodes continue across updates) or a critic-free group estimator, `grpo` or `gigpo`
+    (longturn/algo/group_advantages.py), whose iterations play groups of `group_size` episodes
+    from one env seed to their end."""
+
+    advantage: Literal["gae", "grpo", "gigpo"] = "gae"
+    group_size: int = Field(4, ge=2)  # episodes per env seed (critic-free estimators)
+    norm_std: bool = True  # divide by the group's std, not only subtract its mean
+    step_weight: float = Field(1.0, ge=0.0)  # gigpo: weight of the anchor-state advantage
+
+
 class PPOParams(Section):
     """Losses, optimisers and engines of the PPO update (batch sizes count turns per rank)."""
 
@@ -286,6 +298,7 @@ class Params(Section):
     validation: ValidationParams = ValidationParams()
     rollout: RolloutParams = RolloutParams()
     gae: GAESection = GAESection()
+    algo: AlgoParams = AlgoParams()
     ppo: PPOParams = PPOParams()
     warmup: WarmupParams = WarmupParams()
     train: TrainParams = TrainParams()
@@ -295,6 +308,14 @@ class Params(Section):
     def _eval_tasks_default_to_env_tasks(self) -> "Params":
         if self.eval.tasks is None:
             self.eval.tasks = list(self.env.tasks)
+        return self
+
+    @model_validator(mode="after")
+    def _groups_fill_the_slots(self) -> "Params":
+        if self.algo.advantage != "gae" and self.rollout.n_envs % self.algo.group_size:
+            raise ValueError(f"algo.advantage {self.algo.advantage} plays groups of "
+                             f"algo.group_size ({self.algo.group_size}) episodes: rollout.n_envs "
+                             f"({self.rollout.n_envs}) must be a multiple of it")
         return self
 
 

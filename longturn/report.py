@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 # Keys every training run should log; a gap here is listed under "Missing inputs". Not listed:
 # peak_gpu_memory_gib (drawn when logged, but a CPU run has no GPU to measure) and the
 # `action_mix/<action>` keys, whose names depend on the env (checked by prefix).
+CRITIC_KEYS = ("value_loss", "explained_variance", "lr_critic")  # logged only with a critic
 TRAIN_KEYS = [
     "episodes_ended", "episodes_aborted", "successes", "success_rate", "mean_reward",
     "episode_length", "valid_action_ratio", "kl_think", "kl_action", "kl_mean", "policy_loss", "value_loss",
@@ -126,7 +127,7 @@ def _settings(title_info: dict[str, Any]) -> list[str]:
 
 
 def _missing(zs: dict, fin: dict, train: pd.DataFrame, warm: pd.DataFrame,
-             dirs: dict[str, Path], why_unpaired: str | None) -> list[str]:
+             dirs: dict[str, Path], why_unpaired: str | None, critic: bool) -> list[str]:
     """Human-readable list of every input (or training key) the report could not find."""
     out = []
     if not zs:
@@ -138,11 +139,12 @@ def _missing(zs: dict, fin: dict, train: pd.DataFrame, warm: pd.DataFrame,
     if train.empty:
         out.append(f"training metrics (no DVCLive metrics in `{dirs['train']}`)")
     else:
-        gone = [k for k in TRAIN_KEYS if k not in train.columns]
+        gone = [k for k in TRAIN_KEYS if k not in train.columns
+                and (critic or k not in CRITIC_KEYS)]
         if not any(str(c).startswith(ACTION_PREFIX) for c in train.columns):
             gone.append(f"{ACTION_PREFIX}<action>")
         out += [f"training metric(s) not logged: {', '.join(gone)}"] if gone else []
-    if warm.empty:
+    if warm.empty and critic:
         out.append(f"critic warm-up metrics (no DVCLive metrics in `{dirs['warmup']}`)")
     return out
 
@@ -198,8 +200,9 @@ def _training_sections(drawn: dict[str, bool], train: pd.DataFrame, blocks: list
 
 def build_report(zero_shot_dir: str | Path, final_dir: str | Path, train_live_dir: str | Path,
                  warmup_live_dir: str | Path, out_dir: str | Path,
-                 title_info: dict[str, Any]) -> Path:
-    """Write out_dir/report.md and its PNGs; a plot without data is skipped, and said so."""
+                 title_info: dict[str, Any], critic: bool = True) -> Path:
+    """Write out_dir/report.md and its PNGs; a plot without data is skipped, and said so.
+    `critic=False` (a critic-free estimator): no warm-up and no value metrics are expected."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     zs, fin = read_eval_metrics(zero_shot_dir), read_eval_metrics(final_dir)
@@ -210,7 +213,7 @@ def build_report(zero_shot_dir: str | Path, final_dir: str | Path, train_live_di
     drawn = _draw(out, table, blocks, train, warm)
     dirs = {"zero_shot": Path(zero_shot_dir), "final": Path(final_dir),
             "train": Path(train_live_dir), "warmup": Path(warmup_live_dir)}
-    missing = _missing(zs, fin, train, warm, dirs, why_unpaired)
+    missing = _missing(zs, fin, train, warm, dirs, why_unpaired, critic)
     lines = ["# longturn run report", ""] + _settings(title_info) + [""]
     evals = (table_markdown(table, paired) + [""] if table else []) + eval_reading(
         table, paired, why_unpaired)
@@ -218,9 +221,13 @@ def build_report(zero_shot_dir: str | Path, final_dir: str | Path, train_live_di
                       "success per task, zero-shot vs final", evals, "no evaluation metrics")
     lines += _endings_section(zs, fin, train)
     lines += _training_sections(drawn, train, blocks)
-    warm_body = warmup_reading(warm) if drawn["warmup.png"] else []
-    lines += _section("Critic warm-up", drawn["warmup.png"], "warmup.png", "critic warm-up",
-                      warm_body, "no warm-up value loss was logged")
+    if critic:
+        warm_body = warmup_reading(warm) if drawn["warmup.png"] else []
+        lines += _section("Critic warm-up", drawn["warmup.png"], "warmup.png", "critic warm-up",
+                          warm_body, "no warm-up value loss was logged")
+    else:
+        lines += ["## Critic warm-up", "", "*No critic: the estimator compares episodes within "
+                  "groups started from one seed, so there was nothing to warm up.*", ""]
     lines += ["## Missing inputs", ""] + ([f"- {m}" for m in missing] or ["None."]) + [""]
     path = write_text(out / "report.md", "\n".join(lines))
     log.info("report written to %s (%d plot(s), %d missing input(s))", path,

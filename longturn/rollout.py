@@ -198,7 +198,7 @@ class EnvSlot:
             "raw_action": parsed.raw_action, "action": parsed.action,
             "action_valid": parsed.valid, "action_failure": parsed.failure,
             "finish_reason": completion.finish_reason, "history_dropped": prompt.history_dropped,
-            "engine_logprobs": completion.logprobs,
+            "engine_logprobs": completion.logprobs, "observation": self.observation,
         }
 
 

@@ -2,12 +2,15 @@
 
 old/ref logprobs are of the sampling policy softmax(logits / T) (like verl), values come from the
 critic, next_value follows §4, token rewards carry −β·KL plus the turn's reward, and advantages /
-returns are the dual-discount GAE of the whole batch. ``audit_gae`` recomputes them from a Parquet
-file's own columns, so anyone can check a stored iteration.
+returns are the dual-discount GAE of the whole batch. With a critic-free estimator
+(``score_group_rows``) there are no values: each turn's advantage comes from its group of episodes
+(algo/group_advantages.py). ``audit_gae`` recomputes either from a Parquet file's own columns and
+metadata, so anyone can check a stored iteration.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -19,6 +22,7 @@ from tqdm.auto import tqdm
 
 from longturn.algo.batches import autocast, pad_rows
 from longturn.algo.gae import GAEParams, gae_for_table
+from longturn.algo.group_advantages import CRITIC_FREE, GroupParams, turn_advantages
 from longturn.algo.model_set import ModelSet
 from longturn.algo.ppo import kl_penalty, token_rewards
 from longturn.engines.logprobs import pack_prompt_response
@@ -28,6 +32,7 @@ Row = dict[str, Any]
 GAE_METADATA_KEYS = ("gamma_step", "lambda_step", "gamma_token", "lambda_token")
 _GAE_INPUTS = ("values", "token_rewards", "next_value", "env_index", "step", "episode_id",
                "terminated", "aborted", "segment_end", "iteration")
+_GROUP_INPUTS = ("token_rewards", "group_id", "episode_id", "turn", "observation", "aborted")
 
 
 class ScoringSettings(Protocol):
@@ -62,9 +67,9 @@ def _rows(matrix: torch.Tensor, lengths: list[int]) -> list[np.ndarray]:
 
 def score_batch(models: ModelSet, prompts: list[list[int]], responses: list[list[int]],
                 settings: ScoringSettings, pad_id: int, logprobs: bool = True,
-                bar: Any = None) -> Scored:
-    """Old / untempered / reference logprobs (when `logprobs`) and values of every row, a
-    mini-batch at a time; per mini-batch the shared trunk runs once (ModelSet)."""
+                bar: Any = None, values: bool = True) -> Scored:
+    """Old / untempered / reference logprobs (when `logprobs`) and values (when `values`) of
+    every row, a mini-batch at a time; per mini-batch the shared trunk runs once (ModelSet)."""
     out, size, device = Scored(), max(1, settings.mini_batch_size), _device(models)
     for start in range(0, len(prompts), size):
         chunk = responses[start : start + size]
@@ -79,7 +84,8 @@ def score_batch(models: ModelSet, prompts: list[list[int]], responses: list[list
                 out.old += _rows(old, lengths)
                 out.raw += _rows(raw, lengths)
                 out.ref += _rows(ref, lengths)
-            out.values += _rows(models.values(batch, trunk), lengths)
+            if values:
+                out.values += _rows(models.values(batch, trunk), lengths)
         _advance(bar, len(chunk))
     return out
 
@@ -164,12 +170,7 @@ def score_rows(rows: list[Row], models: ModelSet, settings: ScoringSettings,
     """
     if not rows:
         return rows
-    prompts = [list(r["prompt_ids"]) for r in rows]
-    responses = [list(r["response_ids"]) for r in rows]
-    empty = [i for i, r in enumerate(responses) if not r]
-    if empty:
-        raise ValueError(f"rows {empty} have zero response tokens: their reward would be lost "
-                         "(docs/design.md §5); the engine must return at least one token per turn")
+    prompts, responses = _token_lists(rows)
     reuse = reuse_logprobs and all(r.get("old_logprobs") is not None
                                    and r.get("ref_logprobs") is not None for r in rows)
     n_boot = sum(bool(r.get("bootstrap_prompt_ids")) for r in rows)
@@ -201,16 +202,82 @@ def score_rows(rows: list[Row], models: ModelSet, settings: ScoringSettings,
     return rows
 
 
+def _token_lists(rows: list[Row]) -> tuple[list[list[int]], list[list[int]]]:
+    """Prompt and response ids of every row; a turn without response tokens is refused."""
+    prompts = [list(r["prompt_ids"]) for r in rows]
+    responses = [list(r["response_ids"]) for r in rows]
+    empty = [i for i, r in enumerate(responses) if not r]
+    if empty:
+        raise ValueError(f"rows {empty} have zero response tokens: their reward would be lost "
+                         "(docs/design.md §5); the engine must return at least one token per turn")
+    return prompts, responses
+
+
+def group_advantages_for_table(table: dict[str, list[Any]],
+                               params: GroupParams) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per-token advantages and returns of a critic-free estimator from turn columns: a turn's
+    reward is the sum of its token rewards (env reward, penalty, −β·KL), and every token of the
+    turn carries the turn's advantage and discounted return."""
+    rewards = [float(np.sum(np.asarray(t, dtype=np.float64))) for t in table["token_rewards"]]
+    advantages, returns = turn_advantages(
+        table["group_id"], table["episode_id"], table["turn"], rewards, table["observation"],
+        [bool(a) for a in table["aborted"]], params)
+    widths = [len(t) for t in table["token_rewards"]]
+    return ([np.full(n, a, dtype=np.float64) for n, a in zip(widths, advantages)],
+            [np.full(n, r, dtype=np.float64) for n, r in zip(widths, returns)])
+
+
+def score_group_rows(rows: list[Row], models: ModelSet, settings: ScoringSettings,
+                     params: GroupParams, pad_id: int, progress: bool = False) -> list[Row]:
+    """Critic-free scoring of one rank's rows (whole episodes in groups), in place: old/ref
+    logprobs, token rewards, and each turn's group advantage and return on every token; values
+    and next_value stay empty (null in Parquet)."""
+    if not rows:
+        return rows
+    prompts, responses = _token_lists(rows)
+    bar = tqdm(total=len(rows), desc="score", unit="turn", disable=not progress, leave=False)
+    with torch.no_grad(), bar:
+        scored = score_batch(models, prompts, responses, settings, pad_id, True, bar, False)
+    rewards = kl_token_rewards(scored.old, scored.ref, [r["reward"] for r in rows],
+                               settings.kl_beta, settings.kl_estimator)
+    for i, row in enumerate(rows):
+        row.update(old_logprobs=scored.old[i].tolist(), ref_logprobs=scored.ref[i].tolist(),
+                   token_rewards=rewards[i].tolist(), values=None, next_value=None)
+        if row.get("engine_logprobs") is not None:
+            row["logprob_gap"] = float(np.abs(np.asarray(row["engine_logprobs"])
+                                              - scored.raw[i]).mean())
+    columns = {k: [r.get(k) for r in rows] for k in _GROUP_INPUTS}
+    advantages, returns = group_advantages_for_table(columns, params)
+    for row, adv, ret in zip(rows, advantages, returns):
+        row["advantages"] = adv.astype(np.float32).tolist()
+        row["returns"] = ret.astype(np.float32).tolist()
+    return rows
+
+
 def audit_gae(parquet_path: str | Path, gae_params: GAEParams | None = None) -> float:
-    """Max |stored − recomputed| over advantages and returns of a scored turn file; the GAE
-    parameters default to those recorded in the file's metadata."""
-    if gae_params is None:
-        meta = read_metadata(parquet_path)
-        gae_params = GAEParams(*(float(meta[k]) for k in GAE_METADATA_KEYS))
+    """Max |stored − recomputed| over advantages and returns of a scored turn file, for the
+    estimator the file's metadata names (GAE when it names none); GAE parameters default to those
+    recorded in the file's metadata."""
+    meta = read_metadata(parquet_path)
     names = set(pq.read_schema(str(parquet_path)).names)
+    algo = json.loads(meta["algo"]) if "algo" in meta else {}  # files written before it: GAE
+    if algo.get("advantage") in CRITIC_FREE:
+        columns = [c for c in (*_GROUP_INPUTS, "advantages", "returns") if c in names]
+        table = pq.read_table(str(parquet_path), columns=columns).to_pydict()
+        params = GroupParams(algo["advantage"], float(meta["gamma_step"]),
+                             bool(algo.get("norm_std", True)), float(algo.get("step_weight", 1.0)))
+        advantages, returns = group_advantages_for_table(table, params)
+        return _max_error(table, advantages, returns)
+    if gae_params is None:
+        gae_params = GAEParams(*(float(meta[k]) for k in GAE_METADATA_KEYS))
     columns = [c for c in (*_GAE_INPUTS, "advantages", "returns") if c in names]
     table = pq.read_table(str(parquet_path), columns=columns).to_pydict()
     advantages, returns = gae_for_table(table, gae_params)
+    return _max_error(table, advantages, returns)
+
+
+def _max_error(table: dict[str, list[Any]], advantages: list[np.ndarray],
+               returns: list[np.ndarray]) -> float:
     error = 0.0
     for stored, fresh in ((table["advantages"], advantages), (table["returns"], returns)):
         for row, (s, f) in enumerate(zip(stored, fresh)):

@@ -20,7 +20,9 @@ from typing import Any
 from longturn.algo.gae import GAEParams
 from longturn.algo.trainer import PPOTrainer, TrainerSettings
 from longturn.checkpoints import COMPLETE, CheckpointStore, iteration_dir
+from longturn.algo.group_advantages import needs_critic
 from longturn.collector import FixedTurnCollector
+from longturn.group_collector import EpisodeGroupCollector
 from longturn.config import Params
 from longturn.device import resolve_bf16, resolve_device
 from longturn.distributed import barrier, init_distributed, is_main_process, sum_over_ranks
@@ -60,7 +62,8 @@ def trainer_settings(params: Params) -> TrainerSettings:
         lora_r=p.lora_r, lora_alpha=p.lora_alpha, lora_layers=p.lora_layers,
         share_prefix=p.share_prefix, share_trunk=p.share_trunk,
         gradient_checkpointing=p.gradient_checkpointing, target_kl=p.target_kl,
-        device=params.engine.device, seed=params.seed)
+        device=params.engine.device, seed=params.seed, advantage=params.algo.advantage,
+        group_norm_std=params.algo.norm_std, step_weight=params.algo.step_weight)
 
 
 def gae_params(params: Params) -> GAEParams:
@@ -68,15 +71,25 @@ def gae_params(params: Params) -> GAEParams:
     return GAEParams(g.gamma_step, g.lambda_step, g.gamma_token, g.lambda_token)
 
 
-def make_collector(params: Params, rank: int, run_id: str) -> FixedTurnCollector:
-    r = params.rollout
-    return FixedTurnCollector(env_factory_from_params(params), list(params.env.tasks), r.n_envs,
-                              r.turns_per_env, AgentSettings.from_params(params), params.seed,
-                              rank=rank, run_id=run_id)
+def make_collector(params: Params, rank: int,
+                   run_id: str) -> FixedTurnCollector | EpisodeGroupCollector:
+    """Fixed-turn batches for GAE; whole episodes in groups for a critic-free estimator."""
+    r, tasks, agent = params.rollout, list(params.env.tasks), AgentSettings.from_params(params)
+    if not needs_critic(params.algo.advantage):
+        return EpisodeGroupCollector(env_factory_from_params(params), tasks, r.n_envs,
+                                     params.algo.group_size, agent, params.seed, rank=rank,
+                                     run_id=run_id)
+    return FixedTurnCollector(env_factory_from_params(params), tasks, r.n_envs,
+                              r.turns_per_env, agent, params.seed, rank=rank, run_id=run_id)
+
+
+def critic_dir(params: Params, paths: TrainPaths) -> Path | None:
+    """The warm critic the estimator trains on, or None when it needs none."""
+    return paths.critic if needs_critic(params.algo.advantage) else None
 
 
 def file_metadata(params: Params, iteration: int) -> dict[str, Any]:
-    return {**params.gae.model_dump(), "model": params.model.source,
+    return {**params.gae.model_dump(), "algo": params.algo.model_dump(), "model": params.model.source,
             "engine": params.engine.name, "iteration": iteration,
             "sampling": params.engine.sampling.model_dump(), "ppo": params.ppo.model_dump()}
 
@@ -106,7 +119,7 @@ def _drop_unfinished(root: Path, start: int) -> None:
 def run_fingerprint(params: Params) -> str:
     """What a resumed run must share with the run that wrote the checkpoints (not train.*)."""
     relevant = params.model_dump(include={"seed", "model", "env", "prompt", "engine", "rollout",
-                                          "gae", "ppo"})
+                                          "gae", "algo", "ppo"})
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -132,8 +145,8 @@ def replay_update(params: Params, paths: TrainPaths, iteration_path: Path) -> di
     from the checkpoint written just before that iteration when there is one."""
     rank, _ = init_distributed(resolve_device(params.engine.device))
     iteration = int(iteration_path.name.split("=")[1])
-    trainer = PPOTrainer(paths.base, paths.critic, trainer_settings(params), gae_params(params),
-                         load_tokenizer(paths.base))
+    trainer = PPOTrainer(paths.base, critic_dir(params, paths), trainer_settings(params),
+                         gae_params(params), load_tokenizer(paths.base))
     before = iteration_dir(paths.checkpoints, iteration - 1)
     if iteration > 0 and (before / COMPLETE).is_file():
         trainer.load_checkpoint(before)
@@ -149,8 +162,8 @@ def run_training(params: Params, paths: TrainPaths, progress: bool = True,
     rank, _ = init_distributed(resolve_device(params.engine.device))
     _guard_persisted(params, paths)
     tokenizer = load_tokenizer(paths.base)
-    trainer = PPOTrainer(paths.base, paths.critic, trainer_settings(params), gae_params(params),
-                         tokenizer, progress=progress)
+    trainer = PPOTrainer(paths.base, critic_dir(params, paths), trainer_settings(params),
+                         gae_params(params), tokenizer, progress=progress)
     collector = make_collector(params, rank, run_id)
     store = CheckpointStore(paths.checkpoints, params.train.keep_checkpoints)
     start, history = _resume(store, trainer, collector)

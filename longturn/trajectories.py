@@ -64,6 +64,8 @@ TURN_SCHEMA = pa.schema(
         ("returns", _f32_list),
         ("bootstrap_prompt_ids", _i32_list),  # prompt of the next observation, when bootstrapped
         ("logprob_gap", pa.float32()),  # mean |engine − trainer| untempered logprob of the turn
+        ("observation", pa.string()),  # the env's observation text the turn acted on
+        ("group_id", pa.string()),  # critic-free estimators: episodes started from one seed
     ]
 )
 

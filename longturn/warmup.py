@@ -5,6 +5,8 @@ re-score the turns with the current critic (values, bootstrap values and GAE tar
 learns), sample `warmup.sample_fraction` of them and update the critic alone. A value loss that has
 not come down is reported, or is an error when `warmup.max_final_loss` is set: then no critic is
 written (a previous one is removed first), so nothing downstream can take it for a warm critic.
+A critic-free estimator (`algo.advantage: grpo | gigpo`) has no critic to warm: the stage writes a
+short note in place of the model and nothing else.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
+from longturn.algo.group_advantages import needs_critic
 from longturn.algo.trainer import PPOTrainer
+from longturn.atomic import atomic_dir
 from longturn.config import Params
 from longturn.device import resolve_device
 from longturn.distributed import init_distributed, is_main_process
@@ -57,6 +61,8 @@ def run_critic_warmup(params: Params, base: Path, out: Path, live_dir: Path, wor
     rank, _ = init_distributed(resolve_device(params.engine.device))
     if is_main_process():  # this run replaces it: a failure must not leave the old one looking new
         shutil.rmtree(out, ignore_errors=True)
+    if not needs_critic(params.algo.advantage):
+        return write_no_critic_note(params, out, work_dir)
     rows = collect_frozen(params, base, rank, progress)
     trainer = PPOTrainer(base, base, trainer_settings(params), gae_params(params),
                          load_tokenizer(base), progress=progress)
@@ -79,6 +85,23 @@ def run_critic_warmup(params: Params, base: Path, out: Path, live_dir: Path, wor
     trainer.export_critic(out)
     return {"first_value_loss": losses[0], "final_value_loss": losses[-1],
             "turns": float(len(rows)), "iterations": float(w.iterations)}
+
+
+NO_CRITIC = "NO_CRITIC.md"
+
+
+def write_no_critic_note(params: Params, out: Path, work_dir: Path) -> dict[str, float]:
+    """The stage's outputs when the estimator needs no critic: a note, no model, no batches."""
+    note = (f"# No critic\n\n`algo.advantage: {params.algo.advantage}` compares episodes within "
+            f"groups of {params.algo.group_size} started from one env seed, so it needs no value "
+            "model: nothing was warmed up, and train loads no critic.\n")
+    if is_main_process():
+        for target in (out, work_dir):
+            shutil.rmtree(target, ignore_errors=True)
+            with atomic_dir(target) as tmp:
+                (tmp / NO_CRITIC).write_text(note)
+    log.info("critic warm-up skipped: algo.advantage %s needs no critic", params.algo.advantage)
+    return {"critic": 0.0, "turns": 0.0, "iterations": 0.0}
 
 
 def _check(losses: list[float], max_final_loss: float | None) -> None:

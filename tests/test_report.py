@@ -257,6 +257,15 @@ def test_missing_train_and_warmup_still_report(inputs: dict[str, Path], tmp_path
     assert not (out / "curves.png").exists() and not (out / "kl.png").exists()
 
 
+def test_critic_free_run_expects_no_warmup_and_no_value_metrics(inputs: dict[str, Path],
+                                                                 tmp_path: Path) -> None:
+    path = build_report(inputs["zero_shot"], inputs["final"], inputs["train"],
+                        tmp_path / "no_warmup", tmp_path / "report", {}, critic=False)
+    text = path.read_text()
+    assert "No critic: the estimator compares episodes" in text
+    assert "critic warm-up metrics" not in text and "value_loss" not in text.split("## Missing")[1]
+
+
 def test_nothing_at_all_still_reports(tmp_path: Path) -> None:
     path = build_report(tmp_path / "a", tmp_path / "b", tmp_path / "c", tmp_path / "d",
                         tmp_path / "out", {})

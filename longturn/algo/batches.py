@@ -81,6 +81,7 @@ class TurnBatch:
     columns: dict[str, list[np.ndarray]]
     aborted: np.ndarray
     whitened: list[np.ndarray]
+    has_values: bool = True  # False: a critic-free file, whose `values` column is all zeros here
 
     def __len__(self) -> int:
         return len(self.response_ids)
@@ -121,20 +122,26 @@ def _split_lists(column: pa.ChunkedArray, dtype: type) -> list[np.ndarray]:
     return np.split(values, offsets[1:-1] - offsets[0]) if len(array) else []
 
 
-def read_turn_batch(paths: Sequence[str | Path], whiten: bool = True) -> TurnBatch:
+def read_turn_batch(paths: Sequence[str | Path], whiten: bool = True,
+                    values: bool = True) -> TurnBatch:
     """Read the training columns of these Parquet files and whiten advantages over the batch.
 
     Whitening is a masked mean/std over every token of the non-aborted turns of this rank.
+    `values=False` (a critic-free estimator) neither reads nor requires the values column.
     """
     if not paths:
         raise ValueError("update needs at least one Parquet file")
-    tables = [read_table(p, TRAIN_COLUMNS) for p in paths]
+    wanted = [c for c in TRAIN_COLUMNS if values or c != "values"]
+    tables = [read_table(p, wanted) for p in paths]
     for path, part in zip(paths, tables):
-        _check_training_columns(path, part)
+        _check_training_columns(path, part, wanted)
     table = pa.concat_tables(tables)
     prompts = [list(map(int, r)) for r in _split_lists(table.column("prompt_ids"), np.int64)]
     responses = [list(map(int, r)) for r in _split_lists(table.column("response_ids"), np.int64)]
-    columns = {k: _split_lists(table.column(k), np.float32) for k in _FLOAT_LISTS}
+    columns = {k: _split_lists(table.column(k), np.float32) for k in _FLOAT_LISTS
+               if k in wanted}
+    if not values:
+        columns["values"] = [np.zeros(len(r), dtype=np.float32) for r in responses]
     for name, rows in columns.items():
         for i, (row, resp) in enumerate(zip(rows, responses)):
             if len(row) != len(resp) or not len(resp):
@@ -143,12 +150,12 @@ def read_turn_batch(paths: Sequence[str | Path], whiten: bool = True) -> TurnBat
     if aborted.all():
         raise ValueError("every turn of the batch is aborted: nothing to train on")
     whitened = _whiten(columns["advantages"], aborted, whiten)
-    return TurnBatch(prompts, responses, columns, aborted, whitened)
+    return TurnBatch(prompts, responses, columns, aborted, whitened, has_values=values)
 
 
-def _check_training_columns(path: str | Path, table: pa.Table) -> None:
+def _check_training_columns(path: str | Path, table: pa.Table, names: Sequence[str]) -> None:
     """Every training column is filled (an evaluation file, or rows never scored, has nulls)."""
-    for name in TRAIN_COLUMNS:
+    for name in names:
         if name != "aborted" and table.column(name).null_count:
             raise TrajectoryFileError(
                 f"{path}: column {name!r} has nulls: not a scored training file (evaluation "

@@ -88,20 +88,23 @@ def _logprobs(features: torch.Tensor, head: nn.Module | None, batch: PackedBatch
 
 
 class ModelSet:
-    """Actor, reference (None: the actor with its LoRA adapters disabled) and critic."""
+    """Actor, reference (None: the actor with its LoRA adapters disabled) and critic (None: a
+    critic-free estimator)."""
 
-    def __init__(self, actor: nn.Module, ref: nn.Module | None, critic: ValueModel,
+    def __init__(self, actor: nn.Module, ref: nn.Module | None, critic: ValueModel | None,
                  share_trunk: bool = True, gradient_checkpointing: bool = False) -> None:
         if ref is None and not hasattr(actor, "disable_adapter"):
             raise ValueError("no reference model given and the actor has no adapters to disable")
         self.actor, self.ref, self.critic = actor, ref, critic
         self.checkpoint = gradient_checkpointing
-        parts = [decoder_of(m) for m in (actor, critic, ref if ref is not None else actor)]
+        models = (actor, critic, ref if ref is not None else actor)
+        parts = [decoder_of(m) for m in models if m is not None]
         self.split = all(p is not None for p in parts)
         if gradient_checkpointing and not self.split:
             raise UserError("ppo.gradient_checkpointing needs a llama / qwen2 / qwen3 model "
                             f"(this actor is {type(actor).__name__}); set it to false")
-        self.actor_decoder, self.critic_decoder, self.ref_decoder = parts
+        self.actor_decoder, self.ref_decoder = parts[0], parts[-1]
+        self.critic_decoder = parts[1] if critic is not None else None
         self.depth = shared_trunk_depth(parts) if share_trunk and self.split else 0
 
     def reference(self) -> AbstractContextManager:
@@ -135,8 +138,14 @@ class ModelSet:
             return _logprobs(_response_columns(hidden, batch), _lm_head(model), batch,
                              temperature)
 
+    def _need_critic(self) -> ValueModel:
+        if self.critic is None:
+            raise ValueError("this model set has no critic (a critic-free estimator)")
+        return self.critic
+
     def values(self, batch: PackedBatch, trunk: TrunkState) -> torch.Tensor:
         """Critic values [B, R] before each response token, 0 at padding."""
+        self._need_critic()
         if not self.split:
             return packed_response_values(self.critic, batch)
         hidden = run_branch(Branch(self.critic_decoder), trunk, batch, self.checkpoint)
@@ -145,6 +154,7 @@ class ModelSet:
 
     def state_values(self, batch: PackedBatch, trunk: TrunkState) -> torch.Tensor:
         """V(state) [B] at each prompt's last token (batch packed with empty responses)."""
+        self._need_critic()
         if not self.split:
             return packed_state_values(self.critic, batch)
         hidden = run_branch(Branch(self.critic_decoder), trunk, batch)

@@ -99,7 +99,7 @@ class Engines:
     """The two DeepSpeed engines one update steps (their modules are the ModelSet's)."""
 
     actor: Any
-    critic: Any
+    critic: Any  # None: a critic-free estimator
 
 
 def _normalizers(batch: TurnBatch, mini: np.ndarray, s: Any) -> tuple[float, float]:
@@ -122,7 +122,7 @@ def minibatch_step(models: ModelSet, engines: Engines, batch: TurnBatch, mini: n
     (clipped surrogate minus the entropy bonus), then the critic branch (clipped value loss,
     position 0 weighted more), so only one branch's activations are alive at a time."""
     actor_norm, critic_norm = _normalizers(batch, mini, s)
-    device = _device(engines.critic)
+    device = _device(engines.actor)
     actor_total = critic_total = 0.0
     for j, idx in enumerate(micros):
         mb = batch.select(idx).to(device)
@@ -135,6 +135,8 @@ def minibatch_step(models: ModelSet, engines: Engines, batch: TurnBatch, mini: n
             engines.actor.set_gradient_accumulation_boundary(last)
             actor_total += _actor_backward(models, engines.actor, trunk, packed, mb, s,
                                            actor_norm, stats)
+        if engines.critic is None:
+            continue
         engines.critic.set_gradient_accumulation_boundary(last)
         with autocast(s.bf16, device):
             values = models.values(packed, trunk)
@@ -145,7 +147,8 @@ def minibatch_step(models: ModelSet, engines: Engines, batch: TurnBatch, mini: n
         stats.add_tokens(mb.n_tokens, value_clip_fraction=st["value_clip_fraction"])
     if train_actor:
         stats.add_step(policy_loss=actor_total, grad_norm_actor=_take_step(engines.actor))
-    stats.add_step(value_loss=critic_total, grad_norm_critic=_take_step(engines.critic))
+    if engines.critic is not None:
+        stats.add_step(value_loss=critic_total, grad_norm_critic=_take_step(engines.critic))
 
 
 def _actor_backward(models: ModelSet, engine: Any, trunk: Any, packed: Any, mb: Any, s: Any,
@@ -178,17 +181,20 @@ def batch_stats(batch: TurnBatch, tokenizer: Any) -> dict[str, float]:
     valid &= torch.as_tensor(~batch.aborted)[:, None]
     think, action = think_action_masks(batch.response_ids, tokenizer, width=old.shape[1])
     kl = old - ref  # k1
-    values, returns = batch.flat("values"), batch.flat("returns")
-    ones = torch.ones(len(values), dtype=torch.bool)
-    return {
+    returns = batch.flat("returns")
+    out = {
         "kl_mean": float(masked_mean(kl, valid)),
         "kl_think": float(masked_mean(kl, valid & think)),
         "kl_action": float(masked_mean(kl, valid & action)),
-        "explained_variance": float(explained_variance(torch.from_numpy(values),
-                                                       torch.from_numpy(returns), ones)),
-        "value_mean": float(values.mean()),
         "advantage_mean": float(batch.flat("advantages").mean()),
         "return_mean": float(returns.mean()),
         "n_turns": float(len(batch)),
         "n_tokens": float(valid.sum()),
     }
+    if batch.has_values:  # a critic-free batch has none
+        values = batch.flat("values")
+        ones = torch.ones(len(values), dtype=torch.bool)
+        out.update(explained_variance=float(explained_variance(
+            torch.from_numpy(values), torch.from_numpy(returns), ones)),
+            value_mean=float(values.mean()))
+    return out

@@ -1,5 +1,8 @@
 """PPOTrainer: actor + critic as two DeepSpeed engines, updated from turn Parquet files.
 
+With a critic-free estimator (`advantage: grpo | gigpo`) there is no critic at all: no model, no
+engine, no value loss; the actor alone is scored, updated and checkpointed.
+
 `score(rows)` fills the training columns after a rollout; `update(paths)` reads those columns
 back from Parquet (the file is the only hand-off, so any iteration can be replayed) and runs
 `ppo_epochs` passes of shuffled mini-batches. Every mini-batch is one optimizer step per engine,
@@ -27,6 +30,7 @@ from transformers import AutoModelForCausalLM
 from longturn.algo.batches import read_turn_batch
 from longturn.algo.critic import ValueModel
 from longturn.algo.gae import GAEParams
+from longturn.algo.group_advantages import GroupParams, needs_critic
 from longturn.algo.lora import apply_lora, merge_and_save, merged_state_dict
 from longturn.algo.model_set import ModelSet
 from longturn.algo.ppo_steps import Engines, UpdateStats, batch_stats, minibatch_step, schedule
@@ -35,7 +39,7 @@ from longturn.atomic import atomic_dir
 from longturn.device import resolve_device
 from longturn.distributed import (all_reduce_tensor, barrier, init_distributed, is_main_process,
                                   sum_over_ranks)
-from longturn.scoring import score_rows
+from longturn.scoring import score_group_rows, score_rows
 
 log = logging.getLogger(__name__)
 _TAG = "state"  # fixed DeepSpeed tag: saving into the same dir again replaces the checkpoint
@@ -73,6 +77,13 @@ class TrainerSettings:
     seed: int = 0
     whiten_advantages: bool = True
     weight_decay: float = 0.0
+    advantage: str = "gae"  # gae (with a critic) | grpo | gigpo (critic-free)
+    group_norm_std: bool = True  # critic-free: divide by the group's std
+    step_weight: float = 1.0  # gigpo: weight of the anchor-state advantage
+
+    @property
+    def has_critic(self) -> bool:
+        return needs_critic(self.advantage)
 
     def __post_init__(self) -> None:
         if self.micro_batch_size < 1 or self.mini_batch_size < self.micro_batch_size:
@@ -129,9 +140,11 @@ def _engine(model: torch.nn.Module, lr: float, settings: TrainerSettings) -> Any
 class PPOTrainer:
     """Owns the actor, critic and reference models and their optimizers on this rank."""
 
-    def __init__(self, actor_dir: str | Path, critic_dir: str | Path, settings: TrainerSettings,
-                 gae_params: GAEParams, tokenizer: Any, progress: bool = False) -> None:
-        """``progress`` shows bars for scoring and the update (on rank 0 only)."""
+    def __init__(self, actor_dir: str | Path, critic_dir: str | Path | None,
+                 settings: TrainerSettings, gae_params: GAEParams, tokenizer: Any,
+                 progress: bool = False) -> None:
+        """``progress`` shows bars for scoring and the update (on rank 0 only); ``critic_dir`` is
+        read only when the estimator needs a critic."""
         self.settings, self.gae_params, self.tokenizer = settings, gae_params, tokenizer
         self.device = resolve_device(settings.device)
         self.rank, self.world_size = init_distributed(self.device)
@@ -141,24 +154,32 @@ class PPOTrainer:
         self.updates = 0
         torch.manual_seed(settings.seed)  # LoRA / value-head init is the same on every rank
         actor = AutoModelForCausalLM.from_pretrained(str(actor_dir), dtype=torch.float32)
-        critic = ValueModel.from_pretrained(critic_dir)
+        critic = None
+        if settings.has_critic:
+            if critic_dir is None:
+                raise ValueError(f"advantage {settings.advantage!r} needs a critic: pass its dir")
+            critic = ValueModel.from_pretrained(critic_dir)
         ref: torch.nn.Module | None = None  # LoRA: the actor with its adapters disabled
         if settings.lora:
             actor = apply_lora(actor, settings.lora_r, settings.lora_alpha,
                                top_layers=settings.lora_layers)
-            critic = apply_lora(critic, settings.lora_r, settings.lora_alpha,
-                                top_layers=settings.lora_layers)
+            if critic is not None:
+                critic = apply_lora(critic, settings.lora_r, settings.lora_alpha,
+                                    top_layers=settings.lora_layers)
         else:  # a frozen copy, made on the CPU and in bf16 under bf16: no fp32 copy on the GPU
             ref = frozen_reference(actor, torch.bfloat16 if settings.bf16 else torch.float32)
         self.actor_engine = _engine(actor, settings.actor_lr, settings)
-        self.critic_engine = _engine(critic, settings.critic_lr, settings)
+        self.critic_engine = None if critic is None else _engine(critic, settings.critic_lr,
+                                                                 settings)
         if ref is not None:  # DeepSpeed moved the actor to its device; the ref follows
             ref.to(self.actor_engine.device)
-        self.models = ModelSet(self.actor_engine.module, ref, self.critic_engine.module,
+        self.models = ModelSet(self.actor_engine.module, ref,
+                               None if self.critic_engine is None else self.critic_engine.module,
                                settings.share_trunk, settings.gradient_checkpointing)
-        log.info("trainer on %s, bf16 autocast %s: %d of %d layers shared by actor, reference "
-                 "and critic", self.actor_engine.device, "on" if settings.bf16 else "off",
-                 self.models.depth, _layer_count(self.models.actor_decoder))
+        log.info("trainer on %s, bf16 autocast %s, advantage %s: %d of %d layers shared by %s",
+                 self.actor_engine.device, "on" if settings.bf16 else "off", settings.advantage,
+                 self.models.depth, _layer_count(self.models.actor_decoder),
+                 "actor, reference and critic" if critic is not None else "actor and reference")
 
     @property
     def actor_module(self) -> torch.nn.Module:
@@ -167,12 +188,24 @@ class PPOTrainer:
 
     @property
     def critic_module(self) -> ValueModel:
+        if self.critic_engine is None:
+            raise ValueError(f"advantage {self.settings.advantage!r} trains no critic")
         return self.critic_engine.module
+
+    def group_params(self) -> GroupParams:
+        """The critic-free estimator's parameters (its discount is gae.gamma_step)."""
+        s = self.settings
+        return GroupParams(s.advantage, self.gae_params.gamma_step, s.group_norm_std,
+                           s.step_weight)
 
     def score(self, rows: list[dict[str, Any]], reuse_logprobs: bool = False) -> list[dict[str, Any]]:
         """Fill old/ref logprobs, values, next_value, token_rewards, advantages, returns
-        (``reuse_logprobs``: keep the old/ref logprobs rows already have; see score_rows)."""
+        (``reuse_logprobs``: keep the old/ref logprobs rows already have; see score_rows).
+        Critic-free: values and next_value stay empty, advantages come from the groups."""
         self.actor_engine.eval()
+        if self.critic_engine is None:
+            return score_group_rows(rows, self.models, self.settings, self.group_params(),
+                                    self.pad_id, self.progress)
         self.critic_engine.eval()
         return score_rows(rows, self.models, self.settings, self.gae_params, self.pad_id,
                           reuse_logprobs, self.progress)
@@ -188,11 +221,15 @@ class PPOTrainer:
         """
         start = time.perf_counter()
         s = self.settings
-        batch = read_turn_batch(parquet_paths, whiten=s.whiten_advantages)
+        if not train_actor and self.critic_engine is None:
+            raise ValueError("a critic-only update needs a critic")
+        batch = read_turn_batch(parquet_paths, whiten=s.whiten_advantages,
+                                values=self.critic_engine is not None)
         self._check_same_size(len(batch))
         stats = UpdateStats()
         self.actor_engine.train()
-        self.critic_engine.train()
+        if self.critic_engine is not None:
+            self.critic_engine.train()
         rng = np.random.default_rng([s.seed, self.updates])
         steps = s.ppo_epochs * math.ceil(len(batch) / s.mini_batch_size)
         bar = tqdm(total=steps, desc="update", unit="mini-batch", disable=not self.progress,
@@ -217,8 +254,9 @@ class PPOTrainer:
         metrics = stats.summary()
         metrics.update(batch_stats(batch, self.tokenizer))
         metrics.update(seconds=seconds, tokens_per_s=tokens / max(seconds, 1e-9),
-                       epochs_run=float(epochs), lr_actor=_learning_rate(self.actor_engine),
-                       lr_critic=_learning_rate(self.critic_engine))
+                       epochs_run=float(epochs), lr_actor=_learning_rate(self.actor_engine))
+        if self.critic_engine is not None:
+            metrics["lr_critic"] = _learning_rate(self.critic_engine)
         log.debug("update %d on rank %d: %s", self.updates, self.rank, metrics)
         return self._mean_over_ranks(metrics)
 
@@ -255,7 +293,10 @@ class PPOTrainer:
         rank after an update, which checkpoints record so runs can be audited. Under ZeRO-3 each
         rank holds only its partition, so digests differ by design there."""
         digest = hashlib.sha256()
-        for module in (self.actor_module, self.critic_module):
+        modules = [self.actor_module]
+        if self.critic_engine is not None:
+            modules.append(self.critic_module)
+        for module in modules:
             for name, param in sorted(module.named_parameters(), key=lambda kv: kv[0]):
                 digest.update(name.encode())
                 digest.update(param.detach().float().cpu().contiguous().numpy().tobytes())
@@ -266,7 +307,8 @@ class PPOTrainer:
         out = Path(directory)
         state = {"longturn_user": dict(client_state or {}), "longturn_updates": self.updates}
         self.actor_engine.save_checkpoint(str(out / "actor"), tag=_TAG, client_state=state)
-        self.critic_engine.save_checkpoint(str(out / "critic"), tag=_TAG)
+        if self.critic_engine is not None:
+            self.critic_engine.save_checkpoint(str(out / "critic"), tag=_TAG)
         save_rng_states(out / f"rng_rank{self.rank}.pt")
         barrier()
 
@@ -274,7 +316,9 @@ class PPOTrainer:
         """Restore what save_checkpoint wrote; returns the caller's client_state."""
         src = Path(directory)
         path, state = self.actor_engine.load_checkpoint(str(src / "actor"), tag=_TAG)
-        critic_path, _ = self.critic_engine.load_checkpoint(str(src / "critic"), tag=_TAG)
+        critic_path = "none needed"
+        if self.critic_engine is not None:
+            critic_path, _ = self.critic_engine.load_checkpoint(str(src / "critic"), tag=_TAG)
         if path is None or critic_path is None:
             raise FileNotFoundError(f"no complete trainer checkpoint under {src}")
         self.updates = int(state.get("longturn_updates", 0))

@@ -1,0 +1,115 @@
+"""Critic-free estimators end to end at toy size: the warm-up stage writes only a note, train
+loads no critic, plays groups of whole episodes from one seed, writes null values, and the
+advantages in its Parquet are recomputed from the file alone; a rerun resumes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from longturn.config import parse_params
+from longturn.engines.registry import make_engine, sampling_from_params
+from longturn.group_collector import EpisodeGroupCollector
+from longturn.models import load_tokenizer
+from longturn.rollout import AgentSettings, env_factory_from_params
+from longturn.scoring import audit_gae
+from longturn.trajectories import read_metadata
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _params(model_dir: str, advantage: str, iterations: int = 2) -> dict:
+    return {
+        "seed": 3,
+        "model": {"source": model_dir, "dtype": "float32"},
+        "env": {"tasks": ["goto"], "max_turns": 3, "workers": False, "step_timeout_s": None},
+        "engine": {"batch_size": 8, "sampling": {"max_new_tokens": 5, "temperature": 1.0}},
+        "rollout": {"n_envs": 4, "turns_per_env": 2},
+        "algo": {"advantage": advantage, "group_size": 2, "step_weight": 0.5},
+        "ppo": {"mini_batch_size": 4, "micro_batch_size": 2, "bf16": False, "lora": True},
+        "train": {"iterations": iterations, "checkpoint_every": 1, "keep_checkpoints": 2},
+    }
+
+
+def test_groups_start_from_one_seed_and_play_to_the_end(tiny_model_dir) -> None:
+    params = parse_params(_params(tiny_model_dir, "grpo"))
+    tokenizer = load_tokenizer(tiny_model_dir)
+    engine = make_engine(tiny_model_dir, params)
+    collector = EpisodeGroupCollector(env_factory_from_params(params), ["goto"], 4, 2,
+                                      AgentSettings.from_params(params), seed=3, run_id="t")
+    try:
+        first = collector.collect(engine, tokenizer, sampling_from_params(params, seed=1), 0,
+                                  progress=False)
+        second = collector.collect(engine, tokenizer, sampling_from_params(params, seed=1), 1,
+                                   progress=False)
+    finally:
+        collector.close()
+        engine.close()
+    rows = pd.DataFrame(first)
+    assert rows["group_id"].nunique() == 2 and rows["episode_id"].nunique() == 4
+    for _, group in rows.groupby("group_id"):
+        assert group["episode_seed"].nunique() == 1 and group["episode_id"].nunique() == 2
+    for _, episode in rows.groupby("episode_id"):
+        assert list(episode["turn"]) == list(range(len(episode)))
+        last = episode.iloc[-1]
+        assert last["segment_end"] and (last["terminated"] or last["truncated"])
+        assert not episode.iloc[:-1]["segment_end"].any()
+        assert len(episode) <= 3  # env.max_turns
+    assert rows["observation"].str.len().min() > 0
+    assert set(pd.DataFrame(second)["episode_seed"]).isdisjoint(set(rows["episode_seed"]))
+
+
+def test_group_size_must_divide_the_slots(tiny_model_dir) -> None:
+    raw = _params(tiny_model_dir, "gigpo")
+    raw["rollout"]["n_envs"] = 5
+    with pytest.raises(ValueError, match="rollout.n_envs .5. must be a multiple"):
+        parse_params(raw)
+    raw["algo"]["advantage"] = "gae"
+    parse_params(raw)  # GAE has no groups
+
+
+def _stage(script: str, params: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, f"components/{script}.py", "--params", str(params),
+                           *args], cwd=ROOT, capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.smoke
+@pytest.mark.parametrize("advantage", ["grpo", "gigpo"])
+def test_warmup_and_train_without_a_critic(tmp_path, tiny_model_dir, advantage) -> None:
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(_params(tiny_model_dir, advantage)))
+    warm, batches = tmp_path / "critic/warm", tmp_path / "critic/batches"
+    done = _stage("critic_warmup", params, "--model-dir", tiny_model_dir, "--out", str(warm),
+                  "--live", str(tmp_path / "critic/live"), "--work", str(batches),
+                  "--metrics", str(tmp_path / "critic/metrics.json"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [p.name for p in warm.iterdir()] == ["NO_CRITIC.md"]  # a note, no model
+    assert advantage in (warm / "NO_CRITIC.md").read_text()
+
+    out = tmp_path / "train"
+    train = ("--model-dir", tiny_model_dir, "--critic-dir", str(warm), "--out", str(out))
+    done = _stage("train", params, *train)
+    assert done.returncode == 0, done.stderr[-3000:]
+    parts = sorted(out.glob("trajectories/iteration=*/part-00.parquet"))
+    assert len(parts) == 2
+    for part in parts:
+        table = pq.read_table(part).to_pandas()
+        assert table["values"].isna().all() and table["next_value"].isna().all()
+        assert table["advantages"].notna().all() and table["group_id"].notna().all()
+        assert read_metadata(part)["algo"].count(advantage) == 1
+        assert audit_gae(part) < 1e-5  # recomputed from the file's own columns and metadata
+    checkpoint = out / "checkpoints/iteration=0001"
+    assert (checkpoint / "actor").is_dir() and not (checkpoint / "critic").exists()
+    assert (out / "final/config.json").is_file()
+
+    params.write_text(yaml.safe_dump(_params(tiny_model_dir, advantage, iterations=3)))
+    done = _stage("train", params, *train)  # resumes after iteration 1
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resuming after iteration 1" in done.stderr
+    assert len(list(out.glob("trajectories/iteration=*/part-00.parquet"))) == 3
