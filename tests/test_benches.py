@@ -121,6 +121,14 @@ def test_turn_cost_tiny(tiny_dir: str) -> None:
 
 
 @pytest.mark.smoke
+def test_iteration_cost_tiny(tiny_dir: str) -> None:
+    out = run_bench("iteration_cost.py", "--tiny", "--tiny-dir", tiny_dir)
+    for name in ("gae", "gigpo"):
+        assert number(rf"{name}\s*: ([\d.]+) s/turn over 16 turns", out) > 0
+    assert number(r"ratio gae / gigpo: ([\d.]+)x", out) > 0
+
+
+@pytest.mark.smoke
 def test_engine_throughput_tiny(tiny_dir: str) -> None:
     out = run_bench("engine_throughput.py", "--tiny", "--tiny-dir", tiny_dir)
     assert "shared prefix" in out
