@@ -202,7 +202,7 @@ def test_arch_configs_have_the_published_sizes(gpu_memory: ModuleType, tiny_dir:
 
 
 def test_synthetic_rows_never_cut_an_episode(gpu_memory: ModuleType) -> None:
-    from longturn.scoring import successors
+    from longturn.algo.scoring import successors
 
     rows = gpu_memory.synthetic_rows(12, 8, prompt_tokens=20, shared_prefix=15,
                                      response_tokens=3, vocab=50, seed=1)

@@ -18,7 +18,7 @@ from longturn.engines.registry import make_engine, sampling_from_params
 from longturn.group_collector import EpisodeGroupCollector
 from longturn.models import load_tokenizer
 from longturn.rollout import AgentSettings, env_factory_from_params
-from longturn.scoring import audit_gae
+from longturn.algo.scoring import audit_gae
 from longturn.trajectories import read_metadata
 
 ROOT = Path(__file__).resolve().parents[1]

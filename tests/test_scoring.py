@@ -17,7 +17,7 @@ from longturn.algo.critic import ValueModel, state_values
 from longturn.algo.gae import GAEParams
 from longturn.algo.model_set import ModelSet
 from longturn.engines.logprobs import forward_logprobs
-from longturn.scoring import audit_gae, score_rows
+from longturn.algo.scoring import audit_gae, score_rows
 from longturn.trajectories import write_turns
 
 PAD = 2

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from longturn.config import parse_params
-from longturn.scoring import audit_gae
+from longturn.algo.scoring import audit_gae
 from longturn.training import TrainPaths, gae_params, run_training
 
 pytestmark = pytest.mark.smoke

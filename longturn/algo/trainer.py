@@ -39,7 +39,7 @@ from longturn.atomic import atomic_dir
 from longturn.device import resolve_device
 from longturn.distributed import (all_reduce_tensor, barrier, init_distributed, is_main_process,
                                   sum_over_ranks)
-from longturn.scoring import score_group_rows, score_rows
+from longturn.algo.scoring import score_group_rows, score_rows
 
 log = logging.getLogger(__name__)
 _TAG = "state"  # fixed DeepSpeed tag: saving into the same dir again replaces the checkpoint

@@ -1,5 +1,5 @@
 """`gae RUN_DIR`: recompute every file's advantages and returns from its own columns and the GAE
-parameters in its metadata (longturn.scoring.audit_gae, docs/design.md §5); report the worst."""
+parameters in its metadata (longturn.algo.scoring.audit_gae, docs/design.md §5); report the worst."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def _iteration(metadata: dict[str, str], turn_file: TurnFile) -> int | None:
 
 
 def audit_run(run: Run, tolerance: float = DEFAULT_TOLERANCE) -> Output:
-    from longturn.scoring import GAE_METADATA_KEYS, audit_gae  # imports torch: only when asked
+    from longturn.algo.scoring import GAE_METADATA_KEYS, audit_gae  # imports torch: only when asked
 
     rows = []
     for turn_file in run.files:
