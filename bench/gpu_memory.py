@@ -65,7 +65,7 @@ from longturn.config import Params, load_params  # noqa: E402
 from longturn.device import resolve_device  # noqa: E402
 from longturn.models import load_tokenizer  # noqa: E402
 from longturn.engines.shared_prefix import shared_prefix_length  # noqa: E402
-from longturn.training import gae_params, trainer_settings  # noqa: E402
+from longturn.wiring import gae_params, trainer_settings  # noqa: E402
 from longturn.trajectories import write_turns  # noqa: E402
 from tiny_model import (TinyModelError, add_tiny_args, ensure_tiny_model,  # noqa: E402
                         fill_defaults, smollm2_tokenizer)

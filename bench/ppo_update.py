@@ -71,7 +71,7 @@ from longturn.config import load_params  # noqa: E402
 from longturn.engines.base import Completion, SamplingParams  # noqa: E402
 from longturn.engines.registry import make_engine, sampling_from_params  # noqa: E402
 from longturn.models import load_tokenizer  # noqa: E402
-from longturn.training import gae_params, make_collector, trainer_settings  # noqa: E402
+from longturn.wiring import gae_params, make_collector, trainer_settings  # noqa: E402
 from longturn.trajectories import write_turns  # noqa: E402
 from tiny_model import add_tiny_args, fill_defaults, resolve_model_dir  # noqa: E402
 

@@ -8,8 +8,6 @@ saved history, so each iteration appears exactly once whatever moment the previo
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import pickle
 import shutil
@@ -17,21 +15,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from longturn.algo.gae import GAEParams
-from longturn.algo.trainer import PPOTrainer, TrainerSettings
+from longturn.algo.trainer import PPOTrainer
 from longturn.checkpoints import COMPLETE, CheckpointStore, iteration_dir
-from longturn.algo.group_advantages import needs_critic
-from longturn.collector import FixedTurnCollector
-from longturn.group_collector import EpisodeGroupCollector
 from longturn.config import Params
-from longturn.device import resolve_bf16, resolve_device
+from longturn.device import resolve_device
 from longturn.distributed import barrier, init_distributed, is_main_process, sum_over_ranks
 from longturn.dvc_remote import push_training_outputs
 from longturn.engines.registry import make_engine, sampling_from_params
 from longturn.metrics import MetricsLog, PhaseClock, action_mix, rollout_metrics
 from longturn.models import load_tokenizer
-from longturn.rollout import AgentSettings, env_factory_from_params
 from longturn.trajectories import write_turns
+from longturn.wiring import (Collector, critic_dir, file_metadata, gae_params, make_collector,
+                             run_fingerprint, trainer_settings)
 
 log = logging.getLogger(__name__)
 
@@ -49,53 +44,8 @@ class TrainPaths:
     policy: Path  # the current actor as an HF dir, loaded by the inference engine
 
 
-def trainer_settings(params: Params) -> TrainerSettings:
-    p = params.ppo
-    return TrainerSettings(
-        actor_lr=p.actor_lr, critic_lr=p.critic_lr, clip_ratio=p.clip_ratio,
-        value_clip=p.value_clip, first_token_weight=p.first_token_weight,
-        entropy_coef=p.entropy_coef, kl_beta=p.kl_beta, kl_estimator=p.kl_estimator,
-        temperature=params.engine.sampling.temperature or 1.0, ppo_epochs=p.ppo_epochs,
-        mini_batch_size=p.mini_batch_size, micro_batch_size=p.micro_batch_size,
-        grad_clip=p.grad_clip, zero_stage=p.zero_stage,
-        bf16=resolve_bf16(p.bf16, resolve_device(params.engine.device)), lora=p.lora,
-        lora_r=p.lora_r, lora_alpha=p.lora_alpha, lora_layers=p.lora_layers,
-        share_prefix=p.share_prefix, share_trunk=p.share_trunk,
-        gradient_checkpointing=p.gradient_checkpointing, target_kl=p.target_kl,
-        device=params.engine.device, seed=params.seed, advantage=params.algo.advantage,
-        group_norm_std=params.algo.norm_std, step_weight=params.algo.step_weight)
-
-
-def gae_params(params: Params) -> GAEParams:
-    g = params.gae
-    return GAEParams(g.gamma_step, g.lambda_step, g.gamma_token, g.lambda_token)
-
-
-def make_collector(params: Params, rank: int,
-                   run_id: str) -> FixedTurnCollector | EpisodeGroupCollector:
-    """Fixed-turn batches for GAE; whole episodes in groups for a critic-free estimator."""
-    r, tasks, agent = params.rollout, list(params.env.tasks), AgentSettings.from_params(params)
-    if not needs_critic(params.algo.advantage):
-        return EpisodeGroupCollector(env_factory_from_params(params), tasks, r.n_envs,
-                                     params.algo.group_size, agent, params.seed, rank=rank,
-                                     run_id=run_id)
-    return FixedTurnCollector(env_factory_from_params(params), tasks, r.n_envs,
-                              r.turns_per_env, agent, params.seed, rank=rank, run_id=run_id)
-
-
-def critic_dir(params: Params, paths: TrainPaths) -> Path | None:
-    """The warm critic the estimator trains on, or None when it needs none."""
-    return paths.critic if needs_critic(params.algo.advantage) else None
-
-
-def file_metadata(params: Params, iteration: int) -> dict[str, Any]:
-    return {**params.gae.model_dump(), "algo": params.algo.model_dump(), "model": params.model.source,
-            "engine": params.engine.name, "iteration": iteration,
-            "sampling": params.engine.sampling.model_dump(), "ppo": params.ppo.model_dump()}
-
-
 def _resume(store: CheckpointStore, trainer: PPOTrainer,
-            collector: FixedTurnCollector) -> tuple[int, list[dict[str, float]]]:
+            collector: Collector) -> tuple[int, list[dict[str, float]]]:
     """Restore the last complete checkpoint; returns (next iteration, metrics history)."""
     ckpt = store.latest()
     if ckpt is None:
@@ -114,13 +64,6 @@ def _drop_unfinished(root: Path, start: int) -> None:
             if int(d.name.split("=")[1]) >= start:
                 shutil.rmtree(d)
     barrier()
-
-
-def run_fingerprint(params: Params) -> str:
-    """What a resumed run must share with the run that wrote the checkpoints (not train.*)."""
-    relevant = params.model_dump(include={"seed", "model", "env", "prompt", "engine", "rollout",
-                                          "gae", "algo", "ppo"})
-    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _guard_persisted(params: Params, paths: TrainPaths) -> None:
@@ -145,7 +88,7 @@ def replay_update(params: Params, paths: TrainPaths, iteration_path: Path) -> di
     from the checkpoint written just before that iteration when there is one."""
     rank, _ = init_distributed(resolve_device(params.engine.device))
     iteration = int(iteration_path.name.split("=")[1])
-    trainer = PPOTrainer(paths.base, critic_dir(params, paths), trainer_settings(params),
+    trainer = PPOTrainer(paths.base, critic_dir(params, paths.critic), trainer_settings(params),
                          gae_params(params), load_tokenizer(paths.base))
     before = iteration_dir(paths.checkpoints, iteration - 1)
     if iteration > 0 and (before / COMPLETE).is_file():
@@ -162,7 +105,7 @@ def run_training(params: Params, paths: TrainPaths, progress: bool = True,
     rank, _ = init_distributed(resolve_device(params.engine.device))
     _guard_persisted(params, paths)
     tokenizer = load_tokenizer(paths.base)
-    trainer = PPOTrainer(paths.base, critic_dir(params, paths), trainer_settings(params),
+    trainer = PPOTrainer(paths.base, critic_dir(params, paths.critic), trainer_settings(params),
                          gae_params(params), tokenizer, progress=progress)
     collector = make_collector(params, rank, run_id)
     store = CheckpointStore(paths.checkpoints, params.train.keep_checkpoints)
@@ -209,7 +152,7 @@ def push_weights(trainer: PPOTrainer, engine: Any, paths: TrainPaths) -> None:
 
 
 def _iteration(params: Params, paths: TrainPaths, trainer: PPOTrainer,
-               collector: FixedTurnCollector, engine: Any, tokenizer: Any, iteration: int,
+               collector: Collector, engine: Any, tokenizer: Any, iteration: int,
                run_id: str, rank: int, progress: bool, clock: "PhaseClock") -> dict[str, float]:
     """Rollout, scoring, Parquet, update; the Parquet part is the only hand-off between rollout
     and update. Rollout metrics count every rank's turns; update metrics are averaged over

@@ -30,7 +30,7 @@ from longturn.metrics import MetricsLog
 from longturn.models import load_tokenizer
 from longturn.trajectories import write_turns
 from longturn.checkpoints import iteration_dir
-from longturn.training import file_metadata, gae_params, make_collector, trainer_settings
+from longturn.wiring import file_metadata, gae_params, make_collector, trainer_settings
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,8 @@ import pytest
 
 from longturn.config import parse_params
 from longturn.algo.scoring import audit_gae
-from longturn.training import TrainPaths, gae_params, run_training
+from longturn.training import TrainPaths, run_training
+from longturn.wiring import gae_params
 
 pytestmark = pytest.mark.smoke
 
