@@ -33,9 +33,7 @@ def apply_lora(
     """
     from peft import LoraConfig, TaskType, get_peft_model
 
-    from longturn.algo.critic import ValueModel  # local: critic imports this module
-
-    is_critic = isinstance(model, ValueModel)
+    is_critic = isinstance(getattr(model, "backbone", None), nn.Module)  # a ValueModel
     base = model.backbone if is_critic else model
     layers = _top_layer_indices(base, top_layers)
     if layers is not None and target_modules == "all-linear":  # peft wants names with layers
