@@ -13,7 +13,6 @@ constant: a validation rerun that passes again does not rerun training.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,10 +23,10 @@ from longturn.engines.base import Engine, SamplingParams
 from longturn.envs.actions import EMPTY, NO_ACTION, UNKNOWN
 from longturn.envs.base import TextEnv
 from longturn.envs.registry import translator_for
+from longturn.reply_format import parse_reply
 
 PASSED_MARKER = "passed"
 PASSED_TEXT = "every task's valid-action ratio is at or above validation.min_valid_action_ratio\n"
-THINK = re.compile(r"think\s*:(.*?)(?:action\s*:|$)", re.IGNORECASE | re.DOTALL)
 FAILURES = (NO_ACTION, UNKNOWN, EMPTY, "multiple_actions", "cut_by_length")
 
 
@@ -41,9 +40,9 @@ class TaskValidation:
 
 
 def think_text(output: str) -> str:
-    """The THINK part of an output ('' when absent)."""
-    match = THINK.search(output)
-    return match.group(1).strip() if match else ""
+    """The THINK part of an output ('' when it has no THINK tag)."""
+    reply = parse_reply(output)
+    return reply.think if reply.has_think else ""
 
 
 def distinct_bigram_ratio(texts: list[str]) -> float:

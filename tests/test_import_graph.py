@@ -13,7 +13,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # what algo/ may build on: the foundations and the engines' tensor layout, nothing that runs it
 ALGO_MAY_IMPORT = ("longturn.algo", "longturn.engines", "longturn.errors", "longturn.atomic",
-                   "longturn.device", "longturn.distributed", "longturn.trajectories")
+                   "longturn.device", "longturn.distributed", "longturn.trajectories",
+                   "longturn.reply_format")
 
 
 def _modules() -> dict[str, Path]:

@@ -9,14 +9,14 @@ device is not synchronised per micro-batch).
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
 import torch
 
+from longturn.reply_format import parse_reply
+
 KLEstimator = Literal["k1", "k2", "k3"]
 _LOG_RATIO_CLAMP = 20.0  # |log ratio| cap where an exp() is taken: exp(20) is still finite in bf16
-_ACTION_TAG = re.compile(r"action:", re.IGNORECASE)
 Stats = dict[str, torch.Tensor]
 
 
@@ -192,10 +192,10 @@ def _action_start(ids: list[int], tokenizer: Any) -> int:
         return tokenizer.decode(part, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     text = decode(ids)
-    tags = [match.start() for match in _ACTION_TAG.finditer(text)]
-    if not tags:
+    reply = parse_reply(text)
+    if not reply.n_action_tags:
         return len(ids)
-    head = text[: tags[-1] + 1]
+    head = text[: reply.action_start + 1]
     lo, hi = 1, len(ids)  # smallest k in [1, L] with decode(ids[:k]) covering head; L always does
     while lo < hi:
         mid = (lo + hi) // 2

@@ -11,6 +11,7 @@ from longturn.audit.output import Output
 from longturn.audit.reasons import FLAG_COLUMNS, turn_reasons
 from longturn.audit.run_files import Run, read_turns
 from longturn.errors import UserError
+from longturn.reply_format import parse_reply
 
 REQUIRED = ("episode_id", "turn", "prompt_text", "response_text", "action", "action_valid",
             "reward", *FLAG_COLUMNS)
@@ -24,13 +25,9 @@ class EpisodeNotFound(UserError):
 
 
 def split_reply(text: str) -> tuple[str, str]:
-    """(THINK text, ACTION text) of a reply; the action is what follows the last `ACTION:`,
-    as the parser reads it."""
-    head, sep, action = text.rpartition("ACTION:")
-    if not sep:
-        head, action = text, ""
-    think = head.split("THINK:", 1)[1] if "THINK:" in head else head
-    return think.strip(), action.strip()
+    """(THINK text, ACTION text) of a reply, split as the action parser splits it."""
+    reply = parse_reply(text)
+    return reply.think, (reply.action_tail or "").strip()
 
 
 def _first(values: Any) -> float | None:

@@ -11,7 +11,9 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
-ACTION_TAG = re.compile(r"action\s*:", re.IGNORECASE)
+from longturn.errors import SettingError
+from longturn.reply_format import parse_reply
+
 _EDGE_JUNK = " \t\r\n\"'`*_<>[](){}.,;:!?"
 _SPACES = re.compile(r"\s+")
 
@@ -47,14 +49,13 @@ def normalise(text: str) -> str:
 
 def extract_action_text(output: str) -> tuple[str | None, int]:
     """Text after the last ACTION: tag (first non-empty line) and how many tags there were."""
-    tags = list(ACTION_TAG.finditer(output))
-    if not tags:
+    reply = parse_reply(output)
+    if reply.action_tail is None:
         return None, 0
-    tail = output[tags[-1].end():]
-    for line in tail.splitlines():
+    for line in reply.action_tail.splitlines():
         if line.strip():
-            return line.strip(), len(tags)
-    return "", len(tags)
+            return line.strip(), reply.n_action_tags
+    return "", reply.n_action_tags
 
 
 class ActionTranslator:
@@ -62,10 +63,10 @@ class ActionTranslator:
 
     def __init__(self, actions: list[str], synonyms: dict[str, str], default_action: str):
         if default_action not in actions:
-            raise ValueError(f"default action {default_action!r} is not one of {actions}")
+            raise SettingError(f"default action {default_action!r} is not one of {actions}")
         bad = {k: v for k, v in synonyms.items() if v not in actions}
         if bad:
-            raise ValueError(f"synonyms point to unknown actions: {bad} (actions: {actions})")
+            raise SettingError(f"synonyms point to unknown actions: {bad} (actions: {actions})")
         self.actions = list(actions)
         self.default_action = default_action
         self._lookup = {normalise(k): v for k, v in synonyms.items()}
