@@ -1,7 +1,8 @@
 """What every stage script shares: `--params`, logging, and turning known errors into one line.
 
-Known errors: `UserError`s (a setting, a path, a gate, the disk), and a disk that is full,
-read-only or not ours wherever the write happened. Anything else keeps its traceback.
+Known errors: `UserError`s (a setting, a path, a gate, the disk; library code raises them for
+mistakes a user can fix), and a disk that is full, read-only or not ours wherever the write
+happened. Anything else, a ValueError from deep inside torch included, keeps its traceback.
 """
 
 from __future__ import annotations
@@ -13,21 +14,8 @@ import sys
 from typing import Callable, Sequence
 
 from longturn.atomic import disk_error
-from longturn.config import Params, ParamsError, load_params
+from longturn.config import Params, load_params
 from longturn.errors import UserError
-
-# User errors of modules this file must not import: each import would make every stage depend on
-# that module in dvc.yaml (tests/test_dvc_deps.py). An error whose module the stage never
-# imported cannot have been raised, so they are looked up among the modules already loaded.
-# An entry can go once its class subclasses UserError.
-LAZY_USER_ERRORS = (("longturn.agent.prompts", "PromptTooLong"),
-                    ("longturn.engines.sglang_server", "SGLangError"))
-
-
-def user_error_types() -> tuple[type[BaseException], ...]:
-    """UserError, ParamsError, and the lazily looked-up classes of modules loaded so far."""
-    lazy = (getattr(sys.modules.get(module), name, None) for module, name in LAZY_USER_ERRORS)
-    return (UserError, ParamsError, *(cls for cls in lazy if isinstance(cls, type)))
 
 
 def parser(description: str) -> argparse.ArgumentParser:
@@ -53,8 +41,7 @@ def run(stage: str, body: Callable[[argparse.Namespace, Params], int | None],
         return int(body(args, params) or 0)
     except Exception as err:  # noqa: BLE001 - sorted below; unknown errors are re-raised
         line = one_line(err, getattr(args, "out", None) or ".")
-        debug = os.environ.get("LONGTURN_DEBUG") and not isinstance(err, user_error_types())
-        if line is None or debug:
+        if line is None or os.environ.get("LONGTURN_DEBUG"):  # debugging: every traceback
             raise
         print(f"{stage}: error: {line}", file=sys.stderr)
         return 2
@@ -63,14 +50,9 @@ def run(stage: str, body: Callable[[argparse.Namespace, Params], int | None],
 def one_line(err: Exception, out: str) -> str | None:
     """The one line to print for a known error, or None for a bug (keep the traceback).
 
-    A ValueError names the bad value (env and engine lookups, constructor checks) but may be a
-    bug: its line says how to see the traceback. Any other failure while the output's disk is
-    full or read-only is that disk's fault."""
-    if isinstance(err, user_error_types()):
+    A UserError says what to change. Any other failure while the output's disk is full or
+    read-only is that disk's fault."""
+    if isinstance(err, UserError):
         return str(err)
     named = disk_error(out, err)
-    if named is not None:
-        return str(named)
-    if isinstance(err, ValueError):
-        return f"{err}\n(set LONGTURN_DEBUG=1 for the traceback)"
-    return None
+    return None if named is None else str(named)

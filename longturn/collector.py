@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 from longturn.engines.base import Engine, SamplingParams
 from longturn.envs.base import TextEnv
+from longturn.errors import SettingError
 from longturn.rollout import AgentSettings, EnvSlot, generate_turns
 
 
@@ -105,7 +106,7 @@ class FixedTurnCollector:
         if len(state["slots"]) != len(self.slots):
             for slot in state["slots"]:
                 slot.env.close()
-            raise ValueError(f"checkpoint has {len(state['slots'])} env slots, params ask for "
+            raise SettingError(f"checkpoint has {len(state['slots'])} env slots, params ask for "
                              f"{len(self.slots)}: resume with the same rollout.n_envs")
         self.close()
         self.slots, self.episode_counts = state["slots"], state["episode_counts"]

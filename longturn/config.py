@@ -13,6 +13,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from longturn.errors import UserError
+
 
 class Section(BaseModel):
     """Base for every section: unknown keys are errors, values are checked on assignment too, and
@@ -319,7 +321,7 @@ class Params(Section):
         return self
 
 
-class ParamsError(ValueError):
+class ParamsError(UserError, ValueError):
     """Bad parameters; the message names the file and the dotted key."""
 
 

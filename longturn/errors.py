@@ -11,6 +11,11 @@ class UserError(Exception):
     """A problem with the user's input or machine; the message says what to change."""
 
 
+class SettingError(UserError, ValueError):
+    """A setting names something that does not exist or does not fit (an env, task, engine,
+    kwarg, or a checkpoint made with other sizes). Also a ValueError: it is a bad value."""
+
+
 class ModelDirError(UserError):
     """A model dir a stage reads is missing, empty, or holds damaged files."""
 

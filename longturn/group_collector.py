@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from longturn.collector import episode_seed
 from longturn.engines.base import Engine, SamplingParams
 from longturn.envs.base import TextEnv
+from longturn.errors import SettingError
 from longturn.rollout import AgentSettings, EnvSlot, generate_turns
 
 
@@ -29,7 +30,7 @@ class EpisodeGroupCollector:
                  group_size: int, settings: AgentSettings, seed: int, rank: int = 0,
                  run_id: str = "run"):
         if group_size < 1 or n_envs % group_size:
-            raise ValueError(f"{n_envs} env slots do not split into groups of {group_size}")
+            raise SettingError(f"{n_envs} env slots do not split into groups of {group_size}")
         self.group_size, self.seed, self.rank, self.run_id = group_size, seed, rank, run_id
         # a group shares its task (and seed); groups cycle through the tasks
         envs = [env_factory(tasks[(i // group_size) % len(tasks)]) for i in range(n_envs)]
@@ -97,7 +98,7 @@ class EpisodeGroupCollector:
     def load_state(self, blob: bytes) -> None:
         state = pickle.loads(blob)
         if state.get("slots") != len(self.slots):
-            raise ValueError(f"checkpoint has {state.get('slots')} env slots, params ask for "
+            raise SettingError(f"checkpoint has {state.get('slots')} env slots, params ask for "
                              f"{len(self.slots)}: resume with the same rollout.n_envs")
         self.rounds = int(state["rounds"])
 

@@ -13,11 +13,12 @@ from typing import Any, Literal
 from longturn.agent.token_cache import token_ids
 from longturn.agent.memory import HistoryEntry
 from longturn.envs.base import Instructions
+from longturn.errors import UserError
 
 EMPTY_VIEW = "(nothing noteworthy in view)"
 
 
-class PromptTooLong(ValueError):
+class PromptTooLong(UserError, ValueError):
     """The current observation with the instructions does not fit `max_prompt_tokens`."""
 
 

@@ -6,6 +6,7 @@ from typing import Callable
 
 from longturn.config import Params
 from longturn.engines.base import Engine, SamplingParams
+from longturn.errors import SettingError
 
 
 def _hf(model_dir: str, params: Params) -> Engine:
@@ -32,7 +33,7 @@ def make_engine(model_dir: str, params: Params) -> Engine:
     try:
         factory = ENGINES[params.engine.name]
     except KeyError:
-        raise ValueError(f"engine.name {params.engine.name!r} is not one of {sorted(ENGINES)}") from None
+        raise SettingError(f"engine.name {params.engine.name!r} is not one of {sorted(ENGINES)}") from None
     return factory(model_dir, params)
 
 

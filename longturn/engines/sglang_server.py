@@ -20,6 +20,8 @@ from pathlib import Path
 
 import requests
 
+from longturn.errors import UserError
+
 log = logging.getLogger(__name__)
 
 HEALTH_POLL_S = 1.0
@@ -29,7 +31,7 @@ SERVER_ENV = {"SGLANG_RETURN_ORIGINAL_LOGPROB": "1"}
 PR_SET_PDEATHSIG = 1
 
 
-class SGLangError(RuntimeError):
+class SGLangError(UserError, RuntimeError):
     """The SGLang server could not start, stopped answering, or answered outside the protocol."""
 
 

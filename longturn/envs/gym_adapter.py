@@ -25,6 +25,7 @@ import numpy as np
 from gymnasium.spaces import Discrete, Text
 
 from longturn.envs.base import Instructions, Observation
+from longturn.errors import SettingError
 
 FREE_TEXT_LABEL = "<your action, as text>"
 
@@ -42,11 +43,11 @@ def _discrete_names(env: Any, space: Discrete) -> list[str]:
     elif isinstance(getattr(env, "actions", None), type) and issubclass(env.actions, enum.Enum):
         names = [m.name.replace("_", " ").lower() for m in env.actions]
     else:
-        raise ValueError(f"gymnasium env {type(env).__name__} has a Discrete({space.n}) action "
+        raise SettingError(f"gymnasium env {type(env).__name__} has a Discrete({space.n}) action "
                          "space but no action names: give it an `action_names` list (or "
                          "`get_action_meanings()`)")
     if len(names) != space.n or len(set(names)) != len(names):
-        raise ValueError(f"gymnasium env {type(env).__name__}: {len(names)} action names "
+        raise SettingError(f"gymnasium env {type(env).__name__}: {len(names)} action names "
                          f"{names} for Discrete({space.n}); they must be {space.n} distinct names")
     return names
 
@@ -70,13 +71,13 @@ class GymTextEnv:
             self.text_action_space: Text | None = None
             default = getattr(core, "default_action", None) or self.actions[0]
             if default not in self._codes:
-                raise ValueError(f"gymnasium env {type(core).__name__}: default_action "
+                raise SettingError(f"gymnasium env {type(core).__name__}: default_action "
                                  f"{default!r} is not one of {self.actions}")
         elif isinstance(space, Text):
             self.actions, self._codes, self.text_action_space = [], {}, space
             default = getattr(core, "default_action", None) or _shortest_text(space)
         else:
-            raise ValueError(f"gymnasium env {type(core).__name__}: action space "
+            raise SettingError(f"gymnasium env {type(core).__name__}: action space "
                              f"{type(space).__name__} is neither Discrete nor Text")
         self.default_action: str = str(default)
         descriptions = dict(getattr(core, "action_descriptions", None) or {})
@@ -101,7 +102,7 @@ class GymTextEnv:
         elif env.render_mode == "ansi":
             text = str(env.render())
         else:
-            raise ValueError(f"gymnasium env {type(env.unwrapped).__name__}: observation of type "
+            raise SettingError(f"gymnasium env {type(env.unwrapped).__name__}: observation of type "
                              f"{type(raw).__name__} is not text: return a str or a dict with a "
                              "'text' string, or build it with render_mode='ansi'")
         image = None

@@ -12,6 +12,7 @@ from typing import Any, Callable
 from longturn.envs.actions import ActionTranslator
 from longturn.envs.base import TextEnv
 from longturn.envs.free_text import FreeTextTranslator
+from longturn.errors import SettingError
 
 BUILTIN: dict[str, str] = {
     "babyai": "longturn.envs.babyai:BabyAITextEnv",
@@ -24,18 +25,18 @@ def resolve_factory(name: str) -> Callable[..., Any]:
     """`babyai` or `package.module:callable` → the callable that builds one env for a task."""
     target = BUILTIN.get(name, name)
     if ":" not in target:
-        raise ValueError(
+        raise SettingError(
             f"unknown env {name!r}: use one of {sorted(BUILTIN)} or a plugin 'module:factory'"
         )
     module_name, attr = target.split(":", 1)
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
-        raise ValueError(f"env {name!r}: cannot import module {module_name!r}: {err}") from err
+        raise SettingError(f"env {name!r}: cannot import module {module_name!r}: {err}") from err
     try:
         return getattr(module, attr)
     except AttributeError:
-        raise ValueError(f"env {name!r}: module {module_name!r} has no {attr!r}") from None
+        raise SettingError(f"env {name!r}: module {module_name!r} has no {attr!r}") from None
 
 
 def _is_gym_class(obj: Any) -> bool:
@@ -60,7 +61,7 @@ def make_env(name: str, task: str, **kwargs: Any) -> TextEnv:
     try:
         env = factory(**kwargs, **({"task": task} if not gym_class or _takes_task(factory) else {}))
     except TypeError as err:
-        raise ValueError(f"env {name!r} task {task!r}: bad env.kwargs {kwargs}: {err}") from err
+        raise SettingError(f"env {name!r} task {task!r}: bad env.kwargs {kwargs}: {err}") from err
     if gym_class or "gymnasium" in sys.modules:
         from longturn.envs.gym_adapter import GymTextEnv, is_gym_env
 

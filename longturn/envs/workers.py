@@ -26,6 +26,7 @@ from longturn.envs.base import Instructions, Observation
 from longturn.envs.failures import EnvFailure
 from longturn.envs.registry import EnvSpec
 from longturn.envs.termination import ENV_ERROR, TIMEOUT
+from longturn.errors import SettingError
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +160,7 @@ class WorkerEnv:
             except EnvFailure as failure:
                 self._worker = None
                 if self._first_start:  # a bad task or kwarg: the user's to fix, not a retry
-                    raise ValueError(f"env {self.spec.name!r} task {self.spec.task!r} could not "
+                    raise SettingError(f"env {self.spec.name!r} task {self.spec.task!r} could not "
                                      f"be built in its worker process: {failure}") from None
                 raise
             self._first_start = False

@@ -18,6 +18,7 @@ from longturn.envs.babaisai.levels import TASKS, generate_level
 from longturn.envs.babaisai.placement import Level
 from longturn.envs.base import Instructions, Observation
 from longturn.envs.synonyms import load_synonyms
+from longturn.errors import SettingError
 
 YOU_LOST_NOTICE = "[...] IS YOU rule was broken, environment reset"
 
@@ -33,7 +34,7 @@ class BabaIsAITextEnv:
         truncation_as_termination: bool = True,
     ) -> None:
         if task not in TASKS:
-            raise ValueError(f"unknown BabaIsAI task {task!r}; valid tasks: {', '.join(TASKS)}")
+            raise SettingError(f"unknown BabaIsAI task {task!r}; valid tasks: {', '.join(TASKS)}")
         self.task = task
         self.actions: list[str] = list(ACTION_DESCRIPTIONS)
         self.synonyms: dict[str, str] = dict(load_synonyms(__package__))

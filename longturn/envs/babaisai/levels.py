@@ -10,6 +10,7 @@ from longturn.envs.babaisai.level_one_room import OneRoomOptions, generate_one_r
 from longturn.envs.babaisai.level_two_room import TwoRoomOptions, generate_two_room
 from longturn.envs.babaisai.level_two_room_special import generate_make_wall_win, generate_make_you
 from longturn.envs.babaisai.placement import Level
+from longturn.errors import SettingError
 
 Generator = Callable[[np.random.Generator], Level]
 
@@ -75,5 +76,5 @@ TASKS: tuple[str, ...] = tuple(GENERATORS)
 def generate_level(task: str, rng: np.random.Generator) -> Level:
     """A new random level of `task` drawn from `rng`."""
     if task not in GENERATORS:
-        raise ValueError(f"unknown BabaIsAI task {task!r}; valid tasks: {', '.join(TASKS)}")
+        raise SettingError(f"unknown BabaIsAI task {task!r}; valid tasks: {', '.join(TASKS)}")
     return GENERATORS[task](rng)

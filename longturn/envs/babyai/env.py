@@ -13,6 +13,7 @@ from longturn.envs.babyai.describe import describe, observation_text
 from longturn.envs.babyai.level import TASKS, MixedTrainLocalLevel
 from longturn.envs.base import Instructions, Observation
 from longturn.envs.synonyms import load_synonyms
+from longturn.errors import SettingError
 
 # Language action -> Verlog description; the index in this order is the minigrid action int.
 ACTION_DESCRIPTIONS: dict[str, str] = {
@@ -61,7 +62,7 @@ class BabyAITextEnv:
         image: bool = False,
     ) -> None:
         if task not in TASKS:
-            raise ValueError(f"unknown BabyAI task {task!r}; valid tasks: {', '.join(TASKS)}")
+            raise SettingError(f"unknown BabyAI task {task!r}; valid tasks: {', '.join(TASKS)}")
         self.task = task
         self.actions: list[str] = list(ACTION_DESCRIPTIONS)
         self.synonyms: dict[str, str] = dict(load_synonyms(__package__))

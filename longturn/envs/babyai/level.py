@@ -7,6 +7,7 @@ reference layout (SPEC_babyai_text.md §6).
 
 from __future__ import annotations
 
+
 from typing import Any
 
 from minigrid.core.roomgrid import RoomGrid
@@ -22,6 +23,8 @@ from minigrid.envs.babyai.core.verifier import (
     PickupInstr,
     PutNextInstr,
 )
+
+from longturn.errors import SettingError
 
 TASKS: tuple[str, ...] = ("goto", "pickup", "open", "putnext", "pick_up_seq_go_to")
 
@@ -46,7 +49,7 @@ class MixedTrainLocalLevel(LevelGen):
 
     def __init__(self, kind: str, num_dists: int = 0, **kwargs: Any) -> None:
         if kind not in TASKS:
-            raise ValueError(f"unknown BabyAI task {kind!r}; valid tasks: {', '.join(TASKS)}")
+            raise SettingError(f"unknown BabyAI task {kind!r}; valid tasks: {', '.join(TASKS)}")
         self.kind = kind
         super().__init__(
             room_size=8,

@@ -21,6 +21,7 @@ from longturn.envs.crafter.vocabulary import (
     ACHIEVEMENTS, ACTIONS, DEFAULT_ACTION, unlocked_count,
 )
 from longturn.envs.synonyms import load_synonyms
+from longturn.errors import SettingError
 
 TASKS = ("default",)
 
@@ -46,9 +47,9 @@ class CrafterTextEnv:
         length: int = LENGTH,
     ) -> None:
         if task not in TASKS:
-            raise ValueError(f"unknown Crafter task {task!r}; valid tasks: {', '.join(TASKS)}")
+            raise SettingError(f"unknown Crafter task {task!r}; valid tasks: {', '.join(TASKS)}")
         if variant not in VARIANTS:
-            raise ValueError(f"unknown Crafter text variant {variant!r}; valid: {VARIANTS}")
+            raise SettingError(f"unknown Crafter text variant {variant!r}; valid: {VARIANTS}")
         self.task = task
         self.variant = variant
         self.max_steps = max_steps
