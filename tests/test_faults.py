@@ -29,7 +29,7 @@ from components.common import parser, run
 from longturn import atomic
 from longturn.algo.batches import read_turn_batch
 from longturn.checkpoints import CheckpointStore, verify
-from longturn.errors import ModelDirError, OutputNotWritable, TrajectoryFileError
+from longturn.errors import ModelDirError, OutputNotWritable, SettingError, TrajectoryFileError
 from longturn.models import check_model_dir
 from longturn.trajectories import read_table
 from test_pipeline_smoke import toy_params, write_params
@@ -414,3 +414,17 @@ def test_a_bug_keeps_its_traceback(tmp_path):
     params = write_params(tmp_path / "params.yaml", {})
     with pytest.raises(RuntimeError, match="a real bug"):
         fake_stage(RuntimeError("a real bug"), ["--params", params, "--out", str(tmp_path)])
+
+
+def test_user_errors_are_one_line_and_a_plain_value_error_is_a_bug(tmp_path, capsys,
+                                                                    monkeypatch):
+    params = write_params(tmp_path / "params.yaml", {})
+    argv = ["--params", params, "--out", str(tmp_path)]
+    assert fake_stage(SettingError("env 'nope' is not registered"), argv) == 2
+    assert capsys.readouterr().err.strip() == "fake: error: env 'nope' is not registered"
+    shape = ValueError("Expected input batch_size (4) to match target batch_size (3)")
+    with pytest.raises(ValueError, match="batch_size"):  # torch's kind: a bug, traceback kept
+        fake_stage(shape, argv)
+    monkeypatch.setenv("LONGTURN_DEBUG", "1")
+    with pytest.raises(SettingError):  # debugging: the user error's traceback too
+        fake_stage(SettingError("x"), argv)
