@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from longturn.algo.turn_grid import TurnGrid
+
 ArrayLike = Any  # numpy array, torch tensor or a plain sequence of numbers
 _NP_FLOATS = {np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch.float32,
               np.dtype(np.float64): torch.float64}
@@ -184,7 +186,7 @@ def masked_whiten(x: ArrayLike, mask: ArrayLike, eps: float = 1e-8) -> torch.Ten
 def carries_from_turns(env_index: ArrayLike, step: ArrayLike, episode_id: ArrayLike,
                        terminated: ArrayLike, aborted: ArrayLike, segment_end: ArrayLike,
                        iteration: ArrayLike | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Order turns by (env_index[, iteration], step) and derive each turn's carry c_t.
+    """Order turns slot by slot (the TurnGrid's slot-major order) and derive each turn's carry c_t.
 
     Returns ``(order, carries)``: ``order`` is the int64 permutation of rows, ``carries``
     the bool c_t of each turn *in that order*. c_t = 1 iff the next turn is in the same
@@ -194,23 +196,14 @@ def carries_from_turns(env_index: ArrayLike, step: ArrayLike, episode_id: ArrayL
     env, so earlier turns must not inherit its advantage. The caller's ``next_value``
     for the turn before it is used as given (a bootstrap, not the aborted turn's V).
     """
-    env = np.asarray(env_index).astype(np.int64)
-    stp = np.asarray(step).astype(np.int64)
-    it = np.zeros_like(env) if iteration is None else np.asarray(iteration).astype(np.int64)
-    order = np.lexsort((stp, it, env)).astype(np.int64)
-    env, stp, it = env[order], stp[order], it[order]
-    ep = np.asarray(list(episode_id), dtype=object)[order]
-    term, abrt, seg = (np.asarray(f, dtype=bool)[order]
-                       for f in (terminated, aborted, segment_end))
-    same_slot = (env[1:] == env[:-1]) & (it[1:] == it[:-1])
-    dup = same_slot & (stp[1:] == stp[:-1])
-    if dup.any():
-        i = int(np.argmax(dup))
-        raise ValueError(f"two turns share env_index={env[i]} step={stp[i]} "
-                         f"(rows {order[i]} and {order[i + 1]}): their order is ambiguous")
-    link = same_slot & (stp[1:] == stp[:-1] + 1) & (ep[1:] == ep[:-1]).astype(bool)
-    link &= ~term[:-1] & ~abrt[:-1] & ~seg[:-1] & ~abrt[1:]
-    carries = np.concatenate([link, np.zeros(min(1, env.size), dtype=bool)])
+    grid = TurnGrid.build(env_index, step, episode_id, iteration)
+    order = grid.slot_major_order()
+    term, abrt, seg = (np.asarray(f, dtype=bool) for f in (terminated, aborted, segment_end))
+    carries = np.zeros(len(order), dtype=bool)
+    if len(order) > 1:
+        now, later = order[:-1], order[1:]
+        carries[:-1] = ((grid.next_row[now] == later) & ~term[now] & ~abrt[now] & ~seg[now]
+                        & ~abrt[later])
     return order, carries
 
 

@@ -25,6 +25,7 @@ from longturn.algo.gae import GAEParams, gae_for_table
 from longturn.algo.group_advantages import CRITIC_FREE, GroupParams, turn_advantages
 from longturn.algo.model_set import ModelSet
 from longturn.algo.ppo import kl_penalty, token_rewards
+from longturn.algo.turn_grid import TurnGrid
 from longturn.engines.logprobs import pack_prompt_response
 from longturn.trajectories import read_metadata
 
@@ -115,13 +116,10 @@ def _advance(bar: Any, n: int) -> None:
 
 def successors(rows: list[Row]) -> list[int]:
     """Index of the turn that continues each row's episode in this batch (same slot and
-    iteration, next step, same episode_id), or -1."""
-    key = {(r["env_index"], r.get("iteration", 0), r["step"]): i for i, r in enumerate(rows)}
-    out = []
-    for r in rows:
-        j = key.get((r["env_index"], r.get("iteration", 0), r["step"] + 1), -1)
-        out.append(j if j >= 0 and rows[j]["episode_id"] == r["episode_id"] else -1)
-    return out
+    iteration, next step, same episode_id), or -1: the TurnGrid's answer."""
+    grid = TurnGrid.build([r["env_index"] for r in rows], [r["step"] for r in rows],
+                          [r["episode_id"] for r in rows], [r.get("iteration", 0) for r in rows])
+    return grid.next_row.tolist()
 
 
 def next_values(rows: list[Row], values: list[np.ndarray], boot: dict[int, float]) -> np.ndarray:
