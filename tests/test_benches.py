@@ -229,9 +229,9 @@ def test_generated_count_and_batches() -> None:
 
 def test_ppo_update_variants() -> None:
     ppo = load_bench("ppo_update.py")
-    from longturn.algo.trainer import TrainerSettings
+    from trainer_settings import make_settings
 
-    params_yaml = TrainerSettings(lora=True, lora_layers=8, share_prefix=True, share_trunk=True)
+    params_yaml = make_settings(lora=True, lora_layers=8, share_prefix=True, share_trunk=True)
     names = list(ppo.variants(params_yaml, 8, layers=30))
     assert names[0] == "plain" and "shared prefix" in names
     assert "shared prefix + LoRA top 8, trunk on (= params.yaml)" in names
@@ -241,5 +241,5 @@ def test_ppo_update_variants() -> None:
          "shared prefix + LoRA top 8, trunk on (= params.yaml)")]
     # on a 2-layer model, LoRA on the top 8 layers is LoRA everywhere: the shared-prefix run
     assert "shared prefix (= params.yaml)" in ppo.variants(params_yaml, 1, layers=2)
-    full = TrainerSettings(lora=False, share_prefix=True)
+    full = make_settings(lora=False, share_prefix=True)
     assert list(ppo.variants(full, 8, layers=30)) == ["plain", "shared prefix (= params.yaml)"]

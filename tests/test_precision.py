@@ -13,8 +13,9 @@ from transformers import AutoTokenizer
 from longturn.algo import ppo_steps
 from longturn.algo.critic import ValueModel
 from longturn.algo.gae import GAEParams
-from longturn.algo.trainer import PPOTrainer, TrainerSettings, ds_config
+from longturn.algo.trainer import PPOTrainer, ds_config
 from longturn.trajectories import write_turns
+from trainer_settings import make_settings
 from two_rank_update import make_rows
 
 GAE = GAEParams(gamma_step=0.99, lambda_step=0.95)
@@ -44,7 +45,7 @@ def test_first_update_logprobs_equal_scored_old_logprobs(tiny_model_dir, critic_
                                                          monkeypatch, bf16, lora) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     rows = _rows(tokenizer)
-    settings = TrainerSettings(actor_lr=1e-3, critic_lr=1e-3, temperature=0.7, ppo_epochs=1,
+    settings = make_settings(actor_lr=1e-3, critic_lr=1e-3, temperature=0.7, ppo_epochs=1,
                                mini_batch_size=len(rows), micro_batch_size=len(rows), bf16=bf16,
                                lora=lora, lora_layers=1, share_prefix=True, seed=4)
     seen = []
@@ -68,7 +69,7 @@ def test_first_update_logprobs_equal_scored_old_logprobs(tiny_model_dir, critic_
 @pytest.mark.parametrize("bf16", [True, False])
 def test_deepspeed_engine_forward_runs_in_the_configured_precision(tiny_model_dir, critic_dir,
                                                                    bf16) -> None:
-    settings = TrainerSettings(bf16=bf16, mini_batch_size=2, micro_batch_size=2)
+    settings = make_settings(bf16=bf16, mini_batch_size=2, micro_batch_size=2)
     config = ds_config(settings)
     assert ("torch_autocast" in config) == bf16
     assert config["bf16"] == {"enabled": False}  # fp32 master weights either way
@@ -87,7 +88,7 @@ def test_deepspeed_engine_forward_runs_in_the_configured_precision(tiny_model_di
 
 def test_full_fine_tuning_reference_is_a_bf16_copy_under_bf16(tiny_model_dir, critic_dir) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    base = TrainerSettings(mini_batch_size=2, micro_batch_size=2, lora=False)
+    base = make_settings(mini_batch_size=2, micro_batch_size=2, lora=False)
     for bf16, dtype in ((True, torch.bfloat16), (False, torch.float32)):
         trainer = PPOTrainer(tiny_model_dir, critic_dir, replace(base, bf16=bf16), GAE, tokenizer)
         ref = trainer.models.ref

@@ -16,13 +16,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from longturn.algo.critic import ValueModel, response_values
 from longturn.algo.gae import GAEParams
-from longturn.algo.trainer import PPOTrainer, TrainerSettings
+from longturn.algo.trainer import PPOTrainer
 from longturn.trajectories import write_turns
+from trainer_settings import make_settings
 from two_rank_update import make_rows
 
 GAE = GAEParams(gamma_step=0.99, lambda_step=0.95)
-SETTINGS = TrainerSettings(actor_lr=1e-3, critic_lr=1e-3, mini_batch_size=4, micro_batch_size=2,
-                           temperature=0.7, kl_beta=0.01, entropy_coef=0.01, seed=5)
+SETTINGS = make_settings(actor_lr=1e-3, critic_lr=1e-3, mini_batch_size=4, micro_batch_size=2,
+                         temperature=0.7, kl_beta=0.01, entropy_coef=0.01, seed=5)
 KEYS = {"policy_loss", "value_loss", "clip_fraction", "approx_kl", "entropy",
         "explained_variance", "kl_think", "kl_action", "kl_mean", "grad_norm_actor",
         "grad_norm_critic", "tokens_per_s", "seconds", "value_mean", "advantage_mean",

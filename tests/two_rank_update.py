@@ -60,11 +60,11 @@ def rank_rows(rank: int, tokenizer: Any) -> list[dict[str, Any]]:
 
 
 def settings(zero_stage: int = 2, mini_batch_size: int = 4) -> Any:
-    from longturn.algo.trainer import TrainerSettings
+    from trainer_settings import make_settings
 
-    return TrainerSettings(actor_lr=1e-3, critic_lr=1e-3, mini_batch_size=mini_batch_size,
-                           micro_batch_size=2, zero_stage=zero_stage, temperature=0.7, seed=3,
-                           whiten_advantages=False)
+    return make_settings(actor_lr=1e-3, critic_lr=1e-3, mini_batch_size=mini_batch_size,
+                         micro_batch_size=2, zero_stage=zero_stage, temperature=0.7, seed=3,
+                         whiten_advantages=False)
 
 
 def main(model_dir: str, out_dir: str, zero_stage: int = 2, mini_batch_size: int = 4) -> None:

@@ -48,38 +48,41 @@ BUCKET = 50_000_000  # elements per ZeRO reduce / all-gather bucket
 
 @dataclass
 class TrainerSettings:
-    """PPO hyper-parameters; batch sizes count turns per rank."""
+    """PPO hyper-parameters; batch sizes count turns per rank.
 
-    actor_lr: float = 1e-6
-    critic_lr: float = 1e-5
-    clip_ratio: float = 0.2
-    value_clip: float | None = 0.5
-    first_token_weight: float = 3.0
-    entropy_coef: float = 0.0
-    kl_beta: float = 0.001
-    kl_estimator: str = "k1"
-    temperature: float = 1.0  # the sampling temperature: π = softmax(logits / T)
-    ppo_epochs: int = 1
-    mini_batch_size: int = 8
-    micro_batch_size: int = 2
-    grad_clip: float = 1.0
-    zero_stage: int = 0
-    bf16: bool = False  # bf16 autocast for forward/backward; master weights stay fp32
-    lora: bool = False
-    lora_r: int = 8
-    lora_alpha: float = 16.0
-    lora_layers: int | None = None  # adapters on the top N transformer layers only (None: all)
-    share_prefix: bool = False  # run the prompts' common prefix once per micro-batch
-    share_trunk: bool = True  # run the frozen layers actor, reference and critic share once
-    gradient_checkpointing: bool = False
-    target_kl: float | None = None  # CleanRL: no further epochs once approx_kl exceeds it
-    device: str = "auto"  # engine.device: auto | cpu | cuda
-    seed: int = 0
-    whiten_advantages: bool = True
-    weight_decay: float = 0.0
-    advantage: str = "gae"  # gae (with a critic) | grpo | gigpo (critic-free)
-    group_norm_std: bool = True  # critic-free: divide by the group's std
-    step_weight: float = 1.0  # gigpo: weight of the anchor-state advantage
+    No defaults of its own for what params.yaml sets: `wiring.trainer_settings` builds it from the
+    pydantic sections (ppo, algo, engine, seed), the one place defaults live."""
+
+    actor_lr: float
+    critic_lr: float
+    clip_ratio: float
+    value_clip: float | None
+    first_token_weight: float
+    entropy_coef: float
+    kl_beta: float
+    kl_estimator: str
+    temperature: float  # the sampling temperature: π = softmax(logits / T)
+    ppo_epochs: int
+    mini_batch_size: int
+    micro_batch_size: int
+    grad_clip: float
+    zero_stage: int
+    bf16: bool  # bf16 autocast for forward/backward; master weights stay fp32
+    lora: bool
+    lora_r: int
+    lora_alpha: float
+    lora_layers: int | None  # adapters on the top N transformer layers only (None: all)
+    share_prefix: bool  # run the prompts' common prefix once per micro-batch
+    share_trunk: bool  # run the frozen layers actor, reference and critic share once
+    gradient_checkpointing: bool
+    target_kl: float | None  # CleanRL: no further epochs once approx_kl exceeds it
+    device: str  # engine.device: auto | cpu | cuda
+    seed: int
+    advantage: str  # gae (with a critic) | grpo | gigpo (critic-free)
+    group_norm_std: bool  # critic-free: divide by the group's std
+    step_weight: float  # gigpo: weight of the anchor-state advantage
+    whiten_advantages: bool = True  # not a params.yaml setting: the trainer's own choice
+    weight_decay: float = 0.0  # likewise
 
     @property
     def has_critic(self) -> bool:
