@@ -46,3 +46,27 @@ def find_experiment(shown: list[dict], name: str) -> dict:
             if exp.get("name") == name:
                 return exp["revs"][0]
     raise AssertionError(f"no experiment {name!r} in dvc exp show: {json.dumps(shown)[:2000]}")
+
+
+def test_exp_run_switches_the_estimator_and_writes_no_critic(tmp_path, tiny_model_dir):
+    from longturn.algo.scoring import audit_gae
+
+    params = toy_params(tiny_model_dir)
+    params["env"]["tasks"] = params["eval"]["tasks"] = ["goto"]
+    params["eval"].update(episodes_per_task=2, parallel_envs=2)
+    repo = scratch_repo(tmp_path, params)
+    _dvc(repo, "repro")
+    _git(repo, "add", "-A")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "gae baseline")
+
+    out = _dvc(repo, "exp", "run", "-n", "gigpo", "-S", "algo.advantage=gigpo",
+               "-S", "algo.group_size=2")
+
+    for stage in ("critic_warmup", "train", "final_eval", "report"):
+        assert f"Running stage '{stage}'" in out
+    for stage in ("prepare_model", "validate_prompts", "zero_shot_eval"):
+        assert f"Running stage '{stage}'" not in out
+    assert [p.name for p in (repo / "data/critic/warm").iterdir()] == ["NO_CRITIC.md"]
+    parts = sorted(repo.glob("data/train/trajectories/iteration=*/part-00.parquet"))
+    assert parts and all(audit_gae(part) < 1e-5 for part in parts)
+    assert "No critic: the estimator compares episodes" in (repo / "data/report/report.md").read_text()
