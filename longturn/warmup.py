@@ -62,7 +62,7 @@ def run_critic_warmup(params: Params, base: Path, out: Path, live_dir: Path, wor
     if is_main_process():  # this run replaces it: a failure must not leave the old one looking new
         shutil.rmtree(out, ignore_errors=True)
     if not needs_critic(params.algo.advantage):
-        return write_no_critic_note(params, out, work_dir)
+        return write_no_critic_note(params, out, work_dir, live_dir)
     rows = collect_frozen(params, base, rank, progress)
     trainer = PPOTrainer(base, base, trainer_settings(params), gae_params(params),
                          load_tokenizer(base), progress=progress)
@@ -90,8 +90,10 @@ def run_critic_warmup(params: Params, base: Path, out: Path, live_dir: Path, wor
 NO_CRITIC = "NO_CRITIC.md"
 
 
-def write_no_critic_note(params: Params, out: Path, work_dir: Path) -> dict[str, float]:
-    """The stage's outputs when the estimator needs no critic: a note, no model, no batches."""
+def write_no_critic_note(params: Params, out: Path, work_dir: Path,
+                         live_dir: Path) -> dict[str, float]:
+    """The stage's outputs when the estimator needs no critic: a note, no model, no batches, and
+    an empty loss-curve folder (DVC wants every declared output to exist)."""
     note = (f"# No critic\n\n`algo.advantage: {params.algo.advantage}` compares episodes within "
             f"groups of {params.algo.group_size} started from one env seed, so it needs no value "
             "model: nothing was warmed up, and train loads no critic.\n")
@@ -100,6 +102,8 @@ def write_no_critic_note(params: Params, out: Path, work_dir: Path) -> dict[str,
             shutil.rmtree(target, ignore_errors=True)
             with atomic_dir(target) as tmp:
                 (tmp / NO_CRITIC).write_text(note)
+        shutil.rmtree(live_dir, ignore_errors=True)
+        (live_dir / "plots" / "metrics").mkdir(parents=True)
     log.info("critic warm-up skipped: algo.advantage %s needs no critic", params.algo.advantage)
     return {"critic": 0.0, "turns": 0.0, "iterations": 0.0}
 
