@@ -29,6 +29,25 @@ def episode_seed(base_seed: int, rank: int, slot: int, count: int) -> int:
     return int.from_bytes(digest[:4], "little")
 
 
+def start_episodes(slots: list[EnvSlot], todo: Iterable[int],
+                   episode_for: Callable[[int], tuple[int, str]],
+                   unreported: list[list[str]]) -> None:
+    """Reset these slots in parallel to `episode_for(i)` = (seed, episode id). A failed reset is
+    recorded in `unreported[i]` (carried by the slot's next row) and the slot asks `episode_for`
+    again (the slot's EnvGaveUp ends the stage after env.max_retries failures in a row)."""
+    todo = list(todo)
+    while todo:
+        for i in todo:
+            slots[i].begin_start(*episode_for(i))
+        failed = []
+        for i in todo:
+            failure = slots[i].finish_start()
+            if failure is not None:
+                unreported[i].append(failure.reason)
+                failed.append(i)
+        todo = failed
+
+
 class FixedTurnCollector:
     """Owns the env slots of one rank across iterations."""
 
@@ -45,23 +64,15 @@ class FixedTurnCollector:
         self._start_next(range(n_envs))
 
     def _start_next(self, indices: Iterable[int]) -> None:
-        """New episodes in these slots, resets in parallel; a failed reset is counted (carried by
-        the slot's next row) and the slot tries the next seed (EnvGaveUp after max_retries)."""
-        todo = list(indices)
-        while todo:
-            for i in todo:
-                count = self.episode_counts[i]
-                slot = self.slots[i]
-                seed = episode_seed(self.seed, self.rank, i, count)
-                slot.begin_start(seed, f"{self.run_id}-r{self.rank}-e{slot.env_index}-{count}")
-                self.episode_counts[i] = count + 1
-            failed = []
-            for i in todo:
-                failure = self.slots[i].finish_start()
-                if failure is not None:
-                    self.unreported[i].append(failure.reason)
-                    failed.append(i)
-            todo = failed
+        """New episodes in these slots (start_episodes); after a failed reset a slot tries the
+        next seed."""
+        def next_episode(i: int) -> tuple[int, str]:
+            count = self.episode_counts[i]
+            self.episode_counts[i] = count + 1
+            return (episode_seed(self.seed, self.rank, i, count),
+                    f"{self.run_id}-r{self.rank}-e{self.slots[i].env_index}-{count}")
+
+        start_episodes(self.slots, indices, next_episode, self.unreported)
 
     def collect(self, engine: Engine, tokenizer: Any, sampling: SamplingParams, iteration: int,
                 extra: dict[str, Any] | None = None, progress: bool = True) -> list[dict[str, Any]]:

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from tqdm.auto import tqdm
 
-from longturn.collector import episode_seed
+from longturn.collector import episode_seed, start_episodes
 from longturn.engines.base import Engine, SamplingParams
 from longturn.envs.base import TextEnv
 from longturn.errors import SettingError
@@ -39,22 +39,13 @@ class EpisodeGroupCollector:
         self.unreported: list[list[str]] = [[] for _ in range(n_envs)]
 
     def _start_round(self) -> None:
-        """Reset every slot: a group's slots on its seed. A failed reset is retried on the same
-        seed (the slot's EnvGaveUp ends the stage after env.max_retries failures in a row)."""
-        todo = list(range(len(self.slots)))
-        while todo:
-            for i in todo:
-                group = i // self.group_size
-                seed = episode_seed(self.seed, self.rank, group, self.rounds)
-                slot = self.slots[i]
-                slot.begin_start(seed, f"{self.run_id}-r{self.rank}-e{slot.env_index}-{self.rounds}")
-            failed = []
-            for i in todo:
-                failure = self.slots[i].finish_start()
-                if failure is not None:
-                    self.unreported[i].append(failure.reason)
-                    failed.append(i)
-            todo = failed
+        """Reset every slot (start_episodes): a group's slots on its seed; a failed reset is
+        retried on the same seed."""
+        def group_episode(i: int) -> tuple[int, str]:
+            return (episode_seed(self.seed, self.rank, i // self.group_size, self.rounds),
+                    f"{self.run_id}-r{self.rank}-e{self.slots[i].env_index}-{self.rounds}")
+
+        start_episodes(self.slots, range(len(self.slots)), group_episode, self.unreported)
         self.rounds += 1
 
     def collect(self, engine: Engine, tokenizer: Any, sampling: SamplingParams, iteration: int,
