@@ -35,11 +35,11 @@ from longturn.algo.lora import apply_lora, merge_and_save, merged_state_dict
 from longturn.algo.model_set import ModelSet
 from longturn.algo.ppo_steps import Engines, UpdateStats, batch_stats, minibatch_step, schedule
 from longturn.algo.rng_state import load_rng_states, save_rng_states
+from longturn.algo.scoring import score_group_rows, score_rows
 from longturn.atomic import atomic_dir
 from longturn.device import resolve_device
 from longturn.distributed import (all_reduce_tensor, barrier, init_distributed, is_main_process,
                                   sum_over_ranks)
-from longturn.algo.scoring import score_group_rows, score_rows
 
 log = logging.getLogger(__name__)
 _TAG = "state"  # fixed DeepSpeed tag: saving into the same dir again replaces the checkpoint
