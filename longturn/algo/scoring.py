@@ -185,19 +185,32 @@ def score_rows(rows: list[Row], models: ModelSet, settings: ScoringSettings,
     nv = next_values(rows, scored.values, boot)
     rewards = kl_token_rewards(scored.old, scored.ref, [r["reward"] for r in rows],
                                settings.kl_beta, settings.kl_estimator)
+    _fill_scored(rows, scored, rewards, nv)
+    columns = {k: [r.get(k, 0) if k == "iteration" else r[k] for r in rows] for k in _GAE_INPUTS}
+    _store_advantages(rows, *gae_for_table(columns, gae_params))
+    return rows
+
+
+def _fill_scored(rows: list[Row], scored: Scored, rewards: list[np.ndarray],
+                 next_value: np.ndarray | None) -> None:
+    """Logprobs, token rewards, values and next_value of each row (both None without a critic,
+    `next_value` None), and the engine-vs-trainer logprob gap when the engine reported logprobs."""
+    critic = next_value is not None
     for i, row in enumerate(rows):
         row.update(old_logprobs=scored.old[i].tolist(), ref_logprobs=scored.ref[i].tolist(),
-                   values=scored.values[i].tolist(), token_rewards=rewards[i].tolist(),
-                   next_value=float(nv[i]))
+                   token_rewards=rewards[i].tolist(),
+                   values=scored.values[i].tolist() if critic else None,
+                   next_value=float(next_value[i]) if critic else None)
         if scored.raw and row.get("engine_logprobs") is not None:  # both untempered
             gap = np.abs(np.asarray(row["engine_logprobs"]) - scored.raw[i])
             row["logprob_gap"] = float(gap.mean())
-    columns = {k: [r.get(k, 0) if k == "iteration" else r[k] for r in rows] for k in _GAE_INPUTS}
-    advantages, returns = gae_for_table(columns, gae_params)
+
+
+def _store_advantages(rows: list[Row], advantages: list[np.ndarray],
+                      returns: list[np.ndarray]) -> None:
     for row, adv, ret in zip(rows, advantages, returns):
         row["advantages"] = adv.astype(np.float32).tolist()
         row["returns"] = ret.astype(np.float32).tolist()
-    return rows
 
 
 def _token_lists(rows: list[Row]) -> tuple[list[list[int]], list[list[int]]]:
@@ -238,17 +251,9 @@ def score_group_rows(rows: list[Row], models: ModelSet, settings: ScoringSetting
         scored = score_batch(models, prompts, responses, settings, pad_id, True, bar, False)
     rewards = kl_token_rewards(scored.old, scored.ref, [r["reward"] for r in rows],
                                settings.kl_beta, settings.kl_estimator)
-    for i, row in enumerate(rows):
-        row.update(old_logprobs=scored.old[i].tolist(), ref_logprobs=scored.ref[i].tolist(),
-                   token_rewards=rewards[i].tolist(), values=None, next_value=None)
-        if row.get("engine_logprobs") is not None:
-            row["logprob_gap"] = float(np.abs(np.asarray(row["engine_logprobs"])
-                                              - scored.raw[i]).mean())
+    _fill_scored(rows, scored, rewards, None)
     columns = {k: [r.get(k) for r in rows] for k in _GROUP_INPUTS}
-    advantages, returns = group_advantages_for_table(columns, params)
-    for row, adv, ret in zip(rows, advantages, returns):
-        row["advantages"] = adv.astype(np.float32).tolist()
-        row["returns"] = ret.astype(np.float32).tolist()
+    _store_advantages(rows, *group_advantages_for_table(columns, params))
     return rows
 
 
