@@ -8,9 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+import torch
 import yaml
 
 from longturn.config import parse_params
@@ -113,3 +115,42 @@ def test_warmup_and_train_without_a_critic(tmp_path, tiny_model_dir, advantage) 
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resuming after iteration 1" in done.stderr
     assert len(list(out.glob("trajectories/iteration=*/part-00.parquet"))) == 3
+
+
+def test_group_advantages_reach_the_loss_unwhitened(tiny_model_dir, tmp_path, monkeypatch) -> None:
+    """The update uses the stored group advantages as they are (GAE's are whitened)."""
+    from dataclasses import replace
+
+    from longturn.algo import ppo_steps
+    from longturn.algo.gae import GAEParams
+    from longturn.algo.trainer import PPOTrainer
+    from longturn.models import load_tokenizer
+    from longturn.trajectories import write_turns
+    from longturn.wiring import trainer_settings
+
+    params = parse_params(_params(tiny_model_dir, "grpo"))
+    settings = replace(trainer_settings(params), bf16=False)
+    tokenizer = load_tokenizer(tiny_model_dir)
+    engine = make_engine(tiny_model_dir, params)
+    collector = EpisodeGroupCollector(env_factory_from_params(params), ["goto"], 4, 2,
+                                      AgentSettings.from_params(params), seed=3, run_id="w")
+    try:
+        rows = collector.collect(engine, tokenizer, sampling_from_params(params, seed=1), 0,
+                                 progress=False)
+    finally:
+        collector.close()
+        engine.close()
+    for row in rows:  # distinct returns: a random policy's are all alike
+        row["reward"] = float(row["env_index"])
+    trainer = PPOTrainer(tiny_model_dir, None, settings, GAEParams(0.5, 1.0), tokenizer)
+    path = write_turns(trainer.score(rows), tmp_path / "turns.parquet")
+    seen = []
+    real = ppo_steps.policy_loss
+    monkeypatch.setattr(ppo_steps, "policy_loss", lambda lp, old, adv, mask, *a, **k: (
+        seen.append(adv[mask]), real(lp, old, adv, mask, *a, **k))[1])
+    trainer.update([str(path)])
+    used = np.sort(torch.cat(seen).cpu().numpy())
+    stored = np.sort(np.concatenate([r["advantages"] for r in rows]).astype(np.float32))
+    # not already whitened (γ 0.5 discounts the ±1 episode advantages back to each turn)
+    assert abs(stored.std() - 1) > 0.05 or abs(stored.mean()) > 1e-3
+    np.testing.assert_allclose(used, stored, atol=1e-6)

@@ -226,8 +226,11 @@ class PPOTrainer:
         s = self.settings
         if not train_actor and self.critic_engine is None:
             raise ValueError("a critic-only update needs a critic")
-        batch = read_turn_batch(parquet_paths, whiten=s.whiten_advantages,
-                                values=self.critic_engine is not None)
+        # group advantages are already normalised within their groups: whitening them again over
+        # the batch's tokens would shift every one by a token-weighted mean (longer turns count
+        # more) and undo the group baseline
+        batch = read_turn_batch(parquet_paths, whiten=s.whiten_advantages and s.has_critic,
+                                values=s.has_critic)
         self._check_same_size(len(batch))
         stats = UpdateStats()
         self.actor_engine.train()
