@@ -1,0 +1,139 @@
+"""Chat messages as token deltas of the chat template, so earlier tokens are never re-tokenized.
+
+Why: re-tokenizing the whole conversation after each turn can split the model's own output into
+other tokens than it sampled (and a template may rewrite earlier turns), so the ids trained on
+would not be the ids generated. Instead the sequence only ever grows:
+- the first messages are rendered once, with the generation prompt;
+- the model's reply is appended as the exact sampled ids;
+- the template's closing of an assistant turn (the end-of-turn text the model did not sample, and
+  what follows it, `\\n` in ChatML) is appended after the reply;
+- later messages (tool results, user turns) are rendered after a fixed dummy conversation that
+  ends with an assistant turn, and only the text past that dummy is tokenized. The dummy keeps a
+  system or tool preamble from being rendered again.
+
+Tools: schemas go to the template's `tools=`. A template that ignores them (SmolLM2's) gets the
+schemas written into the system message in the Hermes format instead (`tool_preamble`), so the
+model is told about its tools either way; `prepare` applies that to the message list, and the
+sanity check re-renders the same list.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from longturn.errors import UserError
+
+# A conversation the template renders before any new message; its text is cut off again.
+_DUMMY = [{"role": "system", "content": "dummy system"},
+          {"role": "user", "content": "dummy user"},
+          {"role": "assistant", "content": "dummy assistant"}]
+_MARK = "\u2063longturn-reply\u2063"  # content no template rewrites, to find an assistant's closing
+
+
+class ChatTemplateError(UserError):
+    """The chat template renders in a way deltas cannot follow (it rewrites the dummy prefix)."""
+
+
+def tool_preamble(tools: list[dict[str, Any]]) -> str:
+    """The Hermes-format tool description for templates without native tool support."""
+    lines = "\n".join(json.dumps(tool, sort_keys=True) for tool in tools)
+    return ("# Tools\n\nYou may call one or more of these functions. Their signatures are inside "
+            f"<tools></tools>:\n<tools>\n{lines}\n</tools>\n\nTo call one, write a JSON object "
+            "with its name and arguments between tags, one call per pair:\n<tool_call>\n"
+            '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
+
+
+class ChatDeltas:
+    """Renders a tokenizer's chat template as deltas; holds no per-episode state."""
+
+    def __init__(self, tokenizer: Any, tools: list[dict[str, Any]] | None = None,
+                 template_kwargs: dict[str, Any] | None = None):
+        self.tokenizer = tokenizer
+        self.tools = list(tools or [])
+        self.template_kwargs = dict(template_kwargs or {})
+        probe = [{"role": "user", "content": "probe"}]
+        self.native_tools = bool(self.tools) and (
+            self._render(probe, False, self.tools) != self._render(probe, False, None))
+        self._dummy_text = self.render(_DUMMY, add_generation_prompt=False)
+        self.assistant_closing = self._closing()
+        self.closing_ids = self.encode(self.assistant_closing)
+        if not self.closing_ids:
+            raise ChatTemplateError("the chat template closes an assistant message with nothing; "
+                                    "sequence mode needs an end-of-turn token")
+
+    # ------------------------------------------------------------------ rendering
+
+    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
+                tools: list[dict[str, Any]] | None) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tools=tools or None, tokenize=False,
+            add_generation_prompt=add_generation_prompt, **self.template_kwargs)
+
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+        """The template's text for `messages` (already `prepare`d)."""
+        return self._render(messages, add_generation_prompt,
+                            self.tools if self.native_tools else None)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False,
+                                     clean_up_tokenization_spaces=False)
+
+    def prepare(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The first messages of an episode, with the tool preamble in the system message when
+        the template does not take `tools=` itself."""
+        messages = [dict(m) for m in messages]
+        if not self.tools or self.native_tools:
+            return messages
+        preamble = tool_preamble(self.tools)
+        if messages and messages[0]["role"] == "system":
+            messages[0]["content"] = f"{messages[0]['content']}\n\n{preamble}"
+        else:
+            messages.insert(0, {"role": "system", "content": preamble})
+        return messages
+
+    def _closing(self) -> str:
+        """What the template writes after an assistant's content (`<|im_end|>\\n` in ChatML)."""
+        text = self.render(_DUMMY[:2] + [{"role": "assistant", "content": _MARK}], False)
+        at = text.rfind(_MARK)
+        if at < 0:
+            raise ChatTemplateError("the chat template drops the assistant's content; sequence "
+                                    "mode needs a template that renders assistant messages")
+        return text[at + len(_MARK):]
+
+    # ------------------------------------------------------------------ token ids
+
+    def start(self, messages: list[dict[str, Any]]) -> list[int]:
+        """Ids of an episode's first (prepared) messages, ending with the generation prompt."""
+        return self.encode(self.render(messages, add_generation_prompt=True))
+
+    def close_reply(self, reply_ids: list[int]) -> list[int]:
+        """Ids that close a sampled reply the way the template closes an assistant message: the
+        rest of the closing after the end-of-turn token when the model sampled it, all of it when
+        the reply was cut at max_new_tokens or ended with another stop token."""
+        if reply_ids and reply_ids[-1] == self.closing_ids[0]:
+            return self.closing_ids[1:]
+        return list(self.closing_ids)
+
+    def append(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+               ) -> list[int]:
+        """Ids of `messages` rendered after a closed assistant turn, with the generation prompt
+        for the next reply unless the episode ends here."""
+        text = self.render(_DUMMY + list(messages), add_generation_prompt)
+        if not text.startswith(self._dummy_text):
+            raise ChatTemplateError(
+                "the chat template renders earlier messages differently once more follow, so "
+                f"deltas cannot be cut from it (expected the text to start with "
+                f"{self._dummy_text[-60:]!r}); use rollout.tokenization_check to compare, or a "
+                "template that leaves earlier turns alone")
+        return self.encode(text[len(self._dummy_text):])
+
+    def reply_content(self, reply_ids: list[int]) -> str:
+        """The assistant message content of a sampled reply: its text without a sampled
+        end-of-turn token (the template writes that itself)."""
+        if reply_ids and reply_ids[-1] == self.closing_ids[0]:
+            reply_ids = reply_ids[:-1]
+        return self.decode(reply_ids)
