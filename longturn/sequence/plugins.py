@@ -1,0 +1,47 @@
+"""YAML plugin lists (tools, interactions): each entry names a class by import path.
+
+Shared by `tools` and `interactions` so that both report a missing file, bad YAML, a missing key
+or an import that fails in the same words, naming the file and the entry.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from longturn.errors import SettingError
+
+
+def read_entries(path: str | Path, key: str) -> list[dict[str, Any]]:
+    """The list under `key` in a YAML file, each entry a mapping."""
+    path = Path(path)
+    if not path.is_file():
+        raise SettingError(f"{key} file {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise SettingError(f"{key} file {str(path)!r} is not valid YAML: {err}") from err
+    entries = data.get(key) if isinstance(data, dict) else None
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise SettingError(f"{key} file {str(path)!r} needs a top-level {key!r} list of mappings")
+    return entries
+
+
+def import_class(target: Any, where: str) -> type:
+    """`package.module:Class` (or `package.module.Class`) → the class."""
+    if not isinstance(target, str) or not target.strip():
+        raise SettingError(f"{where}: 'class' must be an import path like 'package.module:Class'")
+    module_name, sep, attr = target.partition(":")
+    if not sep:
+        module_name, _, attr = target.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise SettingError(f"{where}: cannot import module {module_name!r}: {err}") from err
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise SettingError(f"{where}: module {module_name!r} has no {attr!r}") from None

@@ -1,0 +1,107 @@
+"""Arithmetic word problems generated from a seed, a rule-based reward, and a user who asks for a
+revision when the answer is wrong: the shipped task of sequence mode, needing no download.
+
+Each problem is two or three operations on two- and three-digit numbers wrapped in a short story,
+with an integer answer; a small model gets them right far more often with the calculator tool
+than without, which is what training should discover. The model is asked to end with
+`ANSWER: <number>`; the reward is 1 when the last such line holds the right number, else 0.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from longturn.sequence.interactions import BaseInteraction
+
+SYSTEM = ("You solve arithmetic word problems. You may use the calculator tool for any "
+          "computation. When you know the result, end your reply with a line "
+          "'ANSWER: <number>'.")
+_ANSWER = re.compile(r"answer\s*:\s*\$?\s*(-?[\d,]*\.?\d+)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Problem:
+    question: str
+    answer: int
+    expression: str  # the computation, for audits
+
+
+def _stories(r: random.Random) -> list[Problem]:
+    """One problem per story template, numbers drawn from `r`."""
+    name = r.choice(["Maya", "Omar", "Lena", "Ravi", "Ines", "Tariq", "Yuki", "Bram"])
+    a, b, c = r.randint(12, 480), r.randint(3, 29), r.randint(11, 99)
+    d = r.randint(2, 9)
+    per, groups = r.randint(12, 96), r.randint(3, 24)
+    total = per * groups
+    return [
+        Problem(f"{name} has {a} stamps and buys {b} packs of {c} stamps each. How many stamps "
+                f"does {name} have now?", a + b * c, f"{a} + {b} * {c}"),
+        Problem(f"A library had {a + b * c} books and lent out {b} boxes of {c} books each. How "
+                "many books are left?", a, f"{a + b * c} - {b} * {c}"),
+        Problem(f"{name} packs {total} apples into crates of {per}. Each crate sells for {d} "
+                "coins. How many coins do all the crates bring?", groups * d,
+                f"{total} / {per} * {d}"),
+        Problem(f"A train carries {b} cars with {c} seats each; {a % (b * c) or 1} seats are "
+                "empty. How many seats are taken?", b * c - (a % (b * c) or 1),
+                f"{b} * {c} - {a % (b * c) or 1}"),
+        Problem(f"{name} saves {c} coins a week for {b} weeks, then spends {a % (b * c)} coins. "
+                "How many coins are left?", b * c - a % (b * c), f"{c} * {b} - {a % (b * c)}"),
+    ]
+
+
+def make_problem(seed: int) -> Problem:
+    """The problem of one seed (the same on every machine: `random.Random(seed)`)."""
+    r = random.Random(seed)
+    return r.choice(_stories(r))
+
+
+def task_record(seed: int) -> dict[str, Any]:
+    """One task for the sequence rollout: its first messages and what the tools and the
+    interaction need to know."""
+    problem = make_problem(seed)
+    return {"task": "arithmetic", "seed": seed, "answer": problem.answer,
+            "messages": [{"role": "system", "content": SYSTEM},
+                         {"role": "user", "content": problem.question}],
+            "tools_kwargs": {}, "interaction_kwargs": {"answer": problem.answer}}
+
+
+def final_answer(text: str) -> float | None:
+    """The number on the reply's last `ANSWER:` line (commas allowed), or None."""
+    found = _ANSWER.findall(text)
+    if not found:
+        return None
+    try:
+        return float(found[-1].replace(",", ""))
+    except ValueError:
+        return None
+
+
+def reward(text: str, answer: int) -> float:
+    value = final_answer(text)
+    return 1.0 if value is not None and abs(value - answer) < 1e-6 else 0.0
+
+
+class RevisionInteraction(BaseInteraction):
+    """Ends the episode on a right answer (score 1); on a wrong or missing one asks for a
+    revision, up to `max_revisions` times (config), then ends it (score 0)."""
+
+    def start(self, instance_id: str, **kwargs: Any) -> None:
+        super().start(instance_id, **kwargs)
+        self.instances[instance_id]["revisions"] = 0
+
+    def generate_response(self, instance_id: str, messages: list[dict[str, Any]]
+                          ) -> tuple[bool, str, float, dict[str, Any]]:
+        state = self.instances[instance_id]
+        score = reward(messages[-1]["content"], state["answer"])
+        if score == 1.0:
+            return True, "Correct.", 1.0, {"revisions": state["revisions"]}
+        if state["revisions"] >= int(self.config.get("max_revisions", 1)):
+            return True, "That is still not right.", 0.0, {"revisions": state["revisions"]}
+        state["revisions"] += 1
+        missing = final_answer(messages[-1]["content"]) is None
+        text = ("I do not see an 'ANSWER: <number>' line. " if missing else
+                "That answer is not right. ") + "Check the computation and answer again."
+        return False, text, 0.0, {"revisions": state["revisions"]}

@@ -1,0 +1,156 @@
+"""Tool calls in Hermes format, the tools YAML, the calculator's safe evaluator, interactions and
+the arithmetic task: every mistake of the model is a message, never a crash or an eval."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from longturn.errors import SettingError
+from longturn.sequence.interactions import load_interactions
+from longturn.sequence.tool_calls import BadToolCall, ToolCall, parse_tool_calls
+from longturn.sequence.tools import BaseTool, ToolBox, load_tools
+from longturn.tasks.arithmetic import (RevisionInteraction, final_answer, make_problem, reward,
+                                       task_record)
+from longturn.tasks.calculator import CalculationError, evaluate, format_number
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOLS = ROOT / "configs" / "calculator_tools.yaml"
+INTERACTIONS = ROOT / "configs" / "revision_interactions.yaml"
+
+
+def test_parse_hermes_calls_in_order_and_bad_ones_with_their_reason():
+    text = ('I will compute. <tool_call>\n{"name": "calculator", "arguments": {"expression": '
+            '"2+3"}}\n</tool_call> then <tool_call>{"name": "calculator", "arguments": '
+            '"{\\"expression\\": \\"4*5\\"}"}</tool_call><tool_call>{name: calc}</tool_call>'
+            '<tool_call>{"arguments": {}}</tool_call><tool_call>{"name": "x", "arguments": [1]}'
+            '</tool_call> and <tool_call>{"name": "calculator"')
+    calls = parse_tool_calls(text)
+    assert calls[0] == ToolCall("calculator", {"expression": "2+3"})
+    assert calls[1] == ToolCall("calculator", {"expression": "4*5"})  # arguments as a JSON string
+    assert isinstance(calls[2], BadToolCall) and "not valid JSON" in calls[2].error
+    assert isinstance(calls[3], BadToolCall) and '"name" string' in calls[3].error
+    assert isinstance(calls[4], BadToolCall) and "must be a JSON object" in calls[4].error
+    assert isinstance(calls[5], BadToolCall) and "never closed" in calls[5].error
+    assert parse_tool_calls("ANSWER: 5") == []
+
+
+@pytest.mark.parametrize("expression, value", [
+    ("2+3*4", 14), ("(2+3)*4", 20), ("7/2", 3.5), ("7//2", 3), ("-2**3", -8), ("17 % 5", 2),
+    ("1.5 * 4", 6.0), ("  12 - 3  ", 9)])
+def test_calculator_evaluates_arithmetic(expression, value):
+    assert evaluate(expression) == value
+
+
+@pytest.mark.parametrize("expression, message", [
+    ("__import__('os').system('echo hi')", "only numbers"),
+    ("open('/etc/passwd').read()", "only numbers"),
+    ("x + 1", "only numbers"), ("'a' * 3", "only numbers"), ("[1, 2]", "only numbers"),
+    ("2 ** 1000", "exponents above 64"), ("10 ** 20", "out of range"), ("1/0", "division by zero"),
+    ("2 +", "not an arithmetic expression"), ("1" * 300, "longer than 200"),
+    ("(-8) ** 0.5", "out of range")])
+def test_calculator_refuses_anything_else_with_a_reason(expression, message):
+    with pytest.raises(CalculationError, match=message):
+        evaluate(expression)
+
+
+def test_format_number():
+    assert format_number(6.0) == "6" and format_number(3.5) == "3.5"
+    assert format_number(1 / 3) == "0.3333333333"
+
+
+def test_toolbox_turns_every_model_mistake_into_an_error_result():
+    box = ToolBox(load_tools(TOOLS))
+    assert [s["function"]["name"] for s in box.schemas] == ["calculator"]
+    box.create("ep-1")
+    ok = box.call("ep-1", ToolCall("calculator", {"expression": "12 * 7"}))
+    assert (ok.text, ok.error, ok.metrics) == ("84", None, {"calculator_ok": 1})
+    assert box.call("ep-1", ToolCall("calculator", {"expression": "1/0"})).text == \
+        "Error: division by zero"
+    unknown = box.call("ep-1", ToolCall("search", {"q": "x"}))
+    assert unknown.error == "unknown_tool" and "calculator" in unknown.text
+    missing = box.call("ep-1", ToolCall("calculator", {}))
+    assert missing.error == "bad_arguments" and "'expression' is a required property" in missing.text
+    extra = box.call("ep-1", ToolCall("calculator", {"expression": "1", "mode": "x"}))
+    assert extra.error == "bad_arguments"
+    wrong_type = box.call("ep-1", ToolCall("calculator", {"expression": 5}))
+    assert wrong_type.error == "bad_arguments" and "expression" in wrong_type.text
+    bad = box.call("ep-1", BadToolCall("{", "the tool call is not valid JSON"))
+    assert bad.error == "bad_call" and bad.text.startswith("Error: the tool call is not valid JSON")
+    assert box.rewards("ep-1") == {"calculator": 0.0}
+    box.release("ep-1")
+    assert box.tools["calculator"].instances == {}
+
+
+class Exploding(BaseTool):
+    def execute(self, instance_id, parameters):
+        raise RuntimeError("disk on fire")
+
+
+def test_a_tool_that_raises_gives_an_error_result(tmp_path):
+    schema = {"type": "function", "function": {"name": "boom", "parameters": {
+        "type": "object", "properties": {}}}}
+    box = ToolBox([Exploding({}, schema)])
+    result = box.call("e", ToolCall("boom", {}))
+    assert result.error == "tool_exception" and "RuntimeError: disk on fire" in result.text
+
+
+@pytest.mark.parametrize("text, message", [
+    ("nothing: here\n", "top-level 'tools' list"),
+    ("tools: [{class: longturn.tasks.calculator:CalculatorTool}]", "OpenAI function schema"),
+    ("tools: [{class: no.such.module:X, schema: {type: function, function: {name: a}}}]",
+     "cannot import module 'no.such.module'"),
+    ("tools: [{class: 'longturn.tasks.calculator:Nope', schema: {type: function, function: "
+     "{name: a}}}]", "has no 'Nope'"),
+    ("tools: [{class: 'longturn.tasks.calculator:evaluate', schema: {type: function, function: "
+     "{name: a}}}]", "not a longturn BaseTool"),
+    ("tools: [{class: 'longturn.tasks.calculator:CalculatorTool', schema: {type: function, "
+     "function: {name: a, parameters: {type: 12}}}}]", "not a JSON Schema"),
+    ("tools: [\n", "not valid YAML"),
+    ("tools: [{class: 'longturn.tasks.calculator:CalculatorTool', config: {max_length: big}, "
+     "schema: {type: function, function: {name: a}}}]", "limits must be numbers"),
+])
+def test_bad_tools_file_names_file_and_entry(tmp_path, text, message):
+    path = tmp_path / "tools.yaml"
+    path.write_text(text)
+    with pytest.raises(SettingError, match=message):
+        load_tools(path)
+    with pytest.raises(SettingError, match="does not exist"):
+        load_tools(tmp_path / "missing.yaml")
+
+
+def test_problems_are_seeded_integral_and_right():
+    assert make_problem(7) == make_problem(7)
+    questions = {make_problem(s).question for s in range(50)}
+    assert len(questions) == 50
+    for s in range(200):
+        p = make_problem(s)
+        expected = evaluate(p.expression)
+        assert float(expected).is_integer() and int(expected) == p.answer, p
+    record = task_record(3)
+    assert record["messages"][-1]["content"] == make_problem(3).question
+    assert record["interaction_kwargs"] == {"answer": make_problem(3).answer}
+
+
+def test_reward_reads_the_last_answer_line():
+    assert final_answer("ANSWER: 1,204") == 1204 and final_answer("no number") is None
+    assert reward("first ANSWER: 3\nno wait, answer: 42", 42) == 1.0
+    assert reward("ANSWER: 41", 42) == 0.0 and reward("", 42) == 0.0
+
+
+def test_revision_interaction_asks_once_then_ends():
+    interaction = load_interactions(INTERACTIONS)["revise"]
+    assert isinstance(interaction, RevisionInteraction)
+    interaction.start("a", answer=42)
+    done, text, score, _ = interaction.generate_response(
+        "a", [{"role": "assistant", "content": "ANSWER: 41"}])
+    assert (done, score) == (False, 0.0) and "not right" in text
+    done, text, score, metrics = interaction.generate_response(
+        "a", [{"role": "assistant", "content": "hmm"}])
+    assert (done, score, metrics) == (True, 0.0, {"revisions": 1})
+    interaction.start("b", answer=42)
+    assert interaction.generate_response("b", [{"role": "assistant", "content": "ANSWER: 42"}])[:3] \
+        == (True, "Correct.", 1.0)
+    interaction.finalize("b")
+    assert "b" not in interaction.instances
