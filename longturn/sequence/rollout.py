@@ -1,0 +1,157 @@
+"""The built-in sequence rollout: a batch of tasks played as growing token sequences, every
+active episode's next reply generated in one engine call.
+
+After each reply:
+- tool calls in it (Hermes format) are run through the ToolBox; their results, errors included,
+  are appended as `tool` messages and the model replies again;
+- a reply without tool calls goes to the interaction, which scores it and either ends the episode
+  or answers as the user; without an interaction such a reply ends the episode;
+- limits end it too: `max_assistant_turns`, `max_user_turns`, `max_tokens` (the token budget of
+  the whole sequence: a reply is cut to fit, and no context is appended past it).
+When an episode ends, the template's closing follows its last reply, the accumulated ids are
+checked against a full re-rendering (`tokenization_check`), and tools and interaction release it.
+
+It is registered as `longturn.sequence.rollout:sequence_rollout`; `rollout.function` may name any
+function with the same signature and records (README: sequence mode).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from tqdm.auto import tqdm
+
+from longturn.engines.base import Engine, SamplingParams
+from longturn.sequence.chat_deltas import ChatDeltas
+from longturn.sequence.episode import (DONE, MAX_ASSISTANT_TURNS, MAX_USER_TURNS, TOKEN_BUDGET,
+                                       SequenceEpisode)
+from longturn.sequence.interactions import BaseInteraction
+from longturn.sequence.tokenization_check import check_tokenization
+from longturn.sequence.tool_calls import parse_tool_calls
+from longturn.sequence.tools import ToolBox
+
+
+@dataclass
+class SequenceSettings:
+    """Everything a sequence rollout needs besides the engine, tokenizer, sampling and tasks."""
+
+    max_assistant_turns: int = 4
+    max_user_turns: int = 2
+    max_tokens: int = 2048
+    max_tool_response_chars: int = 1000
+    tokenization_check: str = "strict"
+    tools: ToolBox | None = None
+    interaction: BaseInteraction | None = None
+    reward_fn: Callable[[dict[str, Any], list[dict[str, Any]]], float] | None = None
+    progress: bool = True
+
+
+def _tool_turn(ep: SequenceEpisode, tools: ToolBox, calls: list, limit: int
+               ) -> list[dict[str, Any]]:
+    """Run a reply's calls; the tool messages to append."""
+    out = []
+    for call in calls:
+        result = tools.call(ep.episode_id, call)
+        ep.tool_calls += 1
+        ep.tool_errors += result.error is not None
+        ep.reward(result.reward, result.metrics)
+        text = result.text if len(result.text) <= limit else result.text[:limit] + " …(cut)"
+        out.append({"role": "tool", "name": result.name or "error", "content": text})
+    return out
+
+
+def _after_reply(ep: SequenceEpisode, content: str, s: SequenceSettings) -> list[dict] | None:
+    """Decide what follows a reply: the messages to append, or None when the episode ended."""
+    calls = parse_tool_calls(content) if s.tools is not None else []
+    if calls:
+        messages = _tool_turn(ep, s.tools, calls, s.max_tool_response_chars)
+        if ep.assistant_turns >= s.max_assistant_turns:
+            ep.end(MAX_ASSISTANT_TURNS)
+            return None
+        return messages
+    if s.interaction is None:
+        if s.reward_fn is not None:
+            ep.reward(s.reward_fn(ep.task, ep.messages))
+        ep.end(DONE)
+        return None
+    stop, text, score, metrics = s.interaction.generate_response(ep.episode_id, ep.messages)
+    ep.reward(score, metrics)
+    if stop:
+        ep.end(DONE)
+        return None
+    if ep.assistant_turns >= s.max_assistant_turns:
+        ep.end(MAX_ASSISTANT_TURNS)
+        return None
+    if ep.user_turns >= s.max_user_turns:
+        ep.end(MAX_USER_TURNS)
+        return None
+    ep.user_turns += 1
+    return [{"role": "user", "content": text}]
+
+
+def _finish(ep: SequenceEpisode, s: SequenceSettings) -> dict[str, Any]:
+    # the sequence ends with a reply's closing, or (no reply fitted) with the generation prompt
+    result = check_tokenization(ep.deltas, ep.messages, ep.ids, s.tokenization_check,
+                                add_generation_prompt=not ep.segments,
+                                where=f"episode {ep.episode_id}")
+    ep.check = result.outcome
+    if s.tools is not None:
+        for name, value in s.tools.rewards(ep.episode_id).items():
+            if value:
+                ep.reward(value, {f"{name}_reward": value})
+        s.tools.release(ep.episode_id)
+    if s.interaction is not None:
+        s.interaction.finalize(ep.episode_id)
+    return ep.record()
+
+
+def sequence_rollout(engine: Engine, tokenizer: Any, sampling: SamplingParams,
+                     tasks: list[dict[str, Any]], settings: SequenceSettings,
+                     id_prefix: str = "seq") -> list[dict[str, Any]]:
+    """Play every task to its end; one record per task, in task order."""
+    s = settings
+    deltas = ChatDeltas(tokenizer, s.tools.schemas if s.tools else None)
+    episodes = []
+    for i, task in enumerate(tasks):
+        ep = SequenceEpisode.begin(f"{id_prefix}-{i}", task, deltas)
+        if s.tools is not None:
+            s.tools.create(ep.episode_id, task.get("tools_kwargs"))
+        if s.interaction is not None:
+            s.interaction.start(ep.episode_id, **task.get("interaction_kwargs", {}))
+        episodes.append(ep)
+    bar = tqdm(total=len(tasks), desc="episodes", unit="ep", disable=not s.progress, leave=False)
+    step = 0
+    while active := [ep for ep in episodes if not ep.done]:
+        for ep in active:
+            if _room(ep, s) < 1:
+                ep.end(TOKEN_BUDGET)
+        active = [ep for ep in active if not ep.done]
+        seed = None if sampling.seed is None else sampling.seed + 100_003 * step
+        completions = engine.generate([ep.ids for ep in active],
+                                      dataclasses.replace(sampling, seed=seed)) if active else []
+        for ep, completion in zip(active, completions):
+            reply = completion.token_ids[:_room(ep, s)]
+            content = ep.add_reply(reply, completion.logprobs)
+            if len(reply) < len(completion.token_ids):
+                ep.end(TOKEN_BUDGET)  # cut to fit: neither tools nor the user see it
+                continue
+            messages = _after_reply(ep, content, s)
+            if messages is None:
+                continue
+            delta = deltas.append(messages)
+            if len(ep.ids) + len(delta) >= s.max_tokens:
+                ep.end(TOKEN_BUDGET)
+                continue
+            ep.add_messages(messages, delta)
+        bar.n = sum(ep.done for ep in episodes)
+        bar.refresh()
+        step += 1
+    bar.close()
+    return [_finish(ep, s) for ep in episodes]
+
+
+def _room(ep: SequenceEpisode, s: SequenceSettings) -> int:
+    """Reply tokens that still fit the token budget, leaving space for the turn's closing."""
+    return s.max_tokens - len(ep.ids) - len(ep.deltas.closing_ids)

@@ -1,0 +1,159 @@
+"""The built-in sequence rollout: tool calls (good and malformed), the revision interaction,
+every termination rule, the loss mask decoded, and the real engine on a tiny random model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from longturn.engines.base import Completion, SamplingParams
+from longturn.engines.hf import HFEngine
+from longturn.sequence.interactions import load_interactions
+from longturn.sequence.rollout import SequenceSettings, sequence_rollout
+from longturn.sequence.tools import ToolBox, load_tools
+from longturn.tasks.arithmetic import make_problem, task_record
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class ScriptedEngine:
+    """Replies from a script keyed by (question, assistant turns so far): the rollout logic is
+    tested on replies chosen to hit each branch, through real token ids."""
+
+    def __init__(self, tokenizer, script: dict[str, list[str]]):
+        self.tokenizer, self.script = tokenizer, script
+        self.im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    def generate(self, prompt_ids, sampling):
+        out = []
+        for ids in prompt_ids:
+            text = self.tokenizer.decode(ids)
+            question = next(q for q in self.script if q in text)
+            turn = text.count("<|im_start|>assistant") - 1
+            replies = self.script[question]
+            reply = replies[min(turn, len(replies) - 1)]
+            tokens = self.tokenizer.encode(reply, add_special_tokens=False)[
+                :sampling.max_new_tokens - 1] + [self.im_end]
+            out.append(Completion(tokens, [-0.5] * len(tokens), "stop"))
+        return out
+
+    def update_weights(self, model_dir):
+        pass
+
+    def close(self):
+        pass
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_tokenizer_dir):
+    return AutoTokenizer.from_pretrained(smollm2_tokenizer_dir)
+
+
+def settings(**kw) -> SequenceSettings:
+    base = dict(tools=ToolBox(load_tools(ROOT / "configs/calculator_tools.yaml")),
+                interaction=load_interactions(ROOT / "configs/revision_interactions.yaml")["revise"],
+                max_assistant_turns=4, max_user_turns=1, max_tokens=2048, progress=False)
+    base.update(kw)
+    return SequenceSettings(**base)
+
+
+def call(expression: str) -> str:
+    return ('<tool_call>\n{"name": "calculator", "arguments": {"expression": "%s"}}\n</tool_call>'
+            % expression)
+
+
+def run(tokenizer, script_by_seed: dict[int, list[str]], **kw):
+    tasks = [task_record(seed) for seed in script_by_seed]
+    script = {make_problem(seed).question: replies for seed, replies in script_by_seed.items()}
+    sampling = SamplingParams(max_new_tokens=64, temperature=1.0, seed=0)
+    return sequence_rollout(ScriptedEngine(tokenizer, script), tokenizer, sampling, tasks,
+                            settings(**kw))
+
+
+def trained_text(tokenizer, record) -> str:
+    return tokenizer.decode([t for t, m in zip(record["input_ids"], record["loss_mask"]) if m])
+
+
+def test_tool_call_then_right_answer(tokenizer):
+    p = make_problem(0)
+    replies = [call(p.expression), f"So the result is {p.answer}.\nANSWER: {p.answer}"]
+    [rec] = run(tokenizer, {0: replies})
+    assert (rec["termination"], rec["truncated"], rec["reward"]) == ("done", False, 1.0)
+    assert (rec["assistant_turns"], rec["tool_calls"], rec["tool_errors"]) == (2, 1, 0)
+    assert rec["tokenization_check"] == "identical"
+    messages = json.loads(rec["messages"])
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant"]
+    assert messages[3]["content"] == str(p.answer)
+    # the loss mask covers exactly the sampled replies, end-of-turn tokens included
+    assert trained_text(tokenizer, rec) == "<|im_end|>".join(replies) + "<|im_end|>"
+    assert rec["segment_rewards"] == [0.0, 1.0]
+    for start, end in zip(rec["segment_starts"], rec["segment_ends"]):
+        assert set(rec["loss_mask"][start:end]) == {1}
+        assert rec["rollout_logprobs"][start:end] == [-0.5] * (end - start)
+    assert sum(rec["loss_mask"]) == sum(e - s for s, e in zip(rec["segment_starts"],
+                                                              rec["segment_ends"]))
+
+
+def test_malformed_tool_call_gives_an_error_result_and_the_episode_goes_on(tokenizer):
+    p = make_problem(1)
+    bad = '<tool_call>\n{"name": "calculator", "arguments": {"expression": }\n</tool_call>'
+    [rec] = run(tokenizer, {1: [bad, call("2 ** 1000"), f"ANSWER: {p.answer}"]})
+    messages = json.loads(rec["messages"])
+    assert messages[3]["role"] == "tool" and "not valid JSON" in messages[3]["content"]
+    assert "exponents above 64" in messages[5]["content"]
+    assert (rec["termination"], rec["reward"], rec["tool_errors"]) == ("done", 1.0, 1)
+    assert rec["tokenization_check"] == "identical"
+
+
+def test_wrong_answer_gets_one_revision_then_ends(tokenizer):
+    [rec] = run(tokenizer, {2: ["ANSWER: -1", "ANSWER: -2"]})
+    messages = json.loads(rec["messages"])
+    assert messages[3] == {"role": "user", "content": "That answer is not right. Check the "
+                           "computation and answer again."}
+    assert (rec["termination"], rec["reward"], rec["user_turns"]) == ("done", 0.0, 1)
+
+
+def test_max_user_turns_ends_a_conversation_the_user_would_continue(tokenizer):
+    interaction = load_interactions(ROOT / "configs/revision_interactions.yaml")["revise"]
+    interaction.config["max_revisions"] = 5
+    [rec] = run(tokenizer, {2: ["no idea"]}, interaction=interaction, max_user_turns=2)
+    assert (rec["termination"], rec["truncated"], rec["user_turns"]) == (
+        "max_user_turns", True, 2)
+
+
+def test_max_assistant_turns_and_token_budget(tokenizer):
+    [rec] = run(tokenizer, {3: [call("1+1")]}, max_assistant_turns=3)
+    assert (rec["termination"], rec["assistant_turns"], rec["tool_calls"]) == (
+        "max_assistant_turns", 3, 3)
+    assert rec["tokenization_check"] == "identical"
+    [first] = run(tokenizer, {3: [call("1+1")]})
+    budget = first["segment_ends"][0] + 20  # room for one reply and part of the tool result
+    [rec] = run(tokenizer, {3: [call("1+1")]}, max_tokens=budget)
+    assert rec["termination"] == "token_budget" and len(rec["input_ids"]) <= budget
+    assert rec["tokenization_check"] == "identical"
+
+
+def test_batch_mixes_episodes_that_end_at_different_turns(tokenizer):
+    p0, p4 = make_problem(0), make_problem(4)
+    recs = run(tokenizer, {0: [f"ANSWER: {p0.answer}"],
+                           4: [call(p4.expression), call("1"), f"ANSWER: {p4.answer}"]})
+    assert [r["assistant_turns"] for r in recs] == [1, 3]
+    assert [r["reward"] for r in recs] == [1.0, 1.0]
+
+
+def test_real_engine_tiny_model_passes_the_strict_check(tiny_model_dir):
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    engine = HFEngine(tiny_model_dir, dtype="float32")
+    tasks = [task_record(s) for s in range(3)]
+    sampling = SamplingParams(max_new_tokens=12, temperature=1.0, seed=5)
+    recs = sequence_rollout(engine, tok, sampling, tasks, settings(max_assistant_turns=2))
+    for rec in recs:
+        assert rec["tokenization_check"] in ("identical", "same_text")
+        assert rec["termination"] in ("done", "max_assistant_turns", "max_user_turns")
+        assert len(rec["rollout_logprobs"]) == len(rec["input_ids"]) == len(rec["loss_mask"])
+        assert all(lp < 0 for lp, m in zip(rec["rollout_logprobs"], rec["loss_mask"]) if m)
+    again = sequence_rollout(engine, tok, sampling, tasks, settings(max_assistant_turns=2))
+    assert [r["input_ids"] for r in again] == [r["input_ids"] for r in recs]  # seeded
