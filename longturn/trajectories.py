@@ -69,6 +69,43 @@ TURN_SCHEMA = pa.schema(
     ]
 )
 
+# Sequence mode (docs/design.md §4b): one row per episode, every per-token list as long as
+# input_ids; context tokens have loss_mask 0 and 0 in every per-token training column.
+SEQUENCE_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("policy_version", pa.string()),
+        ("iteration", pa.int32()),
+        ("task", pa.string()),
+        ("episode_id", pa.string()),
+        ("episode_seed", pa.int64()),
+        ("input_ids", _i32_list),
+        ("loss_mask", pa.list_(pa.int8())),  # 1: a token the model sampled (trained)
+        ("engine_logprobs", _f32_list),
+        ("segment_starts", _i32_list),  # assistant segments: [start, end) into input_ids
+        ("segment_ends", _i32_list),
+        ("segment_rewards", _f32_list),  # reward credited after each segment (tools, user)
+        ("reward", pa.float32()),
+        ("termination", pa.string()),  # done | max_assistant_turns | max_user_turns | token_budget
+        ("truncated", pa.bool_()),
+        ("assistant_turns", pa.int32()),
+        ("user_turns", pa.int32()),
+        ("tool_calls", pa.int32()),
+        ("tool_errors", pa.int32()),
+        ("tokenization_check", pa.string()),  # identical | same_text | strippable | skipped
+        ("messages", pa.string()),  # the conversation as JSON, as the template re-renders it
+        ("metrics", pa.string()),  # tool and interaction metrics summed, as JSON
+        ("old_logprobs", _f32_list),
+        ("ref_logprobs", _f32_list),
+        ("values", _f32_list),
+        ("token_rewards", _f32_list),
+        ("advantages", _f32_list),
+        ("returns", _f32_list),
+        ("bootstrap_value", pa.float32()),
+        ("group_id", pa.string()),
+    ]
+)
+
 EPISODE_SCHEMA = pa.schema(
     [
         ("run_id", pa.string()),
@@ -136,6 +173,12 @@ def write_turns(rows: Iterable[dict[str, Any]], path: str | Path,
 def write_episodes(rows: Iterable[dict[str, Any]], path: str | Path,
                    metadata: dict[str, Any] | None = None) -> Path:
     return write_table(rows, path, EPISODE_SCHEMA, metadata)
+
+
+def write_sequences(rows: Iterable[dict[str, Any]], path: str | Path,
+                    metadata: dict[str, Any] | None = None) -> Path:
+    """Sequence-mode episodes; the file metadata says `mode: sequence`."""
+    return write_table(rows, path, SEQUENCE_SCHEMA, {"mode": "sequence", **(metadata or {})})
 
 
 def read_schema(path: str | Path) -> pa.Schema:

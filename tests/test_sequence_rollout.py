@@ -92,7 +92,7 @@ def test_tool_call_then_right_answer(tokenizer):
     assert rec["segment_rewards"] == [0.0, 1.0]
     for start, end in zip(rec["segment_starts"], rec["segment_ends"]):
         assert set(rec["loss_mask"][start:end]) == {1}
-        assert rec["rollout_logprobs"][start:end] == [-0.5] * (end - start)
+        assert rec["engine_logprobs"][start:end] == [-0.5] * (end - start)
     assert sum(rec["loss_mask"]) == sum(e - s for s, e in zip(rec["segment_starts"],
                                                               rec["segment_ends"]))
 
@@ -153,7 +153,37 @@ def test_real_engine_tiny_model_passes_the_strict_check(tiny_model_dir):
     for rec in recs:
         assert rec["tokenization_check"] in ("identical", "same_text")
         assert rec["termination"] in ("done", "max_assistant_turns", "max_user_turns")
-        assert len(rec["rollout_logprobs"]) == len(rec["input_ids"]) == len(rec["loss_mask"])
-        assert all(lp < 0 for lp, m in zip(rec["rollout_logprobs"], rec["loss_mask"]) if m)
+        assert len(rec["engine_logprobs"]) == len(rec["input_ids"]) == len(rec["loss_mask"])
+        assert all(lp < 0 for lp, m in zip(rec["engine_logprobs"], rec["loss_mask"]) if m)
     again = sequence_rollout(engine, tok, sampling, tasks, settings(max_assistant_turns=2))
     assert [r["input_ids"] for r in again] == [r["input_ids"] for r in recs]  # seeded
+
+
+def test_parquet_round_trip_loss_mask_decodes_to_the_replies(tokenizer, tmp_path):
+    from longturn.algo.gae import GAEParams
+    from longturn.algo.sequence_gae import sequence_gae
+    from longturn.trajectories import read_metadata, read_table, write_sequences
+
+    p = make_problem(5)
+    replies = [call(p.expression), "no tag here", f"ANSWER: {p.answer}"]
+    records = run(tokenizer, {5: replies, 6: ["ANSWER: 0", "ANSWER: 1"]})
+    path = write_sequences([dict(r, iteration=0, run_id="t") for r in records],
+                           tmp_path / "part-00.parquet", {"algo": "gae"})
+    assert read_metadata(path)["mode"] == "sequence"
+    table = read_table(path).to_pylist()
+    first = table[0]
+    assert len(first["input_ids"]) == len(first["loss_mask"]) == len(first["engine_logprobs"])
+    assert trained_text(tokenizer, first) == "<|im_end|>".join(replies) + "<|im_end|>"
+    context = tokenizer.decode([t for t, m in zip(first["input_ids"], first["loss_mask"]) if not m])
+    assert "<|im_start|>tool" in context and "<|im_start|>user" in context
+    assert table[1]["termination"] == "done" and table[1]["user_turns"] == 1
+    # GAE over the row's own columns: the final reward reaches every model token, nothing else
+    n = len(first["input_ids"])
+    rewards = [0.0] * n
+    for end, r in zip(first["segment_ends"], first["segment_rewards"]):
+        rewards[end - 1] += r
+    adv, _ = sequence_gae([0.0] * n, rewards, first["segment_starts"], first["segment_ends"],
+                          not first["truncated"], 0.0, GAEParams(gamma_step=1.0, lambda_step=1.0))
+    assert [a for a, m in zip(adv.tolist(), first["loss_mask"]) if m] == \
+        [1.0] * sum(first["loss_mask"])
+    assert all(a == 0 for a, m in zip(adv.tolist(), first["loss_mask"]) if not m)

@@ -96,9 +96,9 @@ class SequenceEpisode:
         """The episode as one row of the sequence Parquet (docs/design.md, sequence mode)."""
         return {
             "episode_id": self.episode_id, "task": self.task.get("task", ""),
-            "seed": int(self.task.get("seed", 0)),
+            "episode_seed": int(self.task.get("seed", 0)),
             "input_ids": list(self.ids), "loss_mask": list(self.loss_mask),
-            "rollout_logprobs": list(self.logprobs),
+            "engine_logprobs": list(self.logprobs),
             "segment_starts": [s for s, _ in self.segments],
             "segment_ends": [e for _, e in self.segments],
             "segment_rewards": list(self.segment_rewards),
