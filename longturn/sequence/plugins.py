@@ -31,9 +31,10 @@ def read_entries(path: str | Path, key: str) -> list[dict[str, Any]]:
 
 
 def import_class(target: Any, where: str) -> type:
-    """`package.module:Class` (or `package.module.Class`) → the class."""
+    """`package.module:Name` (or `package.module.Name`) → the class or function."""
     if not isinstance(target, str) or not target.strip():
-        raise SettingError(f"{where}: 'class' must be an import path like 'package.module:Class'")
+        raise SettingError(f"{where}: expected an import path like 'package.module:Name', "
+                           f"got {target!r}")
     module_name, sep, attr = target.partition(":")
     if not sep:
         module_name, _, attr = target.rpartition(".")
