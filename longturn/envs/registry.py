@@ -3,7 +3,6 @@ plain `gymnasium.Env` (class or factory result), adapted to text by `gym_adapter
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import sys
 from dataclasses import dataclass, field
@@ -13,6 +12,7 @@ from longturn.envs.actions import ActionTranslator
 from longturn.envs.base import TextEnv
 from longturn.envs.free_text import FreeTextTranslator
 from longturn.errors import SettingError
+from longturn.import_path import import_object
 
 BUILTIN: dict[str, str] = {
     "babyai": "longturn.envs.babyai:BabyAITextEnv",
@@ -29,14 +29,7 @@ def resolve_factory(name: str) -> Callable[..., Any]:
             f"unknown env {name!r}: use one of {sorted(BUILTIN)} or a plugin 'module:factory'"
         )
     module_name, attr = target.split(":", 1)
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise SettingError(f"env {name!r}: cannot import module {module_name!r}: {err}") from err
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise SettingError(f"env {name!r}: module {module_name!r} has no {attr!r}") from None
+    return import_object(module_name, attr, f"env {name!r}")
 
 
 def _is_gym_class(obj: Any) -> bool:

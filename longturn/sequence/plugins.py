@@ -6,13 +6,13 @@ or an import that fails in the same words, naming the file and the entry.
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from longturn.errors import SettingError
+from longturn.import_path import import_object
 
 
 def read_entries(path: str | Path, key: str) -> list[dict[str, Any]]:
@@ -30,7 +30,7 @@ def read_entries(path: str | Path, key: str) -> list[dict[str, Any]]:
     return entries
 
 
-def import_class(target: Any, where: str) -> type:
+def import_class(target: Any, where: str) -> Any:
     """`package.module:Name` (or `package.module.Name`) → the class or function."""
     if not isinstance(target, str) or not target.strip():
         raise SettingError(f"{where}: expected an import path like 'package.module:Name', "
@@ -38,11 +38,4 @@ def import_class(target: Any, where: str) -> type:
     module_name, sep, attr = target.partition(":")
     if not sep:
         module_name, _, attr = target.rpartition(".")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise SettingError(f"{where}: cannot import module {module_name!r}: {err}") from err
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise SettingError(f"{where}: module {module_name!r} has no {attr!r}") from None
+    return import_object(module_name, attr, where)
