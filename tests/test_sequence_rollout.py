@@ -187,3 +187,10 @@ def test_parquet_round_trip_loss_mask_decodes_to_the_replies(tokenizer, tmp_path
     assert [a for a, m in zip(adv.tolist(), first["loss_mask"]) if m] == \
         [1.0] * sum(first["loss_mask"])
     assert all(a == 0 for a, m in zip(adv.tolist(), first["loss_mask"]) if not m)
+
+
+def test_a_prompt_longer_than_the_budget_ends_before_any_reply(tokenizer):
+    [rec] = run(tokenizer, {7: ["ANSWER: 1"]}, max_tokens=20)
+    assert (rec["termination"], rec["assistant_turns"], sum(rec["loss_mask"])) == (
+        "token_budget", 0, 0)
+    assert rec["tokenization_check"] == "identical"  # the first messages with the prompt

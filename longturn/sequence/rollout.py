@@ -92,18 +92,21 @@ def _after_reply(ep: SequenceEpisode, content: str, s: SequenceSettings) -> list
 
 
 def _finish(ep: SequenceEpisode, s: SequenceSettings) -> dict[str, Any]:
-    # the sequence ends with a reply's closing, or (no reply fitted) with the generation prompt
-    result = check_tokenization(ep.deltas, ep.messages, ep.ids, s.tokenization_check,
-                                add_generation_prompt=not ep.segments,
-                                where=f"episode {ep.episode_id}")
-    ep.check = result.outcome
-    if s.tools is not None:
-        for name, value in s.tools.rewards(ep.episode_id).items():
-            if value:
-                ep.reward(value, {f"{name}_reward": value})
-        s.tools.release(ep.episode_id)
-    if s.interaction is not None:
-        s.interaction.finalize(ep.episode_id)
+    """Credit the tools' episode rewards, release tools and interaction, run the check."""
+    try:
+        if s.tools is not None and ep.segments:  # no reply fitted: nothing to credit
+            for name, value in s.tools.rewards(ep.episode_id).items():
+                if value:
+                    ep.reward(value, {f"{name}_reward": value})
+        # the sequence ends with a reply's closing, or (no reply fitted) the generation prompt
+        ep.check = check_tokenization(ep.deltas, ep.messages, ep.ids, s.tokenization_check,
+                                      add_generation_prompt=not ep.segments,
+                                      where=f"episode {ep.episode_id}").outcome
+    finally:
+        if s.tools is not None:
+            s.tools.release(ep.episode_id)
+        if s.interaction is not None:
+            s.interaction.finalize(ep.episode_id)
     return ep.record()
 
 
