@@ -39,12 +39,16 @@ def _params(model_dir: str, advantage: str, iterations: int = 2) -> dict:
     }
 
 
-def test_groups_start_from_one_seed_and_play_to_the_end(tiny_model_dir) -> None:
-    params = parse_params(_params(tiny_model_dir, "grpo"))
-    tokenizer = load_tokenizer(tiny_model_dir)
-    engine = make_engine(tiny_model_dir, params)
+def _grpo_collector(model_dir: str, run_id: str):
+    """GRPO params on the tiny model, its tokenizer and engine, and 4 goto slots in groups of 2."""
+    params = parse_params(_params(model_dir, "grpo"))
     collector = EpisodeGroupCollector(env_factory_from_params(params), ["goto"], 4, 2,
-                                      AgentSettings.from_params(params), seed=3, run_id="t")
+                                      AgentSettings.from_params(params), seed=3, run_id=run_id)
+    return params, load_tokenizer(model_dir), make_engine(model_dir, params), collector
+
+
+def test_groups_start_from_one_seed_and_play_to_the_end(tiny_model_dir) -> None:
+    params, tokenizer, engine, collector = _grpo_collector(tiny_model_dir, "t")
     try:
         first = collector.collect(engine, tokenizer, sampling_from_params(params, seed=1), 0,
                                   progress=False)
@@ -128,12 +132,8 @@ def test_group_advantages_reach_the_loss_unwhitened(tiny_model_dir, tmp_path, mo
     from longturn.trajectories import write_turns
     from longturn.wiring import trainer_settings
 
-    params = parse_params(_params(tiny_model_dir, "grpo"))
+    params, tokenizer, engine, collector = _grpo_collector(tiny_model_dir, "w")
     settings = replace(trainer_settings(params), bf16=False)
-    tokenizer = load_tokenizer(tiny_model_dir)
-    engine = make_engine(tiny_model_dir, params)
-    collector = EpisodeGroupCollector(env_factory_from_params(params), ["goto"], 4, 2,
-                                      AgentSettings.from_params(params), seed=3, run_id="w")
     try:
         rows = collector.collect(engine, tokenizer, sampling_from_params(params, seed=1), 0,
                                  progress=False)

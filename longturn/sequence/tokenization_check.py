@@ -39,10 +39,6 @@ class CheckResult:
     outcome: str  # identical | same_text | strippable | mismatch | skipped
     span: str = ""  # the first differing span, as text from both sides
 
-    @property
-    def differs(self) -> bool:
-        return self.outcome in ("strippable", "mismatch")
-
 
 def first_difference(ours: str, theirs: str) -> str:
     """The first span where two texts differ, with context: `…ctx[ours: X | template: Y]ctx…`."""
