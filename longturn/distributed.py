@@ -9,8 +9,10 @@ On CPU the backend is gloo.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -68,8 +70,10 @@ def _single_process_init_method() -> str:
     """Fill the rank variables a plain process lacks and return a file:// rendezvous of its own."""
     for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
         os.environ.setdefault(key, value)
-    store = Path(tempfile.mkdtemp(prefix="longturn-dist-")) / "store"
-    return store.as_uri()
+    store_dir = Path(tempfile.mkdtemp(prefix="longturn-dist-"))
+    # The group lives until the process ends; the rendezvous file must not outlive it.
+    atexit.register(shutil.rmtree, store_dir, ignore_errors=True)
+    return (store_dir / "store").as_uri()
 
 
 def default_backend(device: torch.device | None = None) -> str:
