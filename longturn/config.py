@@ -128,11 +128,39 @@ class ValidationParams(Section):
     seed: int = Field(2000, ge=0)
 
 
-class RolloutParams(Section):
-    """Fixed-turn batches: every iteration has exactly n_envs × turns_per_env turns per rank."""
+class SequenceParams(Section):
+    """`rollout.mode: sequence` (verl / slime multi-turn): each episode is one growing token
+    sequence; replies are trained, tool results and user turns are context (docs/design.md §5c).
+    File paths are relative to where the stage runs (the repository root under DVC)."""
 
+    tools: str | None = None           # tools YAML (class, config, OpenAI function schema)
+    interactions: str | None = None    # interactions YAML
+    interaction: str | None = None     # its entry by name (null: the file's only one)
+    function: str = "longturn.sequence.rollout:sequence_rollout"  # rollout by import path
+    max_assistant_turns: int = Field(4, ge=1)
+    max_user_turns: int = Field(2, ge=0)
+    max_tokens: int = Field(2048, ge=16)  # token budget of the whole sequence
+    max_tool_response_chars: int = Field(1000, ge=1)
+    # the delta-tokenized ids against a full re-render of the messages: strict fails on any text
+    # difference; ignore_strippable allows whitespace and stripped <think> spans; off skips it
+    tokenization_check: Literal["strict", "ignore_strippable", "off"] = "strict"
+
+    @model_validator(mode="after")
+    def _interaction_needs_file(self) -> "SequenceParams":
+        if self.interaction is not None and self.interactions is None:
+            raise ValueError(f"rollout.sequence.interaction {self.interaction!r} needs "
+                             "rollout.sequence.interactions (the YAML file that declares it)")
+        return self
+
+
+class RolloutParams(Section):
+    """Turn mode: fixed-turn batches, exactly n_envs × turns_per_env turns per rank and iteration.
+    Sequence mode: n_envs whole episodes per rank and iteration (turns_per_env is not read)."""
+
+    mode: Literal["turn", "sequence"] = "turn"
     n_envs: int = Field(8, ge=1)
     turns_per_env: int = Field(4, ge=1)
+    sequence: SequenceParams = SequenceParams()
 
 
 class GAESection(Section):

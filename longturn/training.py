@@ -22,11 +22,10 @@ from longturn.device import resolve_device
 from longturn.distributed import barrier, init_distributed, is_main_process, sum_over_ranks
 from longturn.dvc_remote import push_training_outputs
 from longturn.engines.registry import make_engine, sampling_from_params
-from longturn.metrics import MetricsLog, PhaseClock, action_mix, rollout_metrics
+from longturn.metrics import MetricsLog, PhaseClock
 from longturn.models import load_tokenizer
-from longturn.trajectories import write_turns
-from longturn.wiring import (Collector, critic_dir, file_metadata, gae_params, make_collector,
-                             run_fingerprint, trainer_settings)
+from longturn.wiring import (Collector, batch_metrics, critic_dir, file_metadata, gae_params,
+                             make_collector, run_fingerprint, score_and_write, trainer_settings)
 
 log = logging.getLogger(__name__)
 
@@ -162,12 +161,10 @@ def _iteration(params: Params, paths: TrainPaths, trainer: PPOTrainer,
     with clock.phase("rollout"):
         rows = collector.collect(engine, tokenizer, sampling, iteration, extra, progress)
     with clock.phase("scoring"):  # includes writing the iteration's Parquet part
-        trainer.score(rows)
         part = iteration_dir(paths.trajectories, iteration) / f"part-{rank:02d}.parquet"
-        write_turns(rows, part, file_metadata(params, iteration))
+        score_and_write(params, trainer, rows, part, file_metadata(params, iteration))
         barrier()
-    metrics = rollout_metrics(rows, sum_over_ranks)
-    metrics.update(action_mix(rows, collector.action_names(), sum_over_ranks))
+    metrics = batch_metrics(params, rows, collector)
     with clock.phase("update"):
         metrics.update(trainer.update([str(part)]))
     return metrics

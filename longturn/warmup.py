@@ -30,7 +30,8 @@ from longturn.metrics import MetricsLog
 from longturn.models import load_tokenizer
 from longturn.trajectories import write_turns
 from longturn.checkpoints import iteration_dir
-from longturn.wiring import file_metadata, gae_params, make_collector, trainer_settings
+from longturn.wiring import (file_metadata, gae_params, make_collector, score_and_write,
+                             trainer_settings)
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ class WarmupDidNotConverge(UserError):
 
 
 def collect_frozen(params: Params, base: Path, rank: int, progress: bool) -> list[dict]:
-    """warmup.batches fixed-turn batches from the base policy."""
+    """warmup.batches batches from the base policy (fixed-turn, or sequence-mode episodes)."""
     tokenizer = load_tokenizer(base)
     engine = make_engine(str(base), params)
     collector = make_collector(params, rank, "warmup")
@@ -72,10 +73,15 @@ def run_critic_warmup(params: Params, base: Path, out: Path, live_dir: Path, wor
     live = MetricsLog(live_dir, [], namespace="warmup")
     losses = []
     for it in range(w.iterations):
-        trainer.score(rows, reuse_logprobs=it > 0)  # the actor is frozen: logprobs stay
         picked = sorted(rng.choice(len(rows), size=size, replace=False))
         part = iteration_dir(work_dir, it) / f"part-{rank:02d}.parquet"
-        write_turns([rows[i] for i in picked], part, file_metadata(params, it))
+        # the actor is frozen: logprobs stay, only values and GAE targets change
+        if params.rollout.mode == "sequence":  # the picked episodes, scored whole
+            score_and_write(params, trainer, [rows[i] for i in picked], part,
+                            file_metadata(params, it))
+        else:  # every turn scored (a picked turn's successor is needed for its next_value)
+            trainer.score(rows, reuse_logprobs=it > 0)
+            write_turns([rows[i] for i in picked], part, file_metadata(params, it))
         metrics = trainer.update([str(part)], train_actor=False)
         losses.append(metrics["value_loss"])
         live.log({"value_loss": metrics["value_loss"],

@@ -1,5 +1,6 @@
 """Params → the objects the stages run: trainer settings, GAE and group parameters, the
-collector the estimator needs, the critic dir it reads, Parquet metadata, the resume fingerprint.
+collector the estimator and rollout mode need, the critic dir it reads, how a batch is scored,
+written and summarised, Parquet metadata, the resume fingerprint.
 
 The only place a params section is mapped onto library objects, so the train loop, the critic
 warm-up and the benches build them the same way.
@@ -14,14 +15,21 @@ from typing import Any
 
 from longturn.algo.gae import GAEParams
 from longturn.algo.group_advantages import needs_critic
-from longturn.algo.trainer import TrainerSettings
+from longturn.algo.trainer import PPOTrainer, TrainerSettings
 from longturn.collector import FixedTurnCollector
 from longturn.config import Params
 from longturn.device import resolve_bf16, resolve_device
+from longturn.distributed import sum_over_ranks
 from longturn.group_collector import EpisodeGroupCollector
+from longturn.metrics import action_mix, rollout_metrics
 from longturn.rollout import AgentSettings, env_factory_from_params
+from longturn.sequence.collector import SequenceCollector
+from longturn.sequence.metrics import sequence_metrics
+from longturn.sequence.setup import SequenceRun
+from longturn.trajectories import write_sequences, write_turns
 
-Collector = FixedTurnCollector | EpisodeGroupCollector  # what the train loop collects with
+# what the train loop collects with
+Collector = FixedTurnCollector | EpisodeGroupCollector | SequenceCollector
 
 
 def trainer_settings(params: Params) -> TrainerSettings:
@@ -49,8 +57,14 @@ def gae_params(params: Params) -> GAEParams:
 
 
 def make_collector(params: Params, rank: int, run_id: str) -> Collector:
-    """Fixed-turn batches for GAE; whole episodes in groups for a critic-free estimator."""
-    r, tasks, agent = params.rollout, list(params.env.tasks), AgentSettings.from_params(params)
+    """Fixed-turn batches for GAE; whole episodes in groups for a critic-free estimator; in
+    sequence mode, whole token-sequence episodes (in groups when critic-free)."""
+    r, tasks = params.rollout, list(params.env.tasks)
+    if r.mode == "sequence":
+        group = 1 if needs_critic(params.algo.advantage) else params.algo.group_size
+        return SequenceCollector(SequenceRun.from_params(params), tasks, r.n_envs, group,
+                                 params.seed, rank=rank, run_id=run_id)
+    agent = AgentSettings.from_params(params)
     if not needs_critic(params.algo.advantage):
         return EpisodeGroupCollector(env_factory_from_params(params), tasks, r.n_envs,
                                      params.algo.group_size, agent, params.seed, rank=rank,
@@ -76,3 +90,27 @@ def run_fingerprint(params: Params) -> str:
     relevant = params.model_dump(include={"seed", "model", "env", "prompt", "engine", "rollout",
                                           "gae", "algo", "ppo"})
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def score_and_write(params: Params, trainer: PPOTrainer, rows: list[dict[str, Any]],
+                    path: Path, metadata: dict[str, Any], reuse_logprobs: bool = False) -> Path:
+    """Fill the training columns of a batch and write it as the update's Parquet part: turn
+    rows, or sequence-mode episodes (``reuse_logprobs``: turn mode only, see score_rows)."""
+    if params.rollout.mode == "sequence":
+        trainer.score_sequences(rows)
+        return write_sequences(rows, path, metadata)
+    trainer.score(rows, reuse_logprobs=reuse_logprobs)
+    return write_turns(rows, path, metadata)
+
+
+def batch_metrics(params: Params, rows: list[dict[str, Any]],
+                  collector: Collector) -> dict[str, float]:
+    """What a collected batch says, over every rank: turn metrics and the action mix, or the
+    sequence-mode episode metrics (`turns` counts replies there)."""
+    if params.rollout.mode == "sequence":
+        metrics = {k: float(v) for k, v in sequence_metrics(rows, sum_over_ranks).items()}
+        metrics["turns"] = metrics["mean_assistant_turns"] * metrics["episodes"]
+        return metrics
+    metrics = rollout_metrics(rows, sum_over_ranks)
+    metrics.update(action_mix(rows, collector.action_names(), sum_over_ranks))
+    return metrics

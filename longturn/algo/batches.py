@@ -18,7 +18,7 @@ import torch
 from longturn.algo.gae import masked_whiten
 from longturn.engines.logprobs import PackedBatch, token_logprobs
 from longturn.errors import TrajectoryFileError
-from longturn.trajectories import read_table
+from longturn.trajectories import read_metadata, read_table
 
 TRAIN_COLUMNS = ("prompt_ids", "response_ids", "old_logprobs", "ref_logprobs", "values",
                  "advantages", "returns", "aborted")
@@ -82,18 +82,27 @@ class TurnBatch:
     aborted: np.ndarray
     whitened: list[np.ndarray]
     has_values: bool = True  # False: a critic-free file, whose `values` column is all zeros here
+    # sequence mode: per response token, True where the model sampled it (tool results and user
+    # turns inside the response are context, out of every loss and statistic); None: all True
+    token_mask: list[np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self.response_ids)
+
+    def loss_tokens(self, i: int) -> np.ndarray:
+        """Row i's response tokens that count (all False for an aborted turn)."""
+        if self.aborted[i]:
+            return np.zeros(len(self.response_ids[i]), dtype=bool)
+        if self.token_mask is None:
+            return np.ones(len(self.response_ids[i]), dtype=bool)
+        return self.token_mask[i]
 
     def select(self, index: Sequence[int]) -> MicroBatch:
         """The micro-batch of rows ``index`` as padded tensors."""
         index = list(index)
         width = max(len(self.response_ids[i]) for i in index)
         pad = {k: pad_rows([self.columns[k][i] for i in index], width) for k in _FLOAT_LISTS}
-        lengths = torch.tensor([len(self.response_ids[i]) for i in index])
-        mask = torch.arange(width)[None, :] < lengths[:, None]
-        mask &= torch.as_tensor(~self.aborted[index])[:, None]
+        mask = pad_rows([self.loss_tokens(i) for i in index], width, torch.bool)
         return MicroBatch(
             prompt_ids=[self.prompt_ids[i] for i in index],
             response_ids=[self.response_ids[i] for i in index],
@@ -103,12 +112,14 @@ class TurnBatch:
         )
 
     def n_tokens(self, index: Sequence[int]) -> int:
-        """Loss tokens (non-aborted response tokens) among rows ``index``."""
-        return int(sum(len(self.response_ids[i]) for i in index if not self.aborted[i]))
+        """Loss tokens (response tokens of non-aborted turns, sampled ones in sequence mode)
+        among rows ``index``."""
+        return int(sum(self.loss_tokens(i).sum() for i in index))
 
     def flat(self, name: str, valid_only: bool = True) -> np.ndarray:
-        """A float column concatenated over rows (non-aborted rows only by default)."""
-        rows = [r for r, a in zip(self.columns[name], self.aborted) if not (valid_only and a)]
+        """A float column concatenated over rows (loss tokens only by default)."""
+        rows = [r[self.loss_tokens(i)] if valid_only else r
+                for i, r in enumerate(self.columns[name])]
         return np.concatenate(rows) if rows else np.zeros(0, dtype=np.float32)
 
 
@@ -149,8 +160,55 @@ def read_turn_batch(paths: Sequence[str | Path], whiten: bool = True,
     aborted = np.asarray(table.column("aborted").fill_null(False).to_pylist(), dtype=bool)
     if aborted.all():
         raise ValueError("every turn of the batch is aborted: nothing to train on")
-    whitened = _whiten(columns["advantages"], aborted, whiten)
+    masks = [np.full(len(r), not a) for r, a in zip(responses, aborted)]
+    whitened = _whiten(columns["advantages"], masks, whiten)
     return TurnBatch(prompts, responses, columns, aborted, whitened, has_values=values)
+
+
+SEQUENCE_TRAIN_COLUMNS = ("input_ids", "loss_mask", "segment_starts", "old_logprobs",
+                          "ref_logprobs", "values", "advantages", "returns")
+
+
+def read_sequence_batch(paths: Sequence[str | Path], whiten: bool = True,
+                        values: bool = True) -> TurnBatch:
+    """A sequence-mode file (one row per episode) as a TurnBatch: the context before the first
+    reply is the prompt, the rest the response, whose token mask is the loss mask (§4b).
+    Episodes with no reply (their prompt alone filled the token budget) have nothing to train."""
+    if not paths:
+        raise ValueError("update needs at least one Parquet file")
+    wanted = [c for c in SEQUENCE_TRAIN_COLUMNS if values or c != "values"]
+    tables = [read_table(p, wanted) for p in paths]
+    for path, part in zip(paths, tables):
+        _check_training_columns(path, part, [c for c in wanted if c != "segment_starts"])
+    rows = pa.concat_tables(tables).to_pydict()
+    prompts, responses, masks = [], [], []
+    columns: dict[str, list[np.ndarray]] = {k: [] for k in _FLOAT_LISTS}
+    for i, (ids, starts) in enumerate(zip(rows["input_ids"], rows["segment_starts"])):
+        if not starts:
+            continue
+        first = starts[0]
+        prompts.append(list(ids[:first]))
+        responses.append(list(ids[first:]))
+        masks.append(np.asarray(rows["loss_mask"][i][first:], dtype=bool))
+        for name in _FLOAT_LISTS:
+            full = rows[name][i] if name in rows else [0.0] * len(ids)
+            if len(full) != len(ids):
+                raise ValueError(f"episode row {i}: {len(full)} {name} for {len(ids)} tokens")
+            columns[name].append(np.asarray(full[first:], dtype=np.float32))
+    if not responses:
+        raise ValueError("no episode of the batch has a reply: nothing to train on")
+    aborted = np.zeros(len(responses), dtype=bool)
+    whitened = _whiten(columns["advantages"], masks, whiten)
+    return TurnBatch(prompts, responses, columns, aborted, whitened, has_values=values,
+                     token_mask=masks)
+
+
+def read_training_batch(paths: Sequence[str | Path], whiten: bool = True,
+                        values: bool = True) -> TurnBatch:
+    """Turn or sequence files, as their metadata says (`mode: sequence`)."""
+    if paths and read_metadata(paths[0]).get("mode") == "sequence":
+        return read_sequence_batch(paths, whiten, values)
+    return read_turn_batch(paths, whiten, values)
 
 
 def _check_training_columns(path: str | Path, table: pa.Table, names: Sequence[str]) -> None:
@@ -162,12 +220,13 @@ def _check_training_columns(path: str | Path, table: pa.Table, names: Sequence[s
                 "files leave the training columns empty)")
 
 
-def _whiten(advantages: list[np.ndarray], aborted: np.ndarray, whiten: bool) -> list[np.ndarray]:
-    """Per-row advantages whitened over all non-aborted tokens (or copies when off)."""
+def _whiten(advantages: list[np.ndarray], masks: list[np.ndarray], whiten: bool
+            ) -> list[np.ndarray]:
+    """Per-row advantages whitened over every loss token of the batch (or copies when off)."""
     if not whiten:
         return [a.copy() for a in advantages]
     flat = np.concatenate(advantages)
-    mask = np.concatenate([np.full(len(a), not ab) for a, ab in zip(advantages, aborted)])
+    mask = np.concatenate(masks)
     white = masked_whiten(flat.astype(np.float64), mask).numpy().astype(np.float32)
     cuts = np.cumsum([len(a) for a in advantages])[:-1]
     return list(np.split(white, cuts))

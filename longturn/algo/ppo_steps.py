@@ -176,9 +176,7 @@ def batch_stats(batch: TurnBatch, tokenizer: Any) -> dict[str, float]:
     """Statistics of the batch as scored (before the update): KL old‖ref by THINK / ACTION part,
     explained variance of the stored values, raw advantage / value / return means."""
     old, ref = pad_rows(batch.columns["old_logprobs"]), pad_rows(batch.columns["ref_logprobs"])
-    lengths = torch.tensor([len(r) for r in batch.response_ids])
-    valid = torch.arange(old.shape[1])[None, :] < lengths[:, None]
-    valid &= torch.as_tensor(~batch.aborted)[:, None]
+    valid = pad_rows([batch.loss_tokens(i) for i in range(len(batch))], old.shape[1], torch.bool)
     think, action = think_action_masks(batch.response_ids, tokenizer, width=old.shape[1])
     kl = old - ref  # k1
     returns = batch.flat("returns")

@@ -15,17 +15,24 @@ import torch
 from longturn.engines.logprobs import PackedBatch, pack_prompt_response
 
 
+def split_sequence(record: dict[str, Any]) -> tuple[list[int], list[int], list[int]]:
+    """(prompt ids, response ids, the response's loss mask) of one episode record."""
+    if not record["segment_starts"]:
+        raise ValueError(f"episode {record.get('episode_id')!r} has no reply to train on")
+    first = record["segment_starts"][0]
+    ids = list(record["input_ids"])
+    return ids[:first], ids[first:], [int(m) for m in record["loss_mask"][first:]]
+
+
 def pack_sequences(records: Sequence[dict[str, Any]], pad_id: int,
                    device: str | torch.device = "cpu", share_prefix: bool = False) -> PackedBatch:
     """One row per episode record (`input_ids`, `loss_mask`, `segment_starts`)."""
     prompts, responses, masks = [], [], []
     for r in records:
-        if not r["segment_starts"]:
-            raise ValueError(f"episode {r.get('episode_id')!r} has no reply to train on")
-        first = r["segment_starts"][0]
-        prompts.append(list(r["input_ids"][:first]))
-        responses.append(list(r["input_ids"][first:]))
-        masks.append(list(r["loss_mask"][first:]))
+        prompt, response, mask = split_sequence(r)
+        prompts.append(prompt)
+        responses.append(response)
+        masks.append(mask)
     batch = pack_prompt_response(prompts, responses, pad_id, device, share_prefix)
     loss = torch.zeros_like(batch.response_mask)
     for row, mask in enumerate(masks):

@@ -105,3 +105,24 @@ class RevisionInteraction(BaseInteraction):
         text = ("I do not see an 'ANSWER: <number>' line. " if missing else
                 "That answer is not right. ") + "Check the computation and answer again."
         return False, text, 0.0, {"revisions": state["revisions"]}
+
+
+class ArithmeticTask:
+    """The task as sequence mode loads it (`env.tasks: [arithmetic]`, longturn/tasks/registry.py):
+    a task record per seed, and the rule-based reward and success of a finished conversation."""
+
+    name = "arithmetic"
+
+    def record(self, seed: int) -> dict[str, Any]:
+        return task_record(seed)
+
+    def reward(self, task: dict[str, Any], messages: list[dict[str, Any]]) -> float:
+        """1 when the last assistant message's `ANSWER:` holds the right number."""
+        replies = [m["content"] for m in messages if m["role"] == "assistant"]
+        return reward(replies[-1], int(task["answer"])) if replies else 0.0
+
+    def success(self, task: dict[str, Any], messages: list[dict[str, Any]]) -> bool:
+        return self.reward(task, messages) >= 1.0
+
+
+TASK = ArithmeticTask()

@@ -1,0 +1,37 @@
+"""Sequence-mode tasks by name: `env.tasks` lists built-in names or `package.module:OBJECT`
+import paths of plugin tasks.
+
+A task is any object with
+- `name`: what episodes, evaluation metrics and reports call it;
+- `record(seed) -> dict`: the task record the rollout plays (`messages`, and what tools and the
+  interaction need: `tools_kwargs`, `interaction_kwargs`), the same for the same seed;
+- `reward(record, messages) -> float`: the rule-based reward of a finished conversation, used
+  when no interaction scores the replies;
+- `success(record, messages) -> bool`: what evaluation counts as solved.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from longturn.errors import SettingError
+from longturn.import_path import import_object
+
+BUILTIN = {"arithmetic": "longturn.tasks.arithmetic:TASK"}
+_METHODS = ("record", "reward", "success")
+
+
+def load_task(name: str) -> Any:
+    """The task called `name` (built-in) or at `package.module:OBJECT`."""
+    path = BUILTIN.get(name, name)
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise SettingError(f"env.tasks: {name!r} is neither a built-in sequence task "
+                           f"({', '.join(sorted(BUILTIN))}) nor an import path "
+                           "'package.module:OBJECT'")
+    task = import_object(module_name, attr, f"env.tasks {name!r}")
+    missing = [m for m in _METHODS if not callable(getattr(task, m, None))]
+    if missing:
+        raise SettingError(f"env.tasks {name!r}: the task object lacks {', '.join(missing)} "
+                           "(longturn/tasks/registry.py says what a task provides)")
+    return task
