@@ -1,4 +1,5 @@
-"""Stage validate_prompts: budget-check prompts, sample answers, gate on the valid-action ratio.
+"""Stage validate_prompts: budget-check prompts, sample answers, gate on the valid-action ratio
+(sequence mode: play whole episodes, gate on the budget and the valid-reply ratio).
 
 Below the gate it exits 1 after writing its report, and without the `passed` marker that
 critic_warmup and train depend on.
@@ -15,7 +16,9 @@ from longturn.atomic import write_json, write_text
 from longturn.engines.registry import make_engine, sampling_from_params
 from longturn.envs.registry import make_env
 from longturn.models import check_model_dir, load_tokenizer
-from longturn.trajectories import write_table
+from longturn.sequence.validation import (render_sequence_report, sequence_gate_failures,
+                                         validate_sequence_tasks)
+from longturn.trajectories import write_sequences, write_table
 from longturn.validation import PASSED_MARKER, PASSED_TEXT, gate_failures, validate_task
 from longturn.validation_report import render_report
 
@@ -31,30 +34,47 @@ def body(args, params) -> int:
     sampling = sampling_from_params(params, seed=v.seed)
     tokenizer = load_tokenizer(args.model_dir)
     engine = make_engine(args.model_dir, params)
+    sequence = params.rollout.mode == "sequence"
     results = []
     try:
-        for task in params.eval.tasks:
+        if sequence:
+            results = validate_sequence_tasks(engine, tokenizer, params, sampling, seeds)
+        for task in [] if sequence else params.eval.tasks:
             env = make_env(params.env.name, task, **params.env.kwargs)
             results.append(validate_task(engine, tokenizer, env, params, sampling, seeds))
             env.close()
-            log.info("%s: valid-action ratio %.2f", task, results[-1].metrics["valid_action_ratio"])
     finally:
         engine.close()
-    failures = gate_failures(results, v.min_valid_action_ratio)
-    write_table([s for r in results for s in r.samples], out / "samples.parquet", None,
-                {"sampling": sampling.__dict__})
-    metrics = {"tasks": {r.task: r.metrics for r in results}, "passed": not failures,
-               "min_valid_action_ratio": v.min_valid_action_ratio}
+    ratio = "valid_reply_ratio" if sequence else "valid_action_ratio"
+    for r in results:
+        log.info("%s: %s %.2f", r.task, ratio.replace("_", " "), r.metrics[ratio])
+    gate = v.min_valid_action_ratio
+    failures = (sequence_gate_failures if sequence else gate_failures)(results, gate)
+    meta = {"sampling": sampling.__dict__}
+    samples = [s for r in results for s in r.samples]
+    if sequence:
+        write_sequences(samples, out / "samples.parquet", meta)
+    else:
+        write_table(samples, out / "samples.parquet", None, meta)
+    metrics = {"tasks": {r.task: _finite(r.metrics) for r in results}, "passed": not failures,
+               "min_valid_action_ratio": gate}
     write_json(out / "metrics.json", metrics)
     settings = {"model": params.model.source, "samples_per_task": v.samples_per_task,
                 **{k: getattr(sampling, k) for k in ("temperature", "top_p", "top_k", "max_new_tokens")}}
-    write_text(out / "report.md", render_report(results, failures, v.min_valid_action_ratio, settings))
+    report = (render_sequence_report(results, failures, gate, settings, tokenizer) if sequence
+              else render_report(results, failures, gate, settings))
+    write_text(out / "report.md", report)
     for failure in failures:
         print(f"validate_prompts: gate failed: {failure}", file=sys.stderr)
     if failures:
         return 1
     write_text(out / PASSED_MARKER, PASSED_TEXT)  # last: the gate holds only when all is written
     return 0
+
+
+def _finite(metrics: dict) -> dict:
+    """NaN (a ratio with nothing to count) as null: metrics.json stays strict JSON."""
+    return {k: None if isinstance(v, float) and v != v else v for k, v in metrics.items()}
 
 
 def main(argv=None) -> int:

@@ -136,7 +136,8 @@ class SequenceParams(Section):
     tools: str | None = None           # tools YAML (class, config, OpenAI function schema)
     interactions: str | None = None    # interactions YAML
     interaction: str | None = None     # its entry by name (null: the file's only one)
-    function: str = "longturn.sequence.rollout:sequence_rollout"  # rollout by import path
+    function: str | None = None        # rollout by import path (null: the built-in one,
+                                       # longturn.sequence.rollout:sequence_rollout)
     max_assistant_turns: int = Field(4, ge=1)
     max_user_turns: int = Field(2, ge=0)
     max_tokens: int = Field(2048, ge=16)  # token budget of the whole sequence

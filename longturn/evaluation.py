@@ -18,6 +18,7 @@ from longturn.envs.termination import count, reason_of
 from longturn.models import load_tokenizer
 from longturn.rollout import AgentSettings, EpisodeJob, env_factory_from_params, play_episodes
 from longturn.engines.registry import make_engine, sampling_from_params
+from longturn.sequence.evaluation import evaluate_sequences
 from longturn.stats import standard_error, wilson_interval
 from longturn.trajectories import write_episodes, write_turns
 
@@ -72,7 +73,11 @@ def metrics_by_task(episodes: list[dict[str, Any]], tasks: list[str]) -> dict[st
 
 def evaluate(engine: Engine, tokenizer: Any, params: Params, out_dir: str | Path,
              policy_version: str, run_id: str = "eval", progress: bool = True) -> dict[str, Any]:
-    """Play the eval episodes with `engine` and write turns/episodes Parquet and metrics.json."""
+    """Play the eval episodes with `engine` and write turns/episodes Parquet and metrics.json
+    (sequence mode: longturn/sequence/evaluation.py)."""
+    if params.rollout.mode == "sequence":
+        return evaluate_sequences(engine, tokenizer, params, out_dir, policy_version, run_id,
+                                  progress)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     e = params.eval

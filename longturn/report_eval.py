@@ -13,13 +13,16 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from longturn.envs.termination import PREFIX, REASONS
+from longturn.envs.termination import PREFIX
 from longturn.stats import PairedOutcome, paired_outcomes, wilson_interval
 
 SIDES = ("zero_shot", "final")
 EPISODE_COLUMNS = ("task", "episode_seed", "success")
+# why episodes end: env episodes (envs/termination.py), then sequence-mode ones (sequence/episode.py)
 REASON_LABELS = {"success": "success", "failure": "failure", "time_limit": "time limit",
-                 "env_error": "env error", "timeout": "timeout"}
+                 "env_error": "env error", "timeout": "timeout", "done": "done",
+                 "max_assistant_turns": "max replies", "max_user_turns": "max user turns",
+                 "token_budget": "token budget"}
 
 
 # --------------------------------------------------------------------------- paired episodes
@@ -194,21 +197,24 @@ def eval_reading(table: list[dict[str, Any]], paired: dict[str, PairedOutcome] |
 def endings_table(zero_shot: dict[str, Any], final: dict[str, Any]) -> list[str]:
     """Per task and evaluation, episodes per termination reason (markdown); [] when neither
     metrics file counts them (written before termination reasons were counted)."""
-    head = ["task", "evaluation", *REASON_LABELS.values(), "success rate over"]
-    lines = []
+    rows = []
     for name, metrics in (("zero-shot", zero_shot), ("final", final)):
         parts = list((metrics.get("tasks") or {}).items())
         parts += [("**overall**", metrics["overall"])] if metrics.get("overall") else []
-        for task, m in parts:
-            if not any(PREFIX + r in m for r in REASONS):
-                continue
-            n = int(m.get("episodes", 0))
-            done = int(m.get("completed_episodes", n))
-            cells = [task, name, *(str(int(m.get(PREFIX + r, 0))) for r in REASONS),
-                     f"{done} of {n} episodes"]
-            lines.append("| " + " | ".join(cells) + " |")
-    if not lines:
+        rows += [(task, name, m) for task, m in parts]
+    reasons = [r for r in REASON_LABELS if any(PREFIX + r in m for _, _, m in rows)]
+    if not reasons:
         return []
+    head = ["task", "evaluation", *(REASON_LABELS[r] for r in reasons), "success rate over"]
+    lines = []
+    for task, name, m in rows:
+        if not any(PREFIX + r in m for r in reasons):
+            continue
+        n = int(m.get("episodes", 0))
+        done = int(m.get("completed_episodes", n))
+        cells = [task, name, *(str(int(m.get(PREFIX + r, 0))) for r in reasons),
+                 f"{done} of {n} episodes"]
+        lines.append("| " + " | ".join(cells) + " |")
     return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + lines
 
 

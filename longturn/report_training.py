@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from longturn.report_eval import REASON_LABELS
 from longturn.stats import wilson_interval
 
 PHASE_KEYS = ["seconds_rollout", "seconds_scoring", "seconds_update", "seconds_sync",
@@ -185,8 +186,7 @@ def action_reading(df: pd.DataFrame) -> list[str]:
 # --------------------------------------------------------------------------- terminations
 
 TERMINATION_PREFIX = "termination/"
-TERMINATION_LABELS = {"success": "success", "failure": "failure", "time_limit": "time limit",
-                      "env_error": "env error", "timeout": "timeout"}
+TERMINATION_LABELS = REASON_LABELS
 
 
 def termination_totals(df: pd.DataFrame) -> dict[str, int]:

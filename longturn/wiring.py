@@ -110,6 +110,7 @@ def batch_metrics(params: Params, rows: list[dict[str, Any]],
     if params.rollout.mode == "sequence":
         metrics = {k: float(v) for k, v in sequence_metrics(rows, sum_over_ranks).items()}
         metrics["turns"] = metrics["mean_assistant_turns"] * metrics["episodes"]
+        metrics["episodes_ended"] = metrics["episodes"]  # whole episodes: every one ended
         return metrics
     metrics = rollout_metrics(rows, sum_over_ranks)
     metrics.update(action_mix(rows, collector.action_names(), sum_over_ranks))

@@ -12,7 +12,7 @@ from typing import Any, Callable
 from longturn.config import Params
 from longturn.engines.base import Engine, SamplingParams
 from longturn.errors import SettingError
-from longturn.sequence.functions import resolve_rollout_function
+from longturn.sequence.functions import BUILTIN, resolve_rollout_function
 from longturn.sequence.interactions import load_interactions
 from longturn.sequence.rollout import SequenceSettings
 from longturn.sequence.tools import ToolBox, load_tools
@@ -58,7 +58,7 @@ class SequenceRun:
             tokenization_check=s.tokenization_check,
             tools=ToolBox(load_tools(s.tools)) if s.tools is not None else None,
             interaction=_interaction(params), reward_fn=None, progress=progress)
-        run = cls(tasks, settings, resolve_rollout_function(s.function))
+        run = cls(tasks, settings, resolve_rollout_function(s.function or BUILTIN))
         settings.reward_fn = run.reward
         return run
 
