@@ -12,7 +12,7 @@ from longturn.engines.base import SamplingParams
 from longturn.engines.hf import HFEngine
 from longturn.engines.logprobs import pack_prompt_response, response_logits, token_logprobs
 from longturn.sequence.interactions import load_interactions
-from longturn.sequence.packing import pack_sequences, unpack_tokens
+from longturn.algo.sequence_packing import pack_sequences, unpack_tokens
 from longturn.sequence.rollout import SequenceSettings, sequence_rollout
 from longturn.sequence.tools import ToolBox, load_tools
 from longturn.tasks.arithmetic import task_record

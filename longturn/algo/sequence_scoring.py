@@ -1,6 +1,6 @@
 """Fill the training columns of sequence-mode episodes (docs/design.md §4b, §5c), without grad.
 
-Each episode is scored as one (prompt, response) row (sequence/packing.py): old and reference
+Each episode is scored as one (prompt, response) row (algo/sequence_packing.py): old and reference
 logprobs and values on every response token, kept only where the model sampled the token. Token
 rewards are −β·KL on sampled tokens plus each reply's reward (tool step rewards, the
 interaction's score, the task's reward) on its last token. An episode cut short (turn limits,
@@ -29,7 +29,7 @@ from longturn.algo.model_set import ModelSet
 from longturn.algo.ppo import kl_penalty
 from longturn.algo.scoring import GAE_METADATA_KEYS, ScoringSettings, bootstrap_values, score_batch
 from longturn.algo.sequence_gae import sequence_gae
-from longturn.sequence.packing import split_sequence
+from longturn.algo.sequence_packing import split_sequence
 from longturn.trajectories import read_metadata
 
 Record = dict[str, Any]

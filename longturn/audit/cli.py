@@ -4,6 +4,9 @@ Every subcommand takes a run dir (default `data/train`; an evaluation dir such a
 `data/eval/final` where it makes sense) and prints plain text, or JSON with `--json`. A missing
 dir, a truncated or foreign Parquet file is one line on stderr and exit status 2; `gae` and `diff`
 exit 1 when they find a mismatch.
+
+Sequence-mode files (one row per episode, `rollout.mode: sequence`) are read by summary, show, gae
+and sql (the view `turns` then holds episodes); episodes, plot and diff read turn-mode files only.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Sequence
 
 from longturn.audit.output import Output
 from longturn.audit.run_files import open_run
+from longturn.audit.sequences import refuse
 from longturn.errors import UserError
 
 DEFAULT_RUN = "data/train"
@@ -30,7 +34,7 @@ EXAMPLES = """examples:
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[1],
+    p = argparse.ArgumentParser(prog=prog, description="\n\n".join(__doc__.split("\n\n")[1:3]),
                                 epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="machine-readable output")
@@ -40,8 +44,10 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 
     sub.add_parser("summary", parents=[run, common],
                    help="iterations, turns, episodes, success, valid actions, termination "
-                        "reasons; per rank, per task and per iteration")
-    ep = sub.add_parser("episodes", parents=[run, common], help="one row per episode, filtered")
+                        "reasons; per rank, per task and per iteration (sequence files: "
+                        "episodes, success, replies, tool calls, endings)")
+    ep = sub.add_parser("episodes", parents=[run, common],
+                        help="one row per episode, filtered (turn-mode files)")
     ep.add_argument("--task", help="only this task")
     ep.add_argument("--success", choices=("yes", "no"), help="only successful (or other) episodes")
     ep.add_argument("--min-length", type=int, help="at least this many turns")
@@ -51,11 +57,13 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 
     show = sub.add_parser("show", parents=[common],
                           help="an episode's turns as the model saw them: prompt, THINK, ACTION, "
-                               "reward, value, advantage")
+                               "reward, value, advantage (sequence files: the conversation "
+                               "message by message, each reply's reward and advantage)")
     show.add_argument("episode_id", metavar="EPISODE_ID", help="as `episodes` lists them")
     show.add_argument("run_dir", nargs="?", default=DEFAULT_RUN, metavar="RUN_DIR", help=RUN_HELP)
     show.add_argument("--no-prompt", action="store_true", help="leave the prompts out")
-    show.add_argument("--turn", type=int, help="only this turn of the episode")
+    show.add_argument("--turn", type=int, help="only this turn of the episode (sequence files: "
+                                               "this reply, 0-based)")
 
     gae = sub.add_parser("gae", parents=[run, common],
                          help="recompute advantages and returns from each file's own columns and "
@@ -64,19 +72,21 @@ def _parser(prog: str) -> argparse.ArgumentParser:
                      help="largest error that passes (default: %(default)g)")
 
     sql = sub.add_parser("sql", parents=[common],
-                         help="DuckDB SQL over the views `turns` (and `episodes` of an eval dir)")
+                         help="DuckDB SQL over the views `turns` (and `episodes` of an eval dir); "
+                              "on sequence files `turns` holds one row per episode")
     sql.add_argument("query", metavar="QUERY", help="e.g. \"SELECT action, count(*) FROM turns "
                                                     "GROUP BY 1\"; columns: docs/design.md §4, "
                                                     "plus rank")
     sql.add_argument("run_dir", nargs="?", default=DEFAULT_RUN, metavar="RUN_DIR", help=RUN_HELP)
 
     plot = sub.add_parser("plot", parents=[run, common],
-                          help="PNGs: return and advantage distributions, action mix per iteration")
+                          help="PNGs: return and advantage distributions, action mix per iteration "
+                               "(turn-mode files)")
     plot.add_argument("--out", default="audit-plots", help="folder for the PNGs (default: %(default)s)")
 
     diff = sub.add_parser("diff", parents=[common],
                           help="first iteration, rank and row where token ids differ (exit 1), "
-                               "or identical")
+                               "or identical (turn-mode files)")
     diff.add_argument("run_a", metavar="RUN_A", help="a run dir (as RUN_DIR elsewhere)")
     diff.add_argument("run_b", metavar="RUN_B", help="the run dir to compare it with")
     return p
@@ -87,8 +97,13 @@ def _run(args: argparse.Namespace) -> Output:
     if command == "diff":
         from longturn.audit.diff import diff_runs
 
-        return diff_runs(open_run(args.run_a), open_run(args.run_b))
+        run_a, run_b = open_run(args.run_a), open_run(args.run_b)
+        refuse(run_a, command)
+        refuse(run_b, command)
+        return diff_runs(run_a, run_b)
     run = open_run(args.run_dir)
+    if command in ("episodes", "plot"):  # turn columns only
+        refuse(run, command)
     if command == "summary":
         from longturn.audit.summary import summarise
 

@@ -1,5 +1,6 @@
 """`gae RUN_DIR`: recompute every file's advantages and returns from its own columns and the GAE
-parameters in its metadata (longturn.algo.scoring.audit_gae, docs/design.md §5); report the worst."""
+parameters in its metadata (longturn.algo.scoring.audit_gae, docs/design.md §5; sequence-mode files:
+longturn.algo.sequence_scoring.audit_sequence_file); report the worst."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pandas as pd
 
 from longturn.audit.output import Output, table
 from longturn.audit.run_files import Run, TurnFile, require_columns
+from longturn.audit.sequences import gae_columns, is_sequence_file
 from longturn.errors import TrajectoryFileError
 from longturn.trajectories import read_metadata
 
@@ -24,18 +26,20 @@ def _iteration(metadata: dict[str, str], turn_file: TurnFile) -> int | None:
 
 def audit_run(run: Run, tolerance: float = DEFAULT_TOLERANCE) -> Output:
     from longturn.algo.scoring import GAE_METADATA_KEYS, audit_gae  # imports torch: only when asked
+    from longturn.algo.sequence_scoring import audit_sequence_file
 
     rows = []
     for turn_file in run.files:
-        require_columns(turn_file.path, GAE_COLUMNS)
+        sequence = is_sequence_file(turn_file.path)  # one row per episode: its own recomputation
         metadata = read_metadata(turn_file.path)
+        require_columns(turn_file.path, gae_columns(metadata) if sequence else GAE_COLUMNS)
         for key in GAE_METADATA_KEYS:
             if key not in metadata:
                 raise TrajectoryFileError(
                     f"{turn_file.path}: metadata key 'longturn.{key}' is missing: not a scored "
                     "training file (evaluation turns carry no advantages)")
         try:
-            error = audit_gae(turn_file.path)
+            error = (audit_sequence_file if sequence else audit_gae)(turn_file.path)
         except (ValueError, TypeError) as err:
             raise TrajectoryFileError(f"{turn_file.path}: cannot recompute GAE: {err}") from None
         rows.append({"iteration": _iteration(metadata, turn_file), "rank": turn_file.rank,

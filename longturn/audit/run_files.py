@@ -4,6 +4,7 @@ A run dir is a train output (`trajectories/iteration=NNNN/part-RR.parquet`), its
 folder, one `iteration=NNNN` folder, an evaluation output (`turns.parquet`, `episodes.parquet`), or
 a single Parquet file. Every file's footer and columns are checked before anything is computed, so
 a truncated copy or a foreign file is reported by name instead of as a pyarrow traceback.
+Sequence-mode files (one row per episode) sit at the same paths; audit/sequences.py reads them.
 """
 
 from __future__ import annotations

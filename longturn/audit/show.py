@@ -10,6 +10,7 @@ import pandas as pd
 from longturn.audit.output import Output
 from longturn.audit.reasons import FLAG_COLUMNS, turn_reasons
 from longturn.audit.run_files import Run, read_turns
+from longturn.audit.sequences import is_sequence_run, show_sequence_episode
 from longturn.errors import UserError
 from longturn.reply_format import parse_reply
 
@@ -79,6 +80,8 @@ def _render(turn: dict[str, Any], with_prompt: bool) -> str:
 
 def show_episode(run: Run, episode_id: str, with_prompt: bool = True,
                  turn: int | None = None) -> Output:
+    if is_sequence_run(run):  # one row per episode: its conversation, reply by reply
+        return show_sequence_episode(run, episode_id, with_prompt, turn)
     frame = read_turns(run, REQUIRED, OPTIONAL, filters=[("episode_id", "==", episode_id)])
     if frame.empty:
         raise EpisodeNotFound(f"{run.root}: no turns of episode '{episode_id}' (list them with "

@@ -7,6 +7,7 @@ import pandas as pd
 from longturn.audit.output import Output, table
 from longturn.audit.reasons import FLAG_COLUMNS, ORDER, reason_counts, turn_reasons
 from longturn.audit.run_files import Run, read_turns
+from longturn.audit.sequences import is_sequence_run, summarise_sequences
 from longturn.envs.termination import ABORTED, SUCCESS
 
 COLUMNS = ("iteration", "episode_id", "task", "action_valid", "reward", *FLAG_COLUMNS)
@@ -30,6 +31,8 @@ def _by(frame: pd.DataFrame, key: str) -> pd.DataFrame:
 
 
 def summarise(run: Run) -> Output:
+    if is_sequence_run(run):  # one row per episode: episode counts, no turn flags
+        return summarise_sequences(run)
     frame = read_turns(run, COLUMNS, optional=("termination",))
     frame["reason"] = turn_reasons(frame)
     overall = _stats(frame)
