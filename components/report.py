@@ -10,16 +10,18 @@ from longturn.report import build_report
 
 
 def body(args, params) -> None:
+    sequence = params.rollout.mode == "sequence"
     title_info = {
         "model.source": params.model.source,
-        "env.name": params.env.name,
+        "rollout.mode": params.rollout.mode,
+        **({} if sequence else {"env.name": params.env.name}),  # sequence tasks need no env
         "env.tasks": params.env.tasks,
         "eval.tasks": params.eval.tasks,
         "eval.episodes_per_task": params.eval.episodes_per_task,
         "algo.advantage": params.algo.advantage,
     }
     build_report(args.zero_shot, args.final, args.train_live, args.warmup_live, args.out,
-                 title_info, critic=needs_critic(params.algo.advantage))
+                 title_info, critic=needs_critic(params.algo.advantage), sequence=sequence)
 
 
 def main(argv=None) -> int:

@@ -27,6 +27,7 @@ from longturn.report_training import (  # noqa: F401  (kl_reading is part of thi
     ACTION_PREFIX, PHASE_KEYS, action_reading, kl_reading, pool_success_blocks, success_reading,
     termination_reading, timing_reading, training_reading, warmup_reading,
 )
+from longturn.report_sequence import SEQUENCE_TRAIN_KEYS, behaviour_reading, kl_mean_reading
 from longturn.report_training_plots import plot_action_mix, plot_success_blocks, plot_timing
 
 log = logging.getLogger(__name__)
@@ -127,7 +128,8 @@ def _settings(title_info: dict[str, Any]) -> list[str]:
 
 
 def _missing(zs: dict, fin: dict, train: pd.DataFrame, warm: pd.DataFrame,
-             dirs: dict[str, Path], why_unpaired: str | None, critic: bool) -> list[str]:
+             dirs: dict[str, Path], why_unpaired: str | None, critic: bool,
+             sequence: bool) -> list[str]:
     """Human-readable list of every input (or training key) the report could not find."""
     out = []
     if not zs:
@@ -139,9 +141,10 @@ def _missing(zs: dict, fin: dict, train: pd.DataFrame, warm: pd.DataFrame,
     if train.empty:
         out.append(f"training metrics (no DVCLive metrics in `{dirs['train']}`)")
     else:
-        gone = [k for k in TRAIN_KEYS if k not in train.columns
+        expected = SEQUENCE_TRAIN_KEYS if sequence else TRAIN_KEYS
+        gone = [k for k in expected if k not in train.columns
                 and (critic or k not in CRITIC_KEYS)]
-        if not any(str(c).startswith(ACTION_PREFIX) for c in train.columns):
+        if not sequence and not any(str(c).startswith(ACTION_PREFIX) for c in train.columns):
             gone.append(f"{ACTION_PREFIX}<action>")
         out += [f"training metric(s) not logged: {', '.join(gone)}"] if gone else []
     if warm.empty and critic:
@@ -150,14 +153,14 @@ def _missing(zs: dict, fin: dict, train: pd.DataFrame, warm: pd.DataFrame,
 
 
 def _draw(out: Path, table: list, blocks: list, train: pd.DataFrame,
-          warm: pd.DataFrame) -> dict[str, bool]:
+          warm: pd.DataFrame, sequence: bool = False) -> dict[str, bool]:
     """Every plot, by file name -> drawn; a plot not drawn this time loses its stale file."""
     drawn = {"tasks.png": plot_task_bars(table, out / "tasks.png"),
              "success.png": plot_success_blocks(blocks, out / "success.png"),
              "curves.png": plot_learning_curves(train, out / "curves.png"),
              "timing.png": plot_timing(train, out / "timing.png"),
-             "actions.png": plot_action_mix(train, out / "actions.png"),
-             "kl.png": plot_kl(train, out / "kl.png"),
+             "actions.png": not sequence and plot_action_mix(train, out / "actions.png"),
+             "kl.png": not sequence and plot_kl(train, out / "kl.png"),
              "warmup.png": plot_warmup(warm, out / "warmup.png")}
     for name, ok in drawn.items():
         if not ok:
@@ -180,9 +183,10 @@ def _endings_section(zs: dict, fin: dict, train: pd.DataFrame) -> list[str]:
     return ["## How episodes ended", ""] + body + ["", note, ""]
 
 
-def _training_sections(drawn: dict[str, bool], train: pd.DataFrame, blocks: list) -> list[str]:
+def _training_sections(drawn: dict[str, bool], train: pd.DataFrame, blocks: list,
+                       sequence: bool) -> list[str]:
     phases = ", ".join(PHASE_KEYS)
-    return (
+    lines = (
         _section("Training success (pooled)", drawn["success.png"], "success.png",
                  "training success pooled into blocks", success_reading(blocks),
                  "no episode counts to pool (episodes_ended with successes or success_rate)")
@@ -190,19 +194,28 @@ def _training_sections(drawn: dict[str, bool], train: pd.DataFrame, blocks: list
                    training_reading(train, blocks), "no training metrics")
         + _section("Where the time goes", drawn["timing.png"], "timing.png",
                    "seconds per phase per iteration", timing_reading(train),
-                   f"none of {phases} was logged")
-        + _section("Action mix", drawn["actions.png"], "actions.png", "action mix per iteration",
-                   action_reading(train), f"no {ACTION_PREFIX}<action> keys were logged")
-        + _section("KL to the reference: THINK vs ACTION", drawn["kl.png"], "kl.png",
-                   "KL think vs action", kl_reading(train) if drawn["kl.png"] else [],
-                   "kl_think / kl_action were not logged"))
+                   f"none of {phases} was logged"))
+    if sequence:  # no actions and no THINK / ACTION split: replies, tool calls, KL per token
+        body = behaviour_reading(train) or ["*No reply or tool-call metrics were logged.*"]
+        kl = kl_mean_reading(train) or ["*kl_mean was not logged.*"]
+        return (lines + ["## Replies and tool calls", "", *body, ""]
+                + ["## KL to the reference", "", *kl, ""])
+    return (lines
+            + _section("Action mix", drawn["actions.png"], "actions.png",
+                       "action mix per iteration", action_reading(train),
+                       f"no {ACTION_PREFIX}<action> keys were logged")
+            + _section("KL to the reference: THINK vs ACTION", drawn["kl.png"], "kl.png",
+                       "KL think vs action", kl_reading(train) if drawn["kl.png"] else [],
+                       "kl_think / kl_action were not logged"))
 
 
 def build_report(zero_shot_dir: str | Path, final_dir: str | Path, train_live_dir: str | Path,
                  warmup_live_dir: str | Path, out_dir: str | Path,
-                 title_info: dict[str, Any], critic: bool = True) -> Path:
+                 title_info: dict[str, Any], critic: bool = True, sequence: bool = False) -> Path:
     """Write out_dir/report.md and its PNGs; a plot without data is skipped, and said so.
-    `critic=False` (a critic-free estimator): no warm-up and no value metrics are expected."""
+    `critic=False` (a critic-free estimator): no warm-up and no value metrics are expected.
+    `sequence` (sequence mode): replies and tool calls in place of the action mix and the THINK /
+    ACTION KL split (report_sequence.py)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     zs, fin = read_eval_metrics(zero_shot_dir), read_eval_metrics(final_dir)
@@ -210,17 +223,17 @@ def build_report(zero_shot_dir: str | Path, final_dir: str | Path, train_live_di
     train, warm = read_live_metrics(train_live_dir), read_live_metrics(warmup_live_dir)
     table = comparison_table(zs, fin)
     blocks = pool_success_blocks(train)
-    drawn = _draw(out, table, blocks, train, warm)
+    drawn = _draw(out, table, blocks, train, warm, sequence)
     dirs = {"zero_shot": Path(zero_shot_dir), "final": Path(final_dir),
             "train": Path(train_live_dir), "warmup": Path(warmup_live_dir)}
-    missing = _missing(zs, fin, train, warm, dirs, why_unpaired, critic)
+    missing = _missing(zs, fin, train, warm, dirs, why_unpaired, critic, sequence)
     lines = ["# longturn run report", ""] + _settings(title_info) + [""]
     evals = (table_markdown(table, paired) + [""] if table else []) + eval_reading(
         table, paired, why_unpaired)
     lines += _section("Zero-shot vs final evaluation", drawn["tasks.png"], "tasks.png",
                       "success per task, zero-shot vs final", evals, "no evaluation metrics")
     lines += _endings_section(zs, fin, train)
-    lines += _training_sections(drawn, train, blocks)
+    lines += _training_sections(drawn, train, blocks, sequence)
     if critic:
         warm_body = warmup_reading(warm) if drawn["warmup.png"] else []
         lines += _section("Critic warm-up", drawn["warmup.png"], "warmup.png", "critic warm-up",

@@ -171,6 +171,14 @@ def _iteration(params: Params, paths: TrainPaths, trainer: PPOTrainer,
 
 
 def _log_iteration(iteration: int, metrics: dict[str, float]) -> None:
+    if "mean_assistant_turns" in metrics:  # sequence mode: episodes, not turns
+        log.info("iteration %d: success %.3f reward %.3f replies/episode %.2f tool calls/episode "
+                 "%.2f value_loss %.4f kl %.5f (%.0f s, %.2f replies/s)", iteration,
+                 metrics["success_rate"], metrics["mean_reward"], metrics["mean_assistant_turns"],
+                 metrics["tool_calls_per_episode"], metrics.get("value_loss", 0.0),
+                 metrics.get("kl_mean", 0.0), metrics["seconds_per_iteration"],
+                 metrics["turns_per_s"])
+        return
     log.info("iteration %d: success %.3f reward %.3f valid %.2f value_loss %.4f kl %.5f "
              "(%.0f s, %.1f turns/s)", iteration, metrics.get("success_rate", 0.0),
              metrics.get("mean_reward", 0.0), metrics.get("valid_action_ratio", 0.0),

@@ -37,6 +37,10 @@ def test_sequence_keys_are_validated_by_name():
 
 def test_tasks_by_name_or_import_path():
     assert load_task("arithmetic") is load_task("longturn.tasks.arithmetic:TASK")
+    shown = [m["role"] for m in load_task("arithmetic").record(7)["messages"]]
+    plain = [m["role"] for m in load_task("arithmetic_plain").record(7)["messages"]]
+    assert plain == ["system", "user"]  # the problem alone
+    assert shown == ["system", "user", "assistant", "tool", "assistant", "user"]  # worked example
     with pytest.raises(SettingError, match="neither a built-in sequence task"):
         load_task("algebra")
     with pytest.raises(SettingError, match="lacks record, reward, success"):

@@ -58,12 +58,26 @@ def make_problem(seed: int) -> Problem:
     return r.choice(_stories(r))
 
 
-def task_record(seed: int) -> dict[str, Any]:
-    """One task for the sequence rollout: its first messages and what the tools and the
-    interaction need to know."""
+# A worked exchange shown before the problem: one calculator call, its result, the answer line.
+# A 135M model imitates formats it has seen far more readily than it follows a description.
+DEMONSTRATION = [
+    {"role": "user", "content": "Ana has 12 boxes of 24 pencils and gives away 35 pencils. How "
+                                "many pencils are left?"},
+    {"role": "assistant", "content": '<tool_call>\n{"name": "calculator", "arguments": '
+                                     '{"expression": "12 * 24 - 35"}}\n</tool_call>'},
+    {"role": "tool", "name": "calculator", "content": "253"},
+    {"role": "assistant", "content": "12 boxes of 24 pencils are 288 pencils, and 288 - 35 = "
+                                     "253.\nANSWER: 253"},
+]
+
+
+def task_record(seed: int, demonstration: bool = False) -> dict[str, Any]:
+    """One task for the sequence rollout: its first messages (with `demonstration`, the worked
+    exchange before the problem) and what the tools and the interaction need to know."""
     problem = make_problem(seed)
+    example = [dict(m) for m in DEMONSTRATION] if demonstration else []
     return {"task": "arithmetic", "seed": seed, "answer": problem.answer,
-            "messages": [{"role": "system", "content": SYSTEM},
+            "messages": [{"role": "system", "content": SYSTEM}, *example,
                          {"role": "user", "content": problem.question}],
             "tools_kwargs": {}, "interaction_kwargs": {"answer": problem.answer}}
 
@@ -111,10 +125,11 @@ class ArithmeticTask:
     """The task as sequence mode loads it (`env.tasks: [arithmetic]`, longturn/tasks/registry.py):
     a task record per seed, and the rule-based reward and success of a finished conversation."""
 
-    name = "arithmetic"
+    def __init__(self, demonstration: bool = True):
+        self.demonstration = demonstration
 
     def record(self, seed: int) -> dict[str, Any]:
-        return task_record(seed)
+        return task_record(seed, self.demonstration)
 
     def reward(self, task: dict[str, Any], messages: list[dict[str, Any]]) -> float:
         """1 when the last assistant message's `ANSWER:` holds the right number."""
@@ -125,4 +140,5 @@ class ArithmeticTask:
         return self.reward(task, messages) >= 1.0
 
 
-TASK = ArithmeticTask()
+TASK = ArithmeticTask()  # `arithmetic`: the problem after the worked exchange
+PLAIN = ArithmeticTask(demonstration=False)  # `arithmetic_plain`: the problem alone

@@ -1,8 +1,7 @@
 """Sequence-mode tasks by name: `env.tasks` lists built-in names or `package.module:OBJECT`
 import paths of plugin tasks.
 
-A task is any object with
-- `name`: what episodes, evaluation metrics and reports call it;
+A task is any object with (episodes, metrics and reports call it by its `env.tasks` entry)
 - `record(seed) -> dict`: the task record the rollout plays (`messages`, and what tools and the
   interaction need: `tools_kwargs`, `interaction_kwargs`), the same for the same seed;
 - `reward(record, messages) -> float`: the rule-based reward of a finished conversation, used
@@ -17,7 +16,8 @@ from typing import Any
 from longturn.errors import SettingError
 from longturn.import_path import import_object
 
-BUILTIN = {"arithmetic": "longturn.tasks.arithmetic:TASK"}
+BUILTIN = {"arithmetic": "longturn.tasks.arithmetic:TASK",
+           "arithmetic_plain": "longturn.tasks.arithmetic:PLAIN"}
 _METHODS = ("record", "reward", "success")
 
 
