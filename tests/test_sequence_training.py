@@ -12,8 +12,9 @@ from transformers import AutoTokenizer
 
 from longturn.algo.sequence_scoring import audit_sequence_file
 from longturn.config import parse_params
-from longturn.training import TrainPaths, run_training
+from longturn.training import run_training
 from longturn.trajectories import read_metadata
+from test_training import paths
 
 pytestmark = pytest.mark.smoke
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,12 +36,6 @@ def sequence_params(model_dir: str, advantage: str = "gae", iterations: int = 2)
                 "actor_lr": 1e-3, "critic_lr": 1e-3},
         "train": {"iterations": iterations, "checkpoint_every": 1, "keep_checkpoints": 1},
     })
-
-
-def paths(root: Path, model_dir: str) -> TrainPaths:
-    return TrainPaths(base=Path(model_dir), critic=Path(model_dir),
-                      trajectories=root / "trajectories", checkpoints=root / "checkpoints",
-                      final=root / "final", live=root / "live", policy=root / "policy")
 
 
 @pytest.mark.parametrize("advantage", ["gae", "grpo"])
@@ -76,6 +71,12 @@ def test_sequence_training_writes_audited_episodes(tmp_path, tiny_model_dir, adv
             assert frame["values"].isna().all() and frame["group_id"].nunique() == 2
         else:
             assert frame["values"].notna().all()
+    if advantage == "gae":  # asked for one more iteration, the run continues where it stopped
+        longer = run_training(sequence_params(tiny_model_dir, advantage, iterations=3),
+                              paths(tmp_path, tiny_model_dir), progress=False)
+        assert len(longer) == 3
+        assert json.dumps(longer[:2], sort_keys=True) == json.dumps(history, sort_keys=True)
+        assert len(list((tmp_path / "trajectories").glob("iteration=*"))) == 3
     for metrics in history:
         assert metrics["episodes"] == 4 and "termination/done" in metrics
         assert metrics["turns"] == pytest.approx(4 * metrics["mean_assistant_turns"])
