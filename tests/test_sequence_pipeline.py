@@ -55,7 +55,8 @@ def test_dvc_exp_run_of_the_tools_profile(tmp_path, tiny_model_dir):
     for row in pd.read_parquet(part).itertuples():
         masked = [t for t, m in zip(row.input_ids, row.loss_mask) if m]
         closing = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        replies = [m["content"] for m in json.loads(row.messages) if m["role"] == "assistant"]
+        assistant = [m["content"] for m in json.loads(row.messages) if m["role"] == "assistant"]
+        replies = assistant[len(assistant) - row.assistant_turns:]  # after the worked example
         # the masked tokens are the replies as sampled: decoded, reply by reply, they are the
         # assistant messages (plus the end-of-turn token each sampled)
         spans = [row.input_ids[s:e] for s, e in zip(row.segment_starts, row.segment_ends)]

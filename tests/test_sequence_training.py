@@ -12,12 +12,14 @@ from transformers import AutoTokenizer
 
 from longturn.algo.sequence_scoring import audit_sequence_file
 from longturn.config import parse_params
+from longturn.tasks.arithmetic import DEMONSTRATION
 from longturn.training import run_training
 from longturn.trajectories import read_metadata
 from test_training import paths
 
 pytestmark = pytest.mark.smoke
 ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE_REPLIES = sum(m["role"] == "assistant" for m in DEMONSTRATION)
 
 
 def sequence_params(model_dir: str, advantage: str = "gae", iterations: int = 2):
@@ -60,7 +62,8 @@ def test_sequence_training_writes_audited_episodes(tmp_path, tiny_model_dir, adv
             assert sampled == replies and sampled
             assert all(a == 0 for a, m in zip(row.advantages, row.loss_mask) if not m)
             assistant = [m["content"] for m in json.loads(row.messages) if m["role"] == "assistant"]
-            assert len(assistant) == row.assistant_turns == len(row.segment_starts)
+            # the worked example's replies come first, then the model's
+            assert len(assistant) - EXAMPLE_REPLIES == row.assistant_turns == len(row.segment_starts)
             assert row.termination in ("done", "max_assistant_turns", "max_user_turns",
                                        "token_budget")
             assert tokenizer.decode(row.input_ids[row.segment_starts[0]:row.segment_ends[0]])
