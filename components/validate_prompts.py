@@ -16,6 +16,7 @@ from longturn.atomic import write_json, write_text
 from longturn.engines.registry import make_engine, sampling_from_params
 from longturn.envs.registry import make_env
 from longturn.models import check_model_dir, load_tokenizer
+from longturn.sequence.metrics import json_safe
 from longturn.sequence.validation import (render_sequence_report, sequence_gate_failures,
                                          validate_sequence_tasks)
 from longturn.trajectories import write_sequences, write_table
@@ -56,7 +57,7 @@ def body(args, params) -> int:
         write_sequences(samples, out / "samples.parquet", meta)
     else:
         write_table(samples, out / "samples.parquet", None, meta)
-    metrics = {"tasks": {r.task: _finite(r.metrics) for r in results}, "passed": not failures,
+    metrics = {"tasks": {r.task: json_safe(r.metrics) for r in results}, "passed": not failures,
                "min_valid_action_ratio": gate}
     write_json(out / "metrics.json", metrics)
     settings = {"model": params.model.source, "samples_per_task": v.samples_per_task,
@@ -70,11 +71,6 @@ def body(args, params) -> int:
         return 1
     write_text(out / PASSED_MARKER, PASSED_TEXT)  # last: the gate holds only when all is written
     return 0
-
-
-def _finite(metrics: dict) -> dict:
-    """NaN (a ratio with nothing to count) as null: metrics.json stays strict JSON."""
-    return {k: None if isinstance(v, float) and v != v else v for k, v in metrics.items()}
 
 
 def main(argv=None) -> int:

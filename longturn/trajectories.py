@@ -182,6 +182,11 @@ def write_sequences(rows: Iterable[dict[str, Any]], path: str | Path,
     return write_table(rows, path, SEQUENCE_SCHEMA, {"mode": "sequence", **(metadata or {})})
 
 
+def is_sequence_file(path: str | Path) -> bool:
+    """Whether a trajectory file holds sequence-mode episodes (its metadata says so)."""
+    return read_metadata(path).get("mode") == "sequence"
+
+
 def read_schema(path: str | Path) -> pa.Schema:
     """The schema of a Parquet file; a missing or damaged file names itself."""
     path = Path(path)

@@ -18,7 +18,7 @@ import torch
 from longturn.algo.gae import masked_whiten
 from longturn.engines.logprobs import PackedBatch, token_logprobs
 from longturn.errors import TrajectoryFileError
-from longturn.trajectories import read_metadata, read_table
+from longturn.trajectories import is_sequence_file, read_table
 
 TRAIN_COLUMNS = ("prompt_ids", "response_ids", "old_logprobs", "ref_logprobs", "values",
                  "advantages", "returns", "aborted")
@@ -206,7 +206,7 @@ def read_sequence_batch(paths: Sequence[str | Path], whiten: bool = True,
 def read_training_batch(paths: Sequence[str | Path], whiten: bool = True,
                         values: bool = True) -> TurnBatch:
     """Turn or sequence files, as their metadata says (`mode: sequence`)."""
-    if paths and read_metadata(paths[0]).get("mode") == "sequence":
+    if paths and is_sequence_file(paths[0]):
         return read_sequence_batch(paths, whiten, values)
     return read_turn_batch(paths, whiten, values)
 

@@ -8,9 +8,9 @@ import pandas as pd
 
 from longturn.audit.output import Output, table
 from longturn.audit.run_files import Run, TurnFile, require_columns
-from longturn.audit.sequences import gae_columns, is_sequence_file
+from longturn.audit.sequences import gae_columns
 from longturn.errors import TrajectoryFileError
-from longturn.trajectories import read_metadata
+from longturn.trajectories import is_sequence_file, read_metadata
 
 # what audit_gae reads; an evaluation file has the columns but no values in them
 GAE_COLUMNS = ("values", "token_rewards", "next_value", "env_index", "step", "episode_id",

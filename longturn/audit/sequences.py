@@ -14,10 +14,11 @@ from typing import Any
 import pandas as pd
 
 from longturn.audit.output import Output, table
-from longturn.audit.run_files import Run, read_file, require_columns, schema_of
+from longturn.audit.run_files import Run, read_file, require_columns
 from longturn.errors import UserError
+from longturn.trajectories import is_sequence_file
 from longturn.sequence.episode import REASONS
-from longturn.sequence.metrics import OUTCOMES  # the tokenization_check values
+from longturn.sequence.metrics import OUTCOMES, sequence_metrics
 
 SEQUENCE_COMMANDS = ("summary", "show", "gae", "sql")
 
@@ -28,13 +29,6 @@ class TurnFilesOnly(UserError):
 
 class SequenceEpisodeNotFound(UserError):
     """No episode row of the run carries the asked episode id (or the asked reply)."""
-
-
-def is_sequence_file(path: Any) -> bool:
-    """Whether the file's metadata says sequence mode; read from the footer only (a damaged
-    file is named by schema_of)."""
-    metadata = schema_of(path).metadata or {}
-    return metadata.get(b"longturn.mode") == b"sequence"
 
 
 def is_sequence_run(run: Run) -> bool:
@@ -67,7 +61,8 @@ def gae_columns(metadata: dict[str, str]) -> tuple[str, ...]:
 # ── summary ──────────────────────────────────────────────────────────────────────────────────
 
 SUMMARY_COLUMNS = ("iteration", "task", "episode_id", "reward", "success", "termination",
-                   "assistant_turns", "tool_calls", "tool_errors")
+                   "assistant_turns", "user_turns", "tool_calls", "tool_errors", "input_ids",
+                   "loss_mask")
 
 
 def read_episodes(run: Run, required: tuple[str, ...], optional: tuple[str, ...] = (),
@@ -83,38 +78,36 @@ def read_episodes(run: Run, required: tuple[str, ...], optional: tuple[str, ...]
     return rows
 
 
-def _stats(group: pd.DataFrame) -> dict[str, Any]:
-    """As longturn.sequence.metrics counts them: success over every episode (each one ended),
-    tool-call validity = calls that ran / calls (NaN without calls), every reason counted."""
-    calls, errors = int(group["tool_calls"].sum()), int(group["tool_errors"].sum())
-    reasons = group["termination"].value_counts().to_dict()
-    counts = {r: int(reasons.pop(r, 0)) for r in REASONS}
-    counts.update({str(k): int(v) for k, v in reasons.items()})
-    success = group["success"].eq(True)  # a null verdict is no success
-    return {"episodes": len(group), "successes": int(success.sum()),
-            "success_rate": float(success.mean()),
-            "mean_reward": float(group["reward"].mean()),
-            "mean_replies": float(group["assistant_turns"].mean()),
-            "tool_calls_per_episode": calls / len(group),
-            "tool_call_validity": (calls - errors) / calls if calls else float("nan"), **counts}
+def _stats(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """longturn.sequence.metrics over these episodes (what training logs per iteration), with
+    short names for the tables."""
+    m = sequence_metrics(records)
+    return {"episodes": m["episodes"], "successes": m["successes"],
+            "success_rate": m["success_rate"], "mean_reward": m["mean_reward"],
+            "mean_replies": m["mean_assistant_turns"],
+            "tool_calls_per_episode": m["tool_calls_per_episode"],
+            "tool_call_validity": m["tool_call_validity"],
+            **{r: m[f"termination/{r}"] for r in REASONS},
+            **{f"tokenization_{o}": m[f"tokenization/{o}"] for o in OUTCOMES}}
 
 
-def _by(frame: pd.DataFrame, key: str) -> pd.DataFrame:
-    return pd.DataFrame([{key: value, **_stats(group)}
-                         for value, group in frame.groupby(key, sort=True)])
+def _by(records: list[dict[str, Any]], key: str) -> pd.DataFrame:
+    values = sorted({r[key] for r in records})
+    rows = [{key: v, **_stats([r for r in records if r[key] == v])} for v in values]
+    return pd.DataFrame(rows).drop(columns=[f"tokenization_{o}" for o in OUTCOMES])
 
 
 def summarise_sequences(run: Run) -> Output:
-    frame = pd.DataFrame(read_episodes(run, SUMMARY_COLUMNS, ("tokenization_check",)))
-    frame["iteration"] = frame["iteration"].fillna(0).astype(int)
-    overall = _stats(frame)
-    checks = frame["tokenization_check"].fillna("skipped").replace("", "skipped").value_counts()
-    tokenization = {o: int(checks.get(o, 0)) for o in OUTCOMES}
-    iterations = sorted(int(i) for i in frame["iteration"].unique())
-    by_iteration, by_task = _by(frame, "iteration"), _by(frame, "task")
+    records = read_episodes(run, SUMMARY_COLUMNS, ("tokenization_check",))
+    for r in records:
+        r["iteration"] = int(r["iteration"] or 0)
+    overall = _stats(records)
+    tokenization = {o: overall.pop(f"tokenization_{o}") for o in OUTCOMES}
+    iterations = sorted({r["iteration"] for r in records})
+    by_iteration, by_task = _by(records, "iteration"), _by(records, "task")
     data = {"run": str(run.root), "kind": run.kind, "mode": "sequence", "files": len(run.files),
-            "iterations": iterations, "ranks": sorted(int(r) for r in frame["rank"].unique()),
-            "tasks": sorted(str(t) for t in frame["task"].unique()), "overall": overall,
+            "iterations": iterations, "ranks": sorted({int(r["rank"]) for r in records}),
+            "tasks": sorted({str(r["task"]) for r in records}), "overall": overall,
             "tokenization_check": tokenization, "per_iteration": by_iteration,
             "per_task": by_task}
     span = f" ({iterations[0]}..{iterations[-1]})" if iterations else ""

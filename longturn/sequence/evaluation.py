@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from longturn.atomic import write_json
 from longturn.config import Params
 from longturn.engines.base import Engine
 from longturn.engines.registry import sampling_from_params
-from longturn.sequence.metrics import sequence_metrics
+from longturn.sequence.metrics import json_safe, sequence_metrics
 from longturn.sequence.setup import SequenceRun
 from longturn.trajectories import write_episodes, write_sequences
 
@@ -46,7 +45,7 @@ def summary(records: list[dict[str, Any]]) -> dict[str, Any]:
     m.update(completed_episodes=m["episodes"], aborted_episodes=0,
              success_denominator="completed_episodes", mean_length=m["mean_assistant_turns"],
              valid_action_ratio=m["tool_call_validity"])
-    return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in m.items()}
+    return json_safe(m)
 
 
 def evaluate_sequences(engine: Engine, tokenizer: Any, params: Params, out_dir: str | Path,

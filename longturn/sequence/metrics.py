@@ -7,6 +7,7 @@ Counts are `termination/<reason>` (done, max_assistant_turns, max_user_turns, to
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import numpy as np
@@ -35,6 +36,11 @@ def _totals(records: list[dict[str, Any]]) -> dict[str, float]:
         out[f"tokenization/{outcome}"] = float(sum((r.get("tokenization_check") or "skipped")
                                                    == outcome for r in records))
     return out
+
+
+def json_safe(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The same metrics with NaN (a ratio with nothing to count) as None: strict JSON."""
+    return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in metrics.items()}
 
 
 def sequence_metrics(records: list[dict[str, Any]],
