@@ -29,7 +29,9 @@ class Completion:
 class Engine(Protocol):
     """A generation backend (in-process transformers, or an SGLang server over HTTP)."""
 
-    def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams) -> list[Completion]: ...
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams) -> list[Completion]:
+        """(An engine serving a vision-language model also takes `images=`: per prompt, the
+        (placeholder start, frame) pairs; `HFEngine.generate`.)"""
 
     def update_weights(self, model_dir: str) -> None: ...
 

@@ -14,6 +14,10 @@ Llama, Qwen2 and Qwen3 models decode on that fast path (`static_decoder`: fixed-
 CUDA-graph replay of each step on a GPU); other causal LMs on the model's own forward
 (`generic_decoder`).
 
+A vision-language model (a model dir with `vision/`, see `vision.encoder`) decodes on the generic
+path without prefix sharing; `generate(..., images=...)` encodes each prompt's frames and puts
+their features at the given starts during prefill.
+
 Seeding guarantee: with `sampling.seed` set, the same call (same prompts, order, params, engine
 settings, device) returns identical tokens. A prompt's random draws depend only on the seed and
 its index in the call, not on the batch size or on which prompts share its batch; its tokens can
@@ -26,8 +30,10 @@ runs reproducible.
 from __future__ import annotations
 
 import gc
+from contextlib import AbstractContextManager, nullcontext
 from typing import Mapping
 
+import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -38,6 +44,8 @@ from longturn.engines.prefix import left_pad  # noqa: F401  (re-exported)
 from longturn.engines.row_seeds import row_seed
 from longturn.engines.static_decoder import StaticDecoder
 from longturn.engines.stop_tokens import end_of_turn_ids
+from longturn.vision import feed
+from longturn.vision.encoder import load_vision
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
@@ -67,6 +75,10 @@ class HFEngine:
         self.fast_path = fast_path
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model = self._load(model_dir)
+        self.vision = load_vision(model_dir, self.device, self.dtype)
+        if self.vision is not None:  # one plain prefill, where the image hook finds its ids
+            self.prefix_sharing = self.fast_path = False
+            feed.attach(self.model)
         eos = getattr(self.model.generation_config, "eos_token_id", None)
         self.stop_ids = end_of_turn_ids(self.tokenizer, eos, stop_token_ids)
         pad = self.tokenizer.pad_token_id
@@ -127,11 +139,16 @@ class HFEngine:
         return self.model
 
     @torch.inference_mode()
-    def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams) -> list[Completion]:
-        """One Completion per prompt, in input order; longest prompts are batched together."""
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams,
+                 images: list[list[tuple[int, np.ndarray]]] | None = None) -> list[Completion]:
+        """One Completion per prompt, in input order; longest prompts are batched together.
+        `images[i]`: prompt i's (start of its placeholders, RGB frame) pairs."""
         self._live_model()
         if any(len(p) == 0 for p in prompt_ids):
             raise ValueError("every prompt needs at least one token")
+        if images is not None and self.vision is None:
+            raise ValueError("images were given but this model has no image side (no vision/ "
+                             "in its model dir)")
         if sampling.max_new_tokens < 1:
             return [Completion([], [], "length") for _ in prompt_ids]
         seed = sampling.seed
@@ -143,7 +160,18 @@ class HFEngine:
         for start in range(0, len(order), size):
             chunk = order[start : start + size]
             seeds = torch.tensor([row_seed(seed, i) for i in chunk], dtype=torch.long)
-            state = self._decoder.decode([prompt_ids[i] for i in chunk], sampling, seeds)
+            prompts = [prompt_ids[i] for i in chunk]
+            with self._images([images[i] for i in chunk] if images else None, prompts):
+                state = self._decoder.decode(prompts, sampling, seeds)
             for i, completion in zip(chunk, state.completions()):
                 results[i] = completion
         return results  # type: ignore[return-value]
+
+    def _images(self, images: list[list[tuple[int, np.ndarray]]] | None,
+                prompts: list[list[int]]) -> AbstractContextManager:
+        """The prefill's image features, encoded in one pass over the chunk's frames."""
+        if not images or not any(images):
+            return nullcontext()
+        ids, _ = left_pad(prompts, self.pad_id, self.device)
+        return feed.images_context(self.vision, ids, [ids.shape[1] - len(p) for p in prompts],
+                                   images)

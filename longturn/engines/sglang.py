@@ -20,6 +20,7 @@ from typing import Any
 import requests
 
 from longturn.config import SGLangParams
+from longturn.errors import SettingError
 from longturn.engines.base import Completion, SamplingParams
 from longturn.engines.row_seeds import row_seed
 from longturn.engines.sglang_server import SGLangError, SGLangServer, launch_command
@@ -85,7 +86,11 @@ class SGLangEngine:
             raise SGLangError(f"SGLang server at {self.base_url} did not answer {route}: "
                               f"{err}{where}") from None
 
-    def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams) -> list[Completion]:
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams,
+                 images: list | None = None) -> list[Completion]:
+        if images is not None:
+            raise SettingError("image observations need engine.name 'hf' in this version: the "
+                               "SGLang engine sends token ids only")
         if any(len(p) == 0 for p in prompt_ids):
             raise ValueError("every prompt needs at least one token")
         if not prompt_ids:
