@@ -11,6 +11,9 @@ would not be the ids generated. Instead the sequence only ever grows:
   ends with an assistant turn, and only the text past that dummy is tokenized. The dummy keeps a
   system or tool preamble from being rendered again.
 
+Images: a message writes `<image>` where an image goes; with a vision-language model the image
+token is expanded to the number of feature positions its image fills (`encode`).
+
 Tools: schemas go to the template's `tools=`. A template that ignores them (SmolLM2's) gets the
 schemas written into the system message in the Hermes format instead (`tool_preamble`), so the
 model is told about its tools either way; `prepare` applies that to the message list, and the
@@ -48,8 +51,12 @@ class ChatDeltas:
     """Renders a tokenizer's chat template as deltas; holds no per-episode state."""
 
     def __init__(self, tokenizer: Any, tools: list[dict[str, Any]] | None = None,
-                 template_kwargs: dict[str, Any] | None = None):
+                 template_kwargs: dict[str, Any] | None = None,
+                 image_token: tuple[int, int] | None = None):
+        """`image_token`: (id, tokens per image) of a vision-language model, whose every image
+        token stands for that many feature positions (`vision.encoder`)."""
         self.tokenizer = tokenizer
+        self.image_token = image_token
         self.tools = list(tools or [])
         self.template_kwargs = dict(template_kwargs or {})
         probe = [{"role": "user", "content": "probe"}]
@@ -76,11 +83,33 @@ class ChatDeltas:
                             self.tools if self.native_tools else None)
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        """Token ids of template text; each image token expanded to its feature positions, as a
+        LLaVA processor does, so deltas and the full re-tokenization agree."""
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        if self.image_token is None:
+            return ids
+        image_id, width = self.image_token
+        out: list[int] = []
+        for token in ids:
+            out.extend([token] * width if token == image_id else [token])
+        return out
 
     def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=False,
+        """Text of ids, each expanded image written once (`<image>`), as the template has it."""
+        return self.tokenizer.decode(self._collapse_images(ids), skip_special_tokens=False,
                                      clean_up_tokenization_spaces=False)
+
+    def _collapse_images(self, ids: list[int]) -> list[int]:
+        if self.image_token is None:
+            return list(ids)
+        image_id, width = self.image_token
+        out, run = [], 0
+        for token in ids:
+            run = run + 1 if token == image_id else 0
+            if run and (run - 1) % width:  # inside an image's run: its first token stands for it
+                continue
+            out.append(token)
+        return out
 
     def prepare(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The first messages of an episode, with the tool preamble in the system message when

@@ -6,6 +6,10 @@ the turn (mask 0). Everything else (the first messages, tool results, user feedb
 (mask 0). Each segment carries the reward given right after it (tool step rewards, the
 interaction's score), so GAE can treat segments as turns: the step discount applies at each
 observation gap.
+
+Image observations (a vision-language model): each image's placeholder run in the context is
+recorded by its start, and the frames are buffered per turn; engine and trainer encode all of an
+episode's frames together, once per forward, and put the features at those starts.
 """
 
 from __future__ import annotations
@@ -14,7 +18,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from longturn.errors import UserError
 from longturn.sequence.chat_deltas import ChatDeltas
+from longturn.vision.frames import to_png
 
 # Why an episode ended. All but `done` cut it short: truncated, bootstrapped where a critic exists.
 DONE = "done"  # the interaction (or the reply without a tool call) ended it
@@ -44,18 +52,22 @@ class SequenceEpisode:
     reason: str | None = None
     check: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
+    images: list[np.ndarray] = field(default_factory=list)  # frames, in sequence order
+    image_starts: list[int] = field(default_factory=list)  # where each one's placeholders begin
 
     @classmethod
     def begin(cls, episode_id: str, task: dict[str, Any], deltas: ChatDeltas) -> "SequenceEpisode":
         ep = cls(episode_id, task, deltas, messages=deltas.prepare(task["messages"]))
-        ep._context(deltas.start(ep.messages))
+        ep._context(deltas.start(ep.messages), list(task.get("images") or []))
         return ep
 
     @property
     def done(self) -> bool:
         return self.reason is not None
 
-    def _context(self, ids: list[int]) -> None:
+    def _context(self, ids: list[int], images: list[np.ndarray] = ()) -> None:
+        if images or self.deltas.image_token is not None:
+            self._place_images(ids, list(images))
         self.ids += ids
         self.loss_mask += [0] * len(ids)
         self.logprobs += [0.0] * len(ids)
@@ -74,11 +86,29 @@ class SequenceEpisode:
         self.assistant_turns += 1
         return content
 
-    def add_messages(self, messages: list[dict[str, Any]], delta_ids: list[int]) -> None:
+    def add_messages(self, messages: list[dict[str, Any]], delta_ids: list[int],
+                     images: list[np.ndarray] = ()) -> None:
         """Append tool results or a user turn: their template delta (`ChatDeltas.append`),
-        as context."""
-        self._context(delta_ids)
+        as context, with the frames its `<image>` placeholders stand for."""
+        self._context(delta_ids, list(images))
         self.messages += messages
+
+    def _place_images(self, ids: list[int], images: list[np.ndarray]) -> None:
+        """Record where each image of a context delta starts; placeholders and frames must
+        match one to one."""
+        if self.deltas.image_token is None:
+            raise UserError(f"episode {self.episode_id}: the task gives image observations but "
+                            "the model has no image side (its model dir has no vision/; "
+                            "README: image observations)")
+        image_id, width = self.deltas.image_token
+        at = [i for i, t in enumerate(ids) if t == image_id]
+        starts = at[::width]
+        if len(at) != width * len(images) or any(at[k * width + width - 1] != s + width - 1
+                                                 for k, s in enumerate(starts)):
+            raise UserError(f"episode {self.episode_id}: {len(images)} image(s) for "
+                            f"{len(at) / width:g} <image> placeholder(s) in the messages")
+        self.image_starts += [len(self.ids) + s for s in starts]
+        self.images += images
 
     def reward(self, value: float, metrics: dict[str, Any] | None = None) -> None:
         """Credit the latest reply; numeric metrics are summed per episode."""
@@ -107,4 +137,6 @@ class SequenceEpisode:
             "user_turns": self.user_turns, "tool_calls": self.tool_calls,
             "tool_errors": self.tool_errors, "tokenization_check": self.check,
             "messages": json.dumps(self.messages), "metrics": json.dumps(self.metrics),
+            "images": [to_png(frame) for frame in self.images],
+            "image_starts": list(self.image_starts),
         }

@@ -1,5 +1,5 @@
 """What a batch of sequence-mode episodes says: success, reward, replies, tool-call validity,
-why episodes ended and how the tokenization check went; summed over ranks in training.
+image observations, why episodes ended and how the tokenization check went; summed over ranks in training.
 
 Counts are `termination/<reason>` (done, max_assistant_turns, max_user_turns, token_budget) and
 `tokenization/<outcome>` (identical, same_text, strippable, skipped), every key present.
@@ -17,7 +17,7 @@ from longturn.stats import wilson_interval
 
 OUTCOMES = ("identical", "same_text", "strippable", "skipped")
 _SUMS = ("episodes", "successes", "reward", "assistant_turns", "user_turns", "tool_calls",
-         "tool_errors", "tokens", "model_tokens")
+         "tool_errors", "tokens", "model_tokens", "images")
 
 
 def _totals(records: list[dict[str, Any]]) -> dict[str, float]:
@@ -30,6 +30,7 @@ def _totals(records: list[dict[str, Any]]) -> dict[str, float]:
             out[key] += int(r[key])
         out["tokens"] += len(r["input_ids"])
         out["model_tokens"] += int(sum(r["loss_mask"]))
+        out["images"] += len(r.get("images") or [])
     for reason in REASONS:
         out[f"termination/{reason}"] = float(sum(r["termination"] == reason for r in records))
     for outcome in OUTCOMES:
@@ -67,6 +68,7 @@ def sequence_metrics(records: list[dict[str, Any]],
         "tool_call_validity": (calls - t["tool_errors"]) / calls if calls else float("nan"),
         "mean_tokens": per("tokens"),
         "model_token_fraction": t["model_tokens"] / t["tokens"] if t["tokens"] else float("nan"),
+        "images_per_episode": per("images"),
     }
     out.update({k: int(v) for k, v in t.items() if "/" in k})
     return out

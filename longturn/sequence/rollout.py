@@ -11,6 +11,10 @@ After each reply:
 When an episode ends, the template's closing follows its last reply, the accumulated ids are
 checked against a full re-rendering (`tokenization_check`), and tools and interaction release it.
 
+Images: a task record's `images` (one frame per `<image>` in its messages), and an interaction
+that answers with an `Observation` carrying a frame, give image observations. The engine is then
+given each prompt's frames and where they go; it needs a vision-language model (`vision/`).
+
 It is registered as `longturn.sequence.rollout:sequence_rollout`; `rollout.function` may name any
 function with the same signature and records (README: sequence mode).
 """
@@ -24,6 +28,7 @@ from typing import Any, Callable
 from tqdm.auto import tqdm
 
 from longturn.engines.base import Engine, SamplingParams
+from longturn.envs.base import Observation
 from longturn.sequence.chat_deltas import ChatDeltas
 from longturn.sequence.episode import (DONE, MAX_ASSISTANT_TURNS, MAX_USER_TURNS, TOKEN_BUDGET,
                                        SequenceEpisode)
@@ -31,6 +36,7 @@ from longturn.sequence.interactions import BaseInteraction
 from longturn.sequence.tokenization_check import check_tokenization
 from longturn.sequence.tool_calls import parse_tool_calls
 from longturn.sequence.tools import ToolBox
+from longturn.vision.encoder import IMAGE_PLACEHOLDER
 
 
 @dataclass
@@ -62,15 +68,27 @@ def _tool_turn(ep: SequenceEpisode, tools: ToolBox, calls: list, limit: int
     return out
 
 
-def _after_reply(ep: SequenceEpisode, content: str, s: SequenceSettings) -> list[dict] | None:
-    """Decide what follows a reply: the messages to append, or None when the episode ended."""
+def _user_message(text: str | Observation) -> tuple[dict[str, Any], list]:
+    """An interaction's answer as a user message and its frames (an Observation with an image
+    gets an `<image>` line before its text)."""
+    if not isinstance(text, Observation):
+        return {"role": "user", "content": text}, []
+    if text.image is None:
+        return {"role": "user", "content": text.text}, []
+    return {"role": "user", "content": f"{IMAGE_PLACEHOLDER}\n{text.text}"}, [text.image]
+
+
+def _after_reply(ep: SequenceEpisode, content: str, s: SequenceSettings
+                 ) -> tuple[list[dict], list] | None:
+    """Decide what follows a reply: the messages to append and their frames, or None when the
+    episode ended."""
     calls = parse_tool_calls(content) if s.tools is not None else []
     if calls:
         messages = _tool_turn(ep, s.tools, calls, s.max_tool_response_chars)
         if ep.assistant_turns >= s.max_assistant_turns:
             ep.end(MAX_ASSISTANT_TURNS)
             return None
-        return messages
+        return messages, []
     if s.interaction is None:
         if s.reward_fn is not None:
             ep.reward(s.reward_fn(ep.task, ep.messages))
@@ -88,7 +106,8 @@ def _after_reply(ep: SequenceEpisode, content: str, s: SequenceSettings) -> list
         ep.end(MAX_USER_TURNS)
         return None
     ep.user_turns += 1
-    return [{"role": "user", "content": text}]
+    message, images = _user_message(text)
+    return [message], images
 
 
 def _finish(ep: SequenceEpisode, s: SequenceSettings) -> dict[str, Any]:
@@ -115,7 +134,9 @@ def sequence_rollout(engine: Engine, tokenizer: Any, sampling: SamplingParams,
                      id_prefix: str = "seq") -> list[dict[str, Any]]:
     """Play every task to its end; one record per task, in task order."""
     s = settings
-    deltas = ChatDeltas(tokenizer, s.tools.schemas if s.tools else None)
+    vision = getattr(engine, "vision", None)
+    deltas = ChatDeltas(tokenizer, s.tools.schemas if s.tools else None,
+                        image_token=vision.placeholder if vision is not None else None)
     episodes = []
     for i, task in enumerate(tasks):
         ep = SequenceEpisode.begin(f"{id_prefix}-{i}", task, deltas)
@@ -132,27 +153,39 @@ def sequence_rollout(engine: Engine, tokenizer: Any, sampling: SamplingParams,
                 ep.end(TOKEN_BUDGET)
         active = [ep for ep in active if not ep.done]
         seed = None if sampling.seed is None else sampling.seed + 100_003 * step
-        completions = engine.generate([ep.ids for ep in active],
-                                      dataclasses.replace(sampling, seed=seed)) if active else []
+        completions = _generate(engine, active, dataclasses.replace(sampling, seed=seed))
         for ep, completion in zip(active, completions):
             reply = completion.token_ids[:_room(ep, s)]
             content = ep.add_reply(reply, completion.logprobs)
             if len(reply) < len(completion.token_ids):
                 ep.end(TOKEN_BUDGET)  # cut to fit: neither tools nor the user see it
                 continue
-            messages = _after_reply(ep, content, s)
-            if messages is None:
+            follow = _after_reply(ep, content, s)
+            if follow is None:
                 continue
+            messages, images = follow
             delta = deltas.append(messages)
             if len(ep.ids) + len(delta) >= s.max_tokens:
                 ep.end(TOKEN_BUDGET)
                 continue
-            ep.add_messages(messages, delta)
+            ep.add_messages(messages, delta, images)
         bar.n = sum(ep.done for ep in episodes)
         bar.refresh()
         step += 1
     bar.close()
     return [_finish(ep, s) for ep in episodes]
+
+
+def _generate(engine: Engine, active: list[SequenceEpisode], sampling: SamplingParams) -> list:
+    """Every active episode's next reply; with images, each prompt's frames and their starts
+    (only then, so engines without image support keep their plain signature)."""
+    if not active:
+        return []
+    prompts = [ep.ids for ep in active]
+    if not any(ep.images for ep in active):
+        return engine.generate(prompts, sampling)
+    images = [list(zip(ep.image_starts, ep.images)) for ep in active]
+    return engine.generate(prompts, sampling, images=images)
 
 
 def _room(ep: SequenceEpisode, s: SequenceSettings) -> int:

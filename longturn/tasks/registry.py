@@ -17,7 +17,9 @@ from longturn.errors import SettingError
 from longturn.import_path import import_object
 
 BUILTIN = {"arithmetic": "longturn.tasks.arithmetic:TASK",
-           "arithmetic_plain": "longturn.tasks.arithmetic:PLAIN"}
+           "arithmetic_plain": "longturn.tasks.arithmetic:PLAIN",
+           "babyai_goto_frames": "longturn.tasks.env_frames:BABYAI_GOTO_FRAMES",
+           "babyai_goto_text": "longturn.tasks.env_frames:BABYAI_GOTO_TEXT"}
 _METHODS = ("record", "reward", "success")
 
 
