@@ -96,6 +96,8 @@ SEQUENCE_SCHEMA = pa.schema(
         ("tokenization_check", pa.string()),  # identical | same_text | strippable | skipped
         ("messages", pa.string()),  # the conversation as JSON, as the template re-renders it
         ("metrics", pa.string()),  # tool and interaction metrics summed, as JSON
+        ("images", pa.list_(pa.binary())),  # image observations as PNG, in sequence order
+        ("image_starts", _i32_list),  # where each image's placeholder tokens begin
         ("old_logprobs", _f32_list),
         ("ref_logprobs", _f32_list),
         ("values", _f32_list),

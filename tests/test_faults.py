@@ -228,7 +228,8 @@ KILLED_EXPORT = textwrap.dedent("""
     tokenizer = AutoTokenizer.from_pretrained(tiny)
     tokenizer.save_pretrained = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
     fake = SimpleNamespace(actor_module=AutoModelForCausalLM.from_pretrained(tiny),
-                           settings=SimpleNamespace(zero_stage=0), tokenizer=tokenizer)
+                           settings=SimpleNamespace(zero_stage=0), tokenizer=tokenizer,
+                           vision_dir=None)
     trainer.PPOTrainer.export_actor(fake, out)  # killed after the weights, before the tokenizer
 """)
 
@@ -247,7 +248,8 @@ def test_sigkill_during_final_export_leaves_no_final(tiny_model_dir, tmp_path):
 
     fake = SimpleNamespace(actor_module=AutoModelForCausalLM.from_pretrained(tiny_model_dir),
                            settings=SimpleNamespace(zero_stage=0),
-                           tokenizer=AutoTokenizer.from_pretrained(tiny_model_dir))
+                           tokenizer=AutoTokenizer.from_pretrained(tiny_model_dir),
+                           vision_dir=None)
     PPOTrainer.export_actor(fake, final)  # the next export replaces the leftovers
     check_model_dir(final)
     assert not list(final.parent.glob(".final.tmp-*"))

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# what algo/ may build on: the foundations and the engines' tensor layout, nothing that runs it
+# what algo/ may build on: the foundations, the engines' tensor layout and the image side of a
+# vision-language model (vision/: below engines, needing none of them), nothing that runs it
 ALGO_MAY_IMPORT = ("longturn.algo", "longturn.engines", "longturn.errors", "longturn.atomic",
                    "longturn.device", "longturn.distributed", "longturn.trajectories",
-                   "longturn.reply_format")
+                   "longturn.reply_format", "longturn.vision")
 
 
 def _modules() -> dict[str, Path]:

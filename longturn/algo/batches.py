@@ -18,7 +18,8 @@ import torch
 from longturn.algo.gae import masked_whiten
 from longturn.engines.logprobs import PackedBatch, token_logprobs
 from longturn.errors import TrajectoryFileError
-from longturn.trajectories import is_sequence_file, read_table
+from longturn.trajectories import is_sequence_file, read_schema, read_table
+from longturn.vision.frames import from_png
 
 TRAIN_COLUMNS = ("prompt_ids", "response_ids", "old_logprobs", "ref_logprobs", "values",
                  "advantages", "returns", "aborted")
@@ -61,6 +62,7 @@ class MicroBatch:
     advantages: torch.Tensor  # whitened
     returns: torch.Tensor
     mask: torch.Tensor  # bool: real response token of a non-aborted turn
+    images: list[list[tuple[int, np.ndarray]]] | None = None  # per row: (start, frame)
 
     @property
     def n_tokens(self) -> int:
@@ -69,7 +71,8 @@ class MicroBatch:
     def to(self, device: torch.device) -> MicroBatch:
         """The same micro-batch with its tensors on ``device``."""
         moved = {k: v.to(device) for k, v in vars(self).items() if isinstance(v, torch.Tensor)}
-        return MicroBatch(prompt_ids=self.prompt_ids, response_ids=self.response_ids, **moved)
+        return MicroBatch(prompt_ids=self.prompt_ids, response_ids=self.response_ids,
+                          images=self.images, **moved)
 
 
 @dataclass
@@ -85,6 +88,9 @@ class TurnBatch:
     # sequence mode: per response token, True where the model sampled it (tool results and user
     # turns inside the response are context, out of every loss and statistic); None: all True
     token_mask: list[np.ndarray] | None = None
+    # sequence mode with image observations: per row, (placeholder start in prompt + response,
+    # PNG bytes) of each frame; decoded per micro-batch
+    images: list[list[tuple[int, bytes]]] | None = None
 
     def __len__(self) -> int:
         return len(self.response_ids)
@@ -109,6 +115,8 @@ class TurnBatch:
             old_logprobs=pad["old_logprobs"], ref_logprobs=pad["ref_logprobs"],
             values=pad["values"], returns=pad["returns"],
             advantages=pad_rows([self.whitened[i] for i in index], width), mask=mask,
+            images=None if self.images is None else
+            [[(start, from_png(png)) for start, png in self.images[i]] for i in index],
         )
 
     def n_tokens(self, index: Sequence[int]) -> int:
@@ -177,11 +185,16 @@ def read_sequence_batch(paths: Sequence[str | Path], whiten: bool = True,
     if not paths:
         raise ValueError("update needs at least one Parquet file")
     wanted = [c for c in SEQUENCE_TRAIN_COLUMNS if values or c != "values"]
+    if all("images" in read_schema(p).names for p in paths):
+        wanted += ["images", "image_starts"]
     tables = [read_table(p, wanted) for p in paths]
     for path, part in zip(paths, tables):
-        _check_training_columns(path, part, [c for c in wanted if c != "segment_starts"])
+        _check_training_columns(path, part, [c for c in wanted if c in SEQUENCE_TRAIN_COLUMNS
+                                             and c != "segment_starts"])
     rows = pa.concat_tables(tables).to_pydict()
-    prompts, responses, masks = [], [], []
+    prompts, responses, masks, images = [], [], [], []
+    no_images = [None] * len(rows["input_ids"])
+    frames, frame_starts = rows.get("images", no_images), rows.get("image_starts", no_images)
     columns: dict[str, list[np.ndarray]] = {k: [] for k in _FLOAT_LISTS}
     for i, (ids, starts) in enumerate(zip(rows["input_ids"], rows["segment_starts"])):
         if not starts:
@@ -190,6 +203,7 @@ def read_sequence_batch(paths: Sequence[str | Path], whiten: bool = True,
         prompts.append(list(ids[:first]))
         responses.append(list(ids[first:]))
         masks.append(np.asarray(rows["loss_mask"][i][first:], dtype=bool))
+        images.append(list(zip(frame_starts[i] or [], frames[i] or [])))
         for name in _FLOAT_LISTS:
             full = rows[name][i] if name in rows else [0.0] * len(ids)
             if len(full) != len(ids):
@@ -200,7 +214,7 @@ def read_sequence_batch(paths: Sequence[str | Path], whiten: bool = True,
     aborted = np.zeros(len(responses), dtype=bool)
     whitened = _whiten(columns["advantages"], masks, whiten)
     return TurnBatch(prompts, responses, columns, aborted, whitened, has_values=values,
-                     token_mask=masks)
+                     token_mask=masks, images=images if any(images) else None)
 
 
 def read_training_batch(paths: Sequence[str | Path], whiten: bool = True,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import AbstractContextManager, nullcontext
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -20,6 +21,8 @@ from longturn.engines.decoder_stack import decoder_of
 from longturn.algo.trunk import Branch, TrunkState, run_branch, run_trunk
 from longturn.engines.logprobs import PackedBatch, response_logits, token_logprobs
 from longturn.errors import UserError
+from longturn.vision import feed
+from longturn.vision.feed import RowImages
 
 log = logging.getLogger(__name__)
 
@@ -92,10 +95,18 @@ class ModelSet:
     critic-free estimator)."""
 
     def __init__(self, actor: nn.Module, ref: nn.Module | None, critic: ValueModel | None,
-                 share_trunk: bool = True, gradient_checkpointing: bool = False) -> None:
+                 share_trunk: bool = True, gradient_checkpointing: bool = False,
+                 vision: Any = None) -> None:
+        """`vision`: a vision-language model's frozen image side (`vision.encoder`), whose
+        features every model's embedding takes at image placeholders (`vision.feed`)."""
         if ref is None and not hasattr(actor, "disable_adapter"):
             raise ValueError("no reference model given and the actor has no adapters to disable")
         self.actor, self.ref, self.critic = actor, ref, critic
+        self.vision = vision
+        if vision is not None:
+            for model in (actor, ref, critic):
+                if model is not None:
+                    feed.attach(model)
         self.checkpoint = gradient_checkpointing
         models = (actor, critic, ref if ref is not None else actor)
         parts = [decoder_of(m) for m in models if m is not None]
@@ -110,6 +121,15 @@ class ModelSet:
     def reference(self) -> AbstractContextManager:
         """Context in which the reference branch runs."""
         return self.actor.disable_adapter() if self.ref is None else nullcontext()
+
+    def images(self, batch: PackedBatch, prompts: list[list[int]],
+               images: Sequence[RowImages] | None) -> AbstractContextManager:
+        """The context in which forwards over `batch` see its rows' frames (`prompts`: the
+        batch's prompts, whose lengths place each row)."""
+        if images and any(images) and batch.prefix_ids is not None:
+            raise ValueError("a shared prompt prefix cannot carry images: score without it")
+        return feed.images_context(self.vision, batch.input_ids,
+                                   [batch.prompt_width - len(p) for p in prompts], images)
 
     def trunk(self, batch: PackedBatch) -> TrunkState:
         """The shared trunk of this batch (empty when nothing is shared); no grad."""

@@ -128,18 +128,19 @@ def minibatch_step(models: ModelSet, engines: Engines, batch: TurnBatch, mini: n
         mb = batch.select(idx).to(device)
         last = j == len(micros) - 1
         packed = pack_prompt_response(mb.prompt_ids, mb.response_ids, pad_id, device,
-                                      s.share_prefix)
-        with autocast(s.bf16, device):
-            trunk = models.trunk(packed)
-        if train_actor:
-            engines.actor.set_gradient_accumulation_boundary(last)
-            actor_total += _actor_backward(models, engines.actor, trunk, packed, mb, s,
-                                           actor_norm, stats)
-        if engines.critic is None:
-            continue
-        engines.critic.set_gradient_accumulation_boundary(last)
-        with autocast(s.bf16, device):
-            values = models.values(packed, trunk)
+                                      s.share_prefix and not mb.images)
+        with models.images(packed, mb.prompt_ids, mb.images):
+            with autocast(s.bf16, device):
+                trunk = models.trunk(packed)
+            if train_actor:
+                engines.actor.set_gradient_accumulation_boundary(last)
+                actor_total += _actor_backward(models, engines.actor, trunk, packed, mb, s,
+                                               actor_norm, stats)
+            if engines.critic is None:
+                continue
+            engines.critic.set_gradient_accumulation_boundary(last)
+            with autocast(s.bf16, device):
+                values = models.values(packed, trunk)
         loss, st = value_loss(values.float(), mb.values, mb.returns, mb.mask, s.value_clip,
                               s.first_token_weight, critic_norm)
         engines.critic.backward(loss, scale_wrt_gas=False)

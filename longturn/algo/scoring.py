@@ -27,6 +27,7 @@ from longturn.algo.model_set import ModelSet
 from longturn.algo.ppo import kl_penalty, token_rewards
 from longturn.algo.turn_grid import TurnGrid
 from longturn.engines.logprobs import pack_prompt_response
+from longturn.vision.feed import RowImages
 from longturn.trajectories import read_metadata
 
 Row = dict[str, Any]
@@ -68,16 +69,22 @@ def _rows(matrix: torch.Tensor, lengths: list[int]) -> list[np.ndarray]:
 
 def score_batch(models: ModelSet, prompts: list[list[int]], responses: list[list[int]],
                 settings: ScoringSettings, pad_id: int, logprobs: bool = True,
-                bar: Any = None, values: bool = True) -> Scored:
+                bar: Any = None, values: bool = True,
+                images: list[RowImages] | None = None) -> Scored:
     """Old / untempered / reference logprobs (when `logprobs`) and values (when `values`) of
-    every row, a mini-batch at a time; per mini-batch the shared trunk runs once (ModelSet)."""
+    every row, a mini-batch at a time; per mini-batch the shared trunk runs once (ModelSet).
+    `images[i]`: row i's frames and where they go (sequence mode with a vision-language
+    model); with images no prompt prefix is shared."""
     out, size, device = Scored(), max(1, settings.mini_batch_size), _device(models)
+    share_prefix = settings.share_prefix and not (images and any(images))
     for start in range(0, len(prompts), size):
         chunk = responses[start : start + size]
         lengths = [len(r) for r in chunk]
         batch = pack_prompt_response(prompts[start : start + size], chunk, pad_id, device,
-                                     settings.share_prefix)
-        with autocast(settings.bf16, device):
+                                     share_prefix)
+        frames = images[start : start + size] if images else None
+        with autocast(settings.bf16, device), models.images(batch, prompts[start : start + size],
+                                                             frames):
             trunk = models.trunk(batch)
             if logprobs:
                 old, raw = models.policy_logprobs(batch, trunk, settings.temperature)
@@ -93,16 +100,18 @@ def score_batch(models: ModelSet, prompts: list[list[int]], responses: list[list
 
 def bootstrap_values(models: ModelSet, rows: list[Row], settings: ScoringSettings,
                      pad_id: int, bar: Any = None) -> dict[int, float]:
-    """V(next observation) for every row that carries ``bootstrap_prompt_ids``."""
+    """V(next observation) for every row that carries ``bootstrap_prompt_ids`` (and, sequence
+    mode, its frames in ``bootstrap_images``)."""
     index = [i for i, r in enumerate(rows) if r.get("bootstrap_prompt_ids")]
     out: dict[int, float] = {}
     size, device = max(1, settings.mini_batch_size), _device(models)
     for start in range(0, len(index), size):
         part = index[start : start + size]
         prompts = [list(rows[i]["bootstrap_prompt_ids"]) for i in part]
+        frames = [rows[i].get("bootstrap_images") or [] for i in part]
         batch = pack_prompt_response(prompts, [[] for _ in part], pad_id, device,
-                                     settings.share_prefix)
-        with autocast(settings.bf16, device):
+                                     settings.share_prefix and not any(frames))
+        with autocast(settings.bf16, device), models.images(batch, prompts, frames):
             v = models.state_values(batch, models.trunk(batch))
         out.update(zip(part, v.float().cpu().tolist()))
         _advance(bar, len(part))

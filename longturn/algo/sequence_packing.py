@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import torch
 
 from longturn.engines.logprobs import PackedBatch, pack_prompt_response
+from longturn.vision.frames import from_png
 
 
 def split_sequence(record: dict[str, Any]) -> tuple[list[int], list[int], list[int]]:
@@ -22,6 +23,16 @@ def split_sequence(record: dict[str, Any]) -> tuple[list[int], list[int], list[i
     first = record["segment_starts"][0]
     ids = list(record["input_ids"])
     return ids[:first], ids[first:], [int(m) for m in record["loss_mask"][first:]]
+
+
+def record_images(record: dict[str, Any]) -> list[tuple[int, Any]]:
+    """An episode's frames (PNG bytes in the record) with the start of each one's placeholders
+    in `input_ids`; empty for a text-only episode."""
+    pngs, starts = record.get("images") or [], record.get("image_starts") or []
+    if len(pngs) != len(starts):
+        raise ValueError(f"episode {record.get('episode_id')!r}: {len(pngs)} images but "
+                         f"{len(starts)} image_starts")
+    return [(int(s), from_png(png)) for s, png in zip(starts, pngs)]
 
 
 def pack_sequences(records: Sequence[dict[str, Any]], pad_id: int,

@@ -29,7 +29,7 @@ from longturn.algo.model_set import ModelSet
 from longturn.algo.ppo import kl_penalty
 from longturn.algo.scoring import GAE_METADATA_KEYS, ScoringSettings, bootstrap_values, score_batch
 from longturn.algo.sequence_gae import sequence_gae
-from longturn.algo.sequence_packing import split_sequence
+from longturn.algo.sequence_packing import record_images, split_sequence
 from longturn.trajectories import read_metadata
 
 Record = dict[str, Any]
@@ -113,13 +113,14 @@ def score_sequences(records: list[Record], models: ModelSet, settings: ScoringSe
     critic = gae_params is not None
     live = [r for r in records if r["segment_starts"]]
     splits = [split_sequence(r) for r in live]
-    boot_rows = [{"bootstrap_prompt_ids": list(r["input_ids"])} if critic and r["truncated"]
-                 else {} for r in live]
+    frames = [record_images(r) for r in live]
+    boot_rows = [{"bootstrap_prompt_ids": list(r["input_ids"]), "bootstrap_images": f}
+                 if critic and r["truncated"] else {} for r, f in zip(live, frames)]
     bar = tqdm(total=len(live) + sum(map(bool, boot_rows)), desc="score", unit="episode",
                disable=not progress, leave=False)
     with torch.no_grad(), bar:
         scored = score_batch(models, [p for p, _, _ in splits], [r for _, r, _ in splits],
-                             settings, pad_id, True, bar, values=critic)
+                             settings, pad_id, True, bar, values=critic, images=frames)
         boot = bootstrap_values(models, boot_rows, settings, pad_id, bar) if critic else {}
     for record in records:
         zeros = [0.0] * len(record["input_ids"])

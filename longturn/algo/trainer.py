@@ -16,6 +16,7 @@ import copy
 import hashlib
 import logging
 import math
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,7 @@ from longturn.atomic import atomic_dir
 from longturn.device import resolve_device
 from longturn.distributed import (all_reduce_tensor, barrier, init_distributed, is_main_process,
                                   sum_over_ranks)
+from longturn.vision.encoder import VISION_DIR, has_vision, load_vision
 
 log = logging.getLogger(__name__)
 _TAG = "state"  # fixed DeepSpeed tag: saving into the same dir again replaces the checkpoint
@@ -177,9 +179,11 @@ class PPOTrainer:
                                                                  settings)
         if ref is not None:  # DeepSpeed moved the actor to its device; the ref follows
             ref.to(self.actor_engine.device)
+        self.vision_dir = Path(actor_dir) / VISION_DIR if has_vision(actor_dir) else None
         self.models = ModelSet(self.actor_engine.module, ref,
                                None if self.critic_engine is None else self.critic_engine.module,
-                               settings.share_trunk, settings.gradient_checkpointing)
+                               settings.share_trunk, settings.gradient_checkpointing,
+                               load_vision(actor_dir, self.actor_engine.device))
         log.info("trainer on %s, bf16 autocast %s, advantage %s: %d of %d layers shared by %s",
                  self.actor_engine.device, "on" if settings.bf16 else "off", settings.advantage,
                  self.models.depth, _layer_count(self.models.actor_decoder),
@@ -358,6 +362,8 @@ class PPOTrainer:
             if is_main_process():
                 with atomic_dir(out_dir) as tmp:
                     merge_and_save(self.actor_module, tmp, self.tokenizer)
+                    if self.vision_dir is not None:  # frozen: the same image side goes along
+                        shutil.copytree(self.vision_dir, tmp / VISION_DIR)
         barrier()
         return Path(out_dir)
 
