@@ -62,6 +62,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     show.add_argument("episode_id", metavar="EPISODE_ID", help="as `episodes` lists them")
     show.add_argument("run_dir", nargs="?", default=DEFAULT_RUN, metavar="RUN_DIR", help=RUN_HELP)
     show.add_argument("--no-prompt", action="store_true", help="leave the prompts out")
+    show.add_argument("--frames", metavar="DIR", help="sequence files with image "
+                      "observations: write the episode's frames to DIR as PNG")
     show.add_argument("--turn", type=int, help="only this turn of the episode (sequence files: "
                                                "this reply, 0-based)")
 
@@ -117,7 +119,7 @@ def _run(args: argparse.Namespace) -> Output:
     if command == "show":
         from longturn.audit.show import show_episode
 
-        return show_episode(run, args.episode_id, not args.no_prompt, args.turn)
+        return show_episode(run, args.episode_id, not args.no_prompt, args.turn, args.frames)
     if command == "gae":
         from longturn.audit.gae import audit_run
 

@@ -9,6 +9,7 @@ instead of a "column 'turn' is missing" that would send the user looking for a d
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -134,7 +135,7 @@ SHOW_REQUIRED = ("episode_id", "task", "segment_starts", "segment_ends", "segmen
                  "reward", "success", "termination", "messages")
 SHOW_OPTIONAL = ("episode_seed", "iteration", "truncated", "tool_calls", "tool_errors",
                  "tokenization_check", "loss_mask", "values", "advantages", "returns",
-                 "bootstrap_value")
+                 "bootstrap_value", "images")
 
 
 def _at(values: list[float] | None, index: int) -> float | None:
@@ -188,10 +189,12 @@ def _render(message: dict[str, Any], replies: list[dict[str, Any]]) -> str:
 
 
 def show_sequence_episode(run: Run, episode_id: str, with_prompt: bool = True,
-                          turn: int | None = None) -> Output:
+                          turn: int | None = None, frames_dir: str | Path | None = None) -> Output:
     """The episode's conversation message by message. `with_prompt` False drops the messages
     before the first reply (the system prompt can be long); `turn` K keeps reply K with the
-    messages since the reply before it and those answering it (tool results, user feedback)."""
+    messages since the reply before it and those answering it (tool results, user feedback).
+    `frames_dir`: write its image observations there as `<episode>-<k>.png`, k in the order
+    of the `<image>` lines."""
     rows = read_episodes(run, SHOW_REQUIRED, SHOW_OPTIONAL,
                          filters=[("episode_id", "==", episode_id)])
     if not rows:
@@ -227,6 +230,22 @@ def show_sequence_episode(run: Run, episode_id: str, with_prompt: bool = True,
         + ("" if row["bootstrap_value"] is None else
            f" · bootstrap value {_number(row['bootstrap_value'])}"),
     ]
+    images = row.get("images") or []
+    written = _write_frames(images, episode_id, frames_dir) if frames_dir is not None else []
+    if images:
+        head.append(f"{len(images)} image observation(s)" + (
+            f" written to {frames_dir}" if written else " (--frames DIR writes them as PNG)"))
     text = "\n".join([*head, *(_render(m, every) for m in shown)])
     return Output(text, {**header, "tokens": len(mask), "sampled_tokens": int(sum(mask)),
-                         "replies": replies, "messages": shown})
+                         "replies": replies, "messages": shown, "images": len(images),
+                         "frames": [str(p) for p in written]})
+
+
+def _write_frames(images: list[bytes], episode_id: str, frames_dir: str | Path) -> list[Path]:
+    """The episode's PNG bytes as files, as stored (no re-encoding)."""
+    out = Path(frames_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{episode_id}-{k}.png" for k in range(len(images))]
+    for path, png in zip(paths, images):
+        path.write_bytes(png)
+    return paths

@@ -79,9 +79,12 @@ def _render(turn: dict[str, Any], with_prompt: bool) -> str:
 
 
 def show_episode(run: Run, episode_id: str, with_prompt: bool = True,
-                 turn: int | None = None) -> Output:
+                 turn: int | None = None, frames_dir: str | None = None) -> Output:
     if is_sequence_run(run):  # one row per episode: its conversation, reply by reply
-        return show_sequence_episode(run, episode_id, with_prompt, turn)
+        return show_sequence_episode(run, episode_id, with_prompt, turn, frames_dir)
+    if frames_dir is not None:
+        raise UserError("--frames: turn-mode files keep no image observations (sequence mode "
+                        "with a vision-language model does)")
     frame = read_turns(run, REQUIRED, OPTIONAL, filters=[("episode_id", "==", episode_id)])
     if frame.empty:
         raise EpisodeNotFound(f"{run.root}: no turns of episode '{episode_id}' (list them with "

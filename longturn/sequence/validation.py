@@ -13,6 +13,7 @@ a reply or when `valid_reply_ratio` is below the gate.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from longturn.config import Params
@@ -20,6 +21,7 @@ from longturn.engines.base import Engine, SamplingParams
 from longturn.sequence.metrics import sequence_metrics
 from longturn.sequence.setup import SequenceRun
 from longturn.validation import TaskValidation
+from longturn.vision.encoder import IMAGE_PLACEHOLDER
 
 
 def reply_validity(messages: list[dict[str, Any]]) -> list[bool]:
@@ -90,6 +92,15 @@ def _fence(text: str) -> list[str]:
     return ["```text", text.replace("```", "ʼʼʼ"), "```"]
 
 
+_IMAGE_RUN = re.compile(f"(?:{re.escape(IMAGE_PLACEHOLDER)})+")
+
+
+def _fold_images(text: str) -> str:
+    """Each run of image placeholder tokens (hundreds per frame) as one `<image ×N>`."""
+    return _IMAGE_RUN.sub(lambda m: f"<image ×{len(m.group(0)) // len(IMAGE_PLACEHOLDER)}>",
+                          text)
+
+
 def render_sequence_report(results: list[TaskValidation], failures: list[str], gate: float,
                            settings: dict[str, Any], tokenizer: Any, examples: int = 2) -> str:
     """Markdown: verdict, the table, how episodes ended, then example conversations exactly as
@@ -117,5 +128,5 @@ def render_sequence_report(results: list[TaskValidation], failures: list[str], g
             lines += [f"Seed {record['episode_seed']}: {record['termination']}, reward "
                       f"{record['reward']:.2f}, {record['tool_calls']} tool call(s), "
                       f"{record['tool_errors']} failed", ""]
-            lines += _fence(tokenizer.decode(record["input_ids"])) + [""]
+            lines += _fence(_fold_images(tokenizer.decode(record["input_ids"]))) + [""]
     return "\n".join(lines)
