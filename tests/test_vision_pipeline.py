@@ -1,0 +1,57 @@
+"""`params-vision.yaml` through the real `dvc exp run` of all seven stages, on a tiny random LLaVA
+built from a config (no real vision-language model ships): the base stage splits it, every stage
+plays BabyAI with frames, training writes sequence Parquet holding the frames it trained on."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import yaml
+
+from longturn.algo.sequence_scoring import audit_sequence_file
+from longturn.vision.frames import from_png
+from test_pipeline_smoke import ROOT, STAGES, _dvc, scratch_repo
+from vlm_fixtures import TOKENS_PER_IMAGE, build_tiny_llava
+
+pytestmark = pytest.mark.smoke
+
+
+def toy_vision_params(llava_dir: str) -> dict:
+    params = yaml.safe_load((ROOT / "params-vision.yaml").read_text())
+    params["model"] = {"source": llava_dir, "dtype": "float32"}
+    params["engine"].update(batch_size=4)
+    params["engine"]["sampling"].update(max_new_tokens=8)
+    params["eval"].update(episodes_per_task=2, parallel_envs=2)
+    params["validation"].update(samples_per_task=2, min_valid_action_ratio=0.0)
+    params["rollout"].update(n_envs=2)
+    params["rollout"]["sequence"].update(max_assistant_turns=2, max_user_turns=2, max_tokens=1200)
+    params["ppo"].update(mini_batch_size=2, micro_batch_size=1, bf16=False)
+    params["warmup"].update(iterations=1)
+    params["train"].update(iterations=1)
+    return params
+
+
+def test_dvc_exp_run_of_the_vision_profile(tmp_path, smollm2_tokenizer_dir):
+    llava = build_tiny_llava(smollm2_tokenizer_dir, tmp_path / "llava")
+    repo = scratch_repo(tmp_path, toy_vision_params(str(llava)))
+    out = _dvc(repo, "exp", "run", "-n", "vision")
+    for stage in STAGES:
+        assert f"Running stage '{stage}'" in out
+    assert (repo / "data/models/base/vision/config.json").is_file()
+    # the validation report folds each frame's placeholder run
+    assert f"<image ×{TOKENS_PER_IMAGE}>" in (repo / "data/validation/report.md").read_text()
+    for side in ("zero_shot", "final"):
+        metrics = json.loads((repo / f"data/eval/{side}/metrics.json").read_text())
+        assert set(metrics["tasks"]) == {"babyai_goto_frames"}
+        assert metrics["overall"]["episodes"] == 2
+    part = repo / "data/train/trajectories/iteration=0000/part-00.parquet"
+    assert audit_sequence_file(part) < 1e-4
+    for row in pd.read_parquet(part).itertuples():
+        assert len(row.images) == len(row.image_starts) >= 1
+        assert from_png(row.images[0]).shape == (112, 112, 3)
+        for start in row.image_starts:
+            assert not any(row.loss_mask[start:start + TOKENS_PER_IMAGE])
+    assert (repo / "data/train/final/vision/config.json").is_file()
+    assert "babyai_goto_frames" in (repo / "data/report/report.md").read_text()
