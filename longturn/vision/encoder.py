@@ -104,4 +104,3 @@ def load_vision(model_dir: str | Path, device: torch.device | str = "cpu",
     if not has_vision(model_dir):
         return None
     return VisionEncoder.load(Path(model_dir) / VISION_DIR).to(device, dtype)
-
