@@ -18,8 +18,9 @@ from test_pipeline_smoke import ROOT, STAGES, _dvc, _git, scratch_repo
 pytestmark = pytest.mark.smoke
 
 
-def toy_tools_params(model_dir: str) -> dict:
-    params = yaml.safe_load((ROOT / "params-tools.yaml").read_text())
+def toy_sequence_params(model_dir: str, params_file: str = "params-tools.yaml") -> dict:
+    """A shipped sequence-mode params file at toy size on `model_dir`."""
+    params = yaml.safe_load((ROOT / params_file).read_text())
     params["model"] = {"source": model_dir, "dtype": "float32"}
     params["engine"].update(batch_size=4)
     params["engine"]["sampling"].update(max_new_tokens=10)
@@ -34,7 +35,7 @@ def toy_tools_params(model_dir: str) -> dict:
 
 
 def test_dvc_exp_run_of_the_tools_profile(tmp_path, tiny_model_dir):
-    repo = scratch_repo(tmp_path, toy_tools_params(tiny_model_dir))
+    repo = scratch_repo(tmp_path, toy_sequence_params(tiny_model_dir))
     out = _dvc(repo, "exp", "run", "-n", "tools")
     for stage in STAGES:
         assert f"Running stage '{stage}'" in out

@@ -8,28 +8,19 @@ import json
 
 import pandas as pd
 import pytest
-import yaml
 
 from longturn.algo.sequence_scoring import audit_sequence_file
 from longturn.vision.frames import from_png
-from test_pipeline_smoke import ROOT, STAGES, _dvc, scratch_repo
+from test_pipeline_smoke import STAGES, _dvc, scratch_repo
+from test_sequence_pipeline import toy_sequence_params
 from vlm_fixtures import TOKENS_PER_IMAGE, build_tiny_llava
 
 pytestmark = pytest.mark.smoke
 
 
 def toy_vision_params(llava_dir: str) -> dict:
-    params = yaml.safe_load((ROOT / "params-vision.yaml").read_text())
-    params["model"] = {"source": llava_dir, "dtype": "float32"}
-    params["engine"].update(batch_size=4)
-    params["engine"]["sampling"].update(max_new_tokens=8)
-    params["eval"].update(episodes_per_task=2, parallel_envs=2)
-    params["validation"].update(samples_per_task=2, min_valid_action_ratio=0.0)
-    params["rollout"].update(n_envs=2)
+    params = toy_sequence_params(llava_dir, "params-vision.yaml")
     params["rollout"]["sequence"].update(max_assistant_turns=2, max_user_turns=2, max_tokens=1200)
-    params["ppo"].update(mini_batch_size=2, micro_batch_size=1, bf16=False)
-    params["warmup"].update(iterations=1)
-    params["train"].update(iterations=1)
     return params
 
 

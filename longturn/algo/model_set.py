@@ -122,14 +122,10 @@ class ModelSet:
         """Context in which the reference branch runs."""
         return self.actor.disable_adapter() if self.ref is None else nullcontext()
 
-    def images(self, batch: PackedBatch, prompts: list[list[int]],
-               images: Sequence[RowImages] | None) -> AbstractContextManager:
-        """The context in which forwards over `batch` see its rows' frames (`prompts`: the
-        batch's prompts, whose lengths place each row)."""
-        if images and any(images) and batch.prefix_ids is not None:
-            raise ValueError("a shared prompt prefix cannot carry images: score without it")
-        return feed.images_context(self.vision, batch.input_ids,
-                                   [batch.prompt_width - len(p) for p in prompts], images)
+    def images(self, batch: PackedBatch, images: Sequence[RowImages] | None
+               ) -> AbstractContextManager:
+        """The context in which forwards over `batch` see its rows' frames."""
+        return feed.images_context(self.vision, batch.input_ids, batch.attention_mask, images)
 
     def trunk(self, batch: PackedBatch) -> TrunkState:
         """The shared trunk of this batch (empty when nothing is shared); no grad."""

@@ -29,6 +29,7 @@ from longturn.algo.ppo import (entropy_from_logits, explained_variance, masked_m
                                think_action_masks, value_loss)
 from longturn.distributed import sum_over_ranks
 from longturn.engines.logprobs import pack_prompt_response
+from longturn.vision.feed import has_images
 
 Schedule = Iterator[tuple[np.ndarray, list[np.ndarray]]]
 
@@ -128,8 +129,8 @@ def minibatch_step(models: ModelSet, engines: Engines, batch: TurnBatch, mini: n
         mb = batch.select(idx).to(device)
         last = j == len(micros) - 1
         packed = pack_prompt_response(mb.prompt_ids, mb.response_ids, pad_id, device,
-                                      s.share_prefix and not mb.images)
-        with models.images(packed, mb.prompt_ids, mb.images):
+                                      s.share_prefix and not has_images(mb.images))
+        with models.images(packed, mb.images):
             with autocast(s.bf16, device):
                 trunk = models.trunk(packed)
             if train_actor:

@@ -27,7 +27,7 @@ from longturn.algo.model_set import ModelSet
 from longturn.algo.ppo import kl_penalty, token_rewards
 from longturn.algo.turn_grid import TurnGrid
 from longturn.engines.logprobs import pack_prompt_response
-from longturn.vision.feed import RowImages
+from longturn.vision.feed import RowImages, has_images
 from longturn.trajectories import read_metadata
 
 Row = dict[str, Any]
@@ -76,15 +76,14 @@ def score_batch(models: ModelSet, prompts: list[list[int]], responses: list[list
     `images[i]`: row i's frames and where they go (sequence mode with a vision-language
     model); with images no prompt prefix is shared."""
     out, size, device = Scored(), max(1, settings.mini_batch_size), _device(models)
-    share_prefix = settings.share_prefix and not (images and any(images))
+    share_prefix = settings.share_prefix and not has_images(images)
     for start in range(0, len(prompts), size):
         chunk = responses[start : start + size]
         lengths = [len(r) for r in chunk]
         batch = pack_prompt_response(prompts[start : start + size], chunk, pad_id, device,
                                      share_prefix)
         frames = images[start : start + size] if images else None
-        with autocast(settings.bf16, device), models.images(batch, prompts[start : start + size],
-                                                             frames):
+        with autocast(settings.bf16, device), models.images(batch, frames):
             trunk = models.trunk(batch)
             if logprobs:
                 old, raw = models.policy_logprobs(batch, trunk, settings.temperature)
@@ -110,8 +109,8 @@ def bootstrap_values(models: ModelSet, rows: list[Row], settings: ScoringSetting
         prompts = [list(rows[i]["bootstrap_prompt_ids"]) for i in part]
         frames = [rows[i].get("bootstrap_images") or [] for i in part]
         batch = pack_prompt_response(prompts, [[] for _ in part], pad_id, device,
-                                     settings.share_prefix and not any(frames))
-        with autocast(settings.bf16, device), models.images(batch, prompts, frames):
+                                     settings.share_prefix and not has_images(frames))
+        with autocast(settings.bf16, device), models.images(batch, frames):
             v = models.state_values(batch, models.trunk(batch))
         out.update(zip(part, v.float().cpu().tolist()))
         _advance(bar, len(part))

@@ -42,7 +42,7 @@ from longturn.atomic import atomic_dir
 from longturn.device import resolve_device
 from longturn.distributed import (all_reduce_tensor, barrier, init_distributed, is_main_process,
                                   sum_over_ranks)
-from longturn.vision.encoder import VISION_DIR, has_vision, load_vision
+from longturn.vision.encoder import VISION_DIR, load_vision
 
 log = logging.getLogger(__name__)
 _TAG = "state"  # fixed DeepSpeed tag: saving into the same dir again replaces the checkpoint
@@ -179,11 +179,11 @@ class PPOTrainer:
                                                                  settings)
         if ref is not None:  # DeepSpeed moved the actor to its device; the ref follows
             ref.to(self.actor_engine.device)
-        self.vision_dir = Path(actor_dir) / VISION_DIR if has_vision(actor_dir) else None
+        vision = load_vision(actor_dir, self.actor_engine.device)
+        self.vision_dir = None if vision is None else Path(actor_dir) / VISION_DIR
         self.models = ModelSet(self.actor_engine.module, ref,
                                None if self.critic_engine is None else self.critic_engine.module,
-                               settings.share_trunk, settings.gradient_checkpointing,
-                               load_vision(actor_dir, self.actor_engine.device))
+                               settings.share_trunk, settings.gradient_checkpointing, vision)
         log.info("trainer on %s, bf16 autocast %s, advantage %s: %d of %d layers shared by %s",
                  self.actor_engine.device, "on" if settings.bf16 else "off", settings.advantage,
                  self.models.depth, _layer_count(self.models.actor_decoder),

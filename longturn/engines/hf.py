@@ -170,8 +170,7 @@ class HFEngine:
     def _images(self, images: list[list[tuple[int, np.ndarray]]] | None,
                 prompts: list[list[int]]) -> AbstractContextManager:
         """The prefill's image features, encoded in one pass over the chunk's frames."""
-        if not images or not any(images):
+        if not feed.has_images(images):
             return nullcontext()
-        ids, _ = left_pad(prompts, self.pad_id, self.device)
-        return feed.images_context(self.vision, ids, [ids.shape[1] - len(p) for p in prompts],
-                                   images)
+        ids, mask = left_pad(prompts, self.pad_id, self.device)  # as the prefill lays them out
+        return feed.images_context(self.vision, ids, mask, images)

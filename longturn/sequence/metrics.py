@@ -1,5 +1,6 @@
 """What a batch of sequence-mode episodes says: success, reward, replies, tool-call validity,
-image observations, why episodes ended and how the tokenization check went; summed over ranks in training.
+image observations, why episodes ended and how the tokenization check went; summed over ranks
+in training.
 
 Counts are `termination/<reason>` (done, max_assistant_turns, max_user_turns, token_budget) and
 `tokenization/<outcome>` (identical, same_text, strippable, skipped), every key present.

@@ -73,15 +73,25 @@ def placement_mask(input_ids: torch.Tensor, offsets: Sequence[int],
 RowImages = Sequence[tuple[int, Any]]  # one row's (placeholder start, RGB frame) pairs
 
 
-def images_context(vision: Any, input_ids: torch.Tensor, offsets: Sequence[int],
+def has_images(images: Sequence[RowImages] | None) -> bool:
+    """Whether any row has a frame (then no prompt prefix may be shared: identical placeholder
+    ids can stand for different frames)."""
+    return bool(images) and any(images)
+
+
+def images_context(vision: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    images: Sequence[RowImages] | None) -> AbstractContextManager:
-    """`images_in` for a batch of rows laid out from column `offsets[i]` (their left padding):
-    every row's frames encoded in one pass. A no-op without images."""
-    if not images or not any(images):
+    """`images_in` for a left-padded batch (`attention_mask` over the same columns as
+    `input_ids`: each row's first real column places its tokens); every row's frames encoded
+    in one pass. A no-op without images."""
+    if not has_images(images):
         return nullcontext()
     if vision is None:
         raise ValueError("the batch has image observations but the model has no image side "
                          "(no vision/ in its model dir)")
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError("a batch with images cannot share a prompt prefix: pack it without one")
+    offsets = attention_mask.long().argmax(dim=1).tolist()  # the first real column of each row
     mask = placement_mask(input_ids, offsets, [[s for s, _ in row] for row in images],
                           vision.tokens_per_image)
     features = vision.encode([frame for row in images for _, frame in row])
