@@ -23,12 +23,16 @@ smoke run in seconds whose ratio means little.
 
     .venv/bin/python bench/engine_throughput.py [--batches 64,512] [--new-tokens 48]
         [--temperature 0.7] [--dtype bfloat16] [--device auto] [--model-dir DIR]
-        [--tiny [--tiny-dir DIR]]
+        [--tiny [--tiny-dir DIR]] [--json FILE]
+
+--json FILE also writes every figure printed (tokens/s, tokens per prompt, ratios per batch
+size) as JSON, for bench/gpu_campaign.py's results.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -142,6 +146,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0, help="sampling seed of every call")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch intra-op threads on a CPU (see bench/prefix_cache.py)")
+    ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
     add_tiny_args(ap)
     args = fill_defaults(ap.parse_args(), FULL, TINY)
     try:
@@ -153,7 +158,7 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def run(args: argparse.Namespace, model_dir: str) -> None:
+def run(args: argparse.Namespace, model_dir: str) -> dict:
     device = resolve_device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
@@ -174,11 +179,20 @@ def run(args: argparse.Namespace, model_dir: str) -> None:
           f"; median of {args.repeats} timed call(s) after 1 untimed")
     if engine.decoder_name != "static":
         print("  note: this model has no fast path: the engine line is its generic loop too")
+    figures = {"device": str(device), "dtype": args.dtype, "new_tokens": args.new_tokens,
+               "temperature": args.temperature, "prompt_tokens": [min(lengths), max(lengths)],
+               "batches": {}}
     for size in args.batches:
         batch = cycled(prompts, size)
         rates = {name: tokens_per_second(fn, batch, stops, args, device)
                  for name, fn in systems.items()}
         report_batch(size, rates)
+        engine, generic, reference = (rate for rate, _ in rates.values())
+        figures["batches"][str(size)] = {
+            "tokens_per_s": {name: rate for name, (rate, _) in rates.items()},
+            "tokens_per_prompt": {name: mean for name, (_, mean) in rates.items()},
+            "engine_vs_generate": engine / reference, "generic_vs_generate": generic / reference}
+    return figures
 
 
 def report_batch(size: int, rates: dict[str, tuple[float, float]]) -> None:
@@ -194,7 +208,9 @@ def report_batch(size: int, rates: dict[str, tuple[float, float]]) -> None:
 def main() -> None:
     args = parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        run(args, resolve_model_dir(args, tmp))
+        figures = run(args, resolve_model_dir(args, tmp))
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     python components/train.py                                   # train (or resume)
     python components/train.py --replay data/train/trajectories/iteration=0003   # update only
+    python components/train.py --deadline EPOCH_S --profile-iteration 1          # as the GPU campaign
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from pathlib import Path
 from components.common import parser, run
 from longturn.algo.group_advantages import needs_critic
 from longturn.models import check_model_dir
-from longturn.training import TrainPaths, replay_update, run_training
+from longturn.profiling import IterationProfiler
+from longturn.training import Deadline, TrainPaths, replay_update, run_training
 
 
 def body(args, params) -> None:
@@ -27,7 +29,10 @@ def body(args, params) -> None:
     if args.replay:
         print(json.dumps(replay_update(params, paths, Path(args.replay)), sort_keys=True))
     else:
-        run_training(params, paths)
+        deadline = Deadline(args.deadline) if args.deadline is not None else None
+        profiler = (IterationProfiler(args.profile_iteration, args.profile_out)
+                    if args.profile_iteration is not None else None)
+        run_training(params, paths, deadline=deadline, profiler=profiler)
 
 
 def main(argv=None) -> int:
@@ -36,6 +41,13 @@ def main(argv=None) -> int:
     p.add_argument("--critic-dir", default="data/critic/warm")
     p.add_argument("--out", default="data/train")
     p.add_argument("--replay", default=None, help="an iteration=NNNN dir: run its update alone")
+    p.add_argument("--deadline", type=float, default=None,
+                   help="seconds since the epoch: start no iteration that would end later; "
+                        "checkpoint, export the actor marked PARTIAL.json, exit 0")
+    p.add_argument("--profile-iteration", type=int, default=None,
+                   help="run this iteration under torch.profiler (if this run reaches it)")
+    p.add_argument("--profile-out", default="data/train/profile",
+                   help="where the profiled iteration's trace.json.gz and phases.json go")
     return run("train", body, p, argv)
 
 

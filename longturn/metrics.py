@@ -97,8 +97,9 @@ def action_mix(rows: list[dict[str, Any]], actions: list[str],
 
 class PhaseClock:
     """Wall seconds per phase of one iteration (rollout, scoring, update, sync, checkpoint) and,
-    on CUDA, the iteration's peak GPU memory. Each phase ends with a device synchronisation, so
-    queued GPU work is charged to the phase that queued it."""
+    on CUDA, the peak GPU memory of each phase and of the iteration. Each phase ends with a device
+    synchronisation, so queued GPU work is charged to the phase that queued it, and is marked
+    `phase/<name>` in a profiler trace (longturn/profiling.py)."""
 
     def __init__(self, device: Any = "cpu") -> None:
         import torch
@@ -106,17 +107,36 @@ class PhaseClock:
         self.device = torch.device(device)
         self.started = time.perf_counter()
         self.seconds: dict[str, float] = defaultdict(float)
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
+        self.peaks: dict[str, float] = {}  # GiB allocated at most during each phase (CUDA)
+        self._iteration_peak = 0.0
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
+        from longturn.profiling import PHASE, mark
+
+        self._reset_peak()
         start = time.perf_counter()
         try:
-            yield
+            with mark(PHASE + name):
+                yield
         finally:
             self._synchronize()
             self.seconds[name] += time.perf_counter() - start
+            self._read_peak(name)
+
+    def _reset_peak(self) -> None:
+        if self.device.type == "cuda":
+            import torch
+
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def _read_peak(self, name: str) -> None:
+        if self.device.type == "cuda":
+            import torch
+
+            peak = torch.cuda.max_memory_allocated(self.device) / 2**30
+            self.peaks[name] = max(self.peaks.get(name, 0.0), peak)
+            self._iteration_peak = max(self._iteration_peak, peak)
 
     def _synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -130,9 +150,8 @@ class PhaseClock:
         out = {f"seconds_{name}": value for name, value in self.seconds.items()}
         out.update(seconds_per_iteration=total, turns_per_s=turns / max(total, 1e-9))
         if self.device.type == "cuda":
-            import torch
-
-            out["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+            out["peak_gpu_memory_gib"] = self._iteration_peak
+            out.update({f"peak_gpu_memory_gib_{name}": v for name, v in self.peaks.items()})
         return out
 
 

@@ -8,9 +8,12 @@ saved history, so each iteration appears exactly once whatever moment the previo
 
 from __future__ import annotations
 
+import json
 import logging
 import pickle
 import shutil
+import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,7 @@ from longturn.dvc_remote import push_training_outputs
 from longturn.engines.registry import make_engine, sampling_from_params
 from longturn.metrics import MetricsLog, PhaseClock
 from longturn.models import load_tokenizer
+from longturn.profiling import IterationProfiler
 from longturn.wiring import (Collector, batch_metrics, critic_dir, file_metadata, gae_params,
                              make_collector, run_fingerprint, score_and_write, trainer_settings)
 
@@ -41,6 +45,44 @@ class TrainPaths:
     final: Path
     live: Path
     policy: Path  # the current actor as an HF dir, loaded by the inference engine
+
+
+PARTIAL_FILE = "PARTIAL.json"  # in an actor exported by a run stopped at its deadline
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """A wall-clock time (seconds since the epoch) that no training iteration may run past."""
+
+    at: float
+
+    def allows(self, expected_seconds: float) -> bool:
+        return time.time() + expected_seconds <= self.at
+
+
+def _expected_seconds(history: list[dict[str, float]]) -> float:
+    """What the next iteration will take: the last one's time, checkpoint included (0 before the
+    first). The stop's own checkpoint and export come after the deadline: leave room for them."""
+    return float(history[-1].get("seconds_per_iteration", 0.0)) if history else 0.0
+
+
+def _stop_at_deadline(params: Params, paths: TrainPaths, trainer: PPOTrainer,
+                      store: CheckpointStore, collector: Collector,
+                      history: list[dict[str, float]], saved: bool) -> None:
+    """Checkpoint the last iteration if it was not, and export the actor as it is, marked
+    partial, so an evaluation can still run and a rerun resumes where this one stopped."""
+    done = len(history)
+    log.warning("deadline: stopping after %d of %d iterations; a rerun resumes from the "
+                "checkpoint", done, params.train.iterations)
+    if done == 0:
+        return
+    if not saved:
+        store.write(trainer, collector.state(), done - 1)
+        store.commit(done - 1, history)
+    trainer.export_actor(paths.final)
+    if is_main_process():
+        (paths.final / PARTIAL_FILE).write_text(json.dumps(
+            {"iterations_done": done, "iterations": params.train.iterations}) + "\n")
 
 
 def _resume(store: CheckpointStore, trainer: PPOTrainer,
@@ -99,8 +141,13 @@ def replay_update(params: Params, paths: TrainPaths, iteration_path: Path) -> di
 
 
 def run_training(params: Params, paths: TrainPaths, progress: bool = True,
-                 run_id: str = "train") -> list[dict[str, float]]:
-    """Train for `train.iterations` iterations (continuing a previous run); returns the history."""
+                 run_id: str = "train", deadline: Deadline | None = None,
+                 profiler: IterationProfiler | None = None) -> list[dict[str, float]]:
+    """Train for `train.iterations` iterations (continuing a previous run); returns the history.
+
+    With a `deadline`, no iteration starts that would end past it: the run stops early with a
+    checkpoint (a rerun resumes there) and exports the actor as it is, with `PARTIAL.json` in
+    the export naming the iterations done. `profiler` records one iteration's trace."""
     rank, _ = init_distributed(resolve_device(params.engine.device))
     _guard_persisted(params, paths)
     tokenizer = load_tokenizer(paths.base)
@@ -115,15 +162,23 @@ def run_training(params: Params, paths: TrainPaths, progress: bool = True,
     try:
         if start > 0:  # resumed: the engine starts from the base weights, the actor has moved
             push_weights(trainer, engine, paths)
+        saved = True
         for iteration in range(start, params.train.iterations):
+            if deadline is not None and not deadline.allows(_expected_seconds(history)):
+                _stop_at_deadline(params, paths, trainer, store, collector, history, saved)
+                return history
             clock = PhaseClock(trainer.device)
-            metrics = _iteration(params, paths, trainer, collector, engine, tokenizer,
-                                 iteration, run_id, rank, progress, clock)
-            with clock.phase("sync"):
-                push_weights(trainer, engine, paths)
+            with profiler.around(iteration) if profiler else nullcontext():
+                metrics = _iteration(params, paths, trainer, collector, engine, tokenizer,
+                                     iteration, run_id, rank, progress, clock)
+                with clock.phase("sync"):
+                    push_weights(trainer, engine, paths)
+            if profiler:
+                profiler.record_phases(iteration, clock)
             history.append(metrics)
             save = ((iteration + 1) % params.train.checkpoint_every == 0
                     or iteration + 1 == params.train.iterations)
+            saved = save
             if save:
                 with clock.phase("checkpoint"):
                     store.write(trainer, collector.state(), iteration)

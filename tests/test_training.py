@@ -81,3 +81,44 @@ def test_same_seed_same_trajectories_and_metrics(tmp_path, tiny_model_dir):
     strip = [[{k: v for k, v in m.items() if k not in TIMING and not k.startswith("seconds")}
               for m in run] for run in runs]
     assert json.dumps(strip[0], sort_keys=True) == json.dumps(strip[1], sort_keys=True)  # exact
+
+
+class StopAfter:
+    """A Deadline that allows `n` iterations (the clock is not what this test is about)."""
+
+    def __init__(self, n: int) -> None:
+        self.left = n
+
+    def allows(self, expected_seconds: float) -> bool:
+        self.left -= 1
+        return self.left >= 0
+
+
+def test_deadline_stops_with_a_checkpoint_and_a_partial_actor_then_resumes(tmp_path,
+                                                                           tiny_model_dir):
+    from longturn.profiling import PHASES_FILE, TRACE_FILE, IterationProfiler
+    from longturn.training import PARTIAL_FILE, Deadline
+
+    params = toy_params(tiny_model_dir, 4)
+    params.train.checkpoint_every = 3  # the stop must write the checkpoint the schedule would not
+    p = paths(tmp_path, tiny_model_dir)
+    profiler = IterationProfiler(1, tmp_path / "profile")
+    history = run_training(params, p, progress=False, deadline=StopAfter(2), profiler=profiler)
+    assert len(history) == 2
+    assert [c.name for c in (tmp_path / "checkpoints").glob("iteration=*")] == ["iteration=0001"]
+    assert json.loads((tmp_path / "final" / PARTIAL_FILE).read_text()) == {
+        "iterations_done": 2, "iterations": 4}
+    assert (tmp_path / "final/config.json").is_file()
+    assert (tmp_path / "profile" / TRACE_FILE).stat().st_size > 0
+    phases = json.loads((tmp_path / "profile" / PHASES_FILE).read_text())
+    assert phases["iteration"] == 1 and set(phases["seconds"]) >= {"rollout", "update", "sync"}
+
+    # a deadline already past stops before any work (the actor is exported again, as it was)
+    history = run_training(params, p, progress=False, deadline=Deadline(0.0))
+    assert len(history) == 2 and (tmp_path / "final" / PARTIAL_FILE).is_file()
+    # the rerun resumes after iteration 1, finishes, and the final actor is whole again
+    history = run_training(params, p, progress=False)
+    assert len(history) == 4
+    assert sorted(d.name for d in (tmp_path / "trajectories").iterdir()) == [
+        f"iteration={i:04d}" for i in range(4)]
+    assert not (tmp_path / "final" / PARTIAL_FILE).exists()

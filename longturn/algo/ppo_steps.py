@@ -29,6 +29,7 @@ from longturn.algo.ppo import (entropy_from_logits, explained_variance, masked_m
                                think_action_masks, value_loss)
 from longturn.distributed import sum_over_ranks
 from longturn.engines.logprobs import pack_prompt_response
+from longturn.profiling import MICRO_BATCH, mark
 from longturn.vision.feed import has_images
 
 Schedule = Iterator[tuple[np.ndarray, list[np.ndarray]]]
@@ -126,27 +127,28 @@ def minibatch_step(models: ModelSet, engines: Engines, batch: TurnBatch, mini: n
     device = _device(engines.actor)
     actor_total = critic_total = 0.0
     for j, idx in enumerate(micros):
-        mb = batch.select(idx).to(device)
-        last = j == len(micros) - 1
-        packed = pack_prompt_response(mb.prompt_ids, mb.response_ids, pad_id, device,
-                                      s.share_prefix and not has_images(mb.images))
-        with models.images(packed, mb.images):
-            with autocast(s.bf16, device):
-                trunk = models.trunk(packed)
-            if train_actor:
-                engines.actor.set_gradient_accumulation_boundary(last)
-                actor_total += _actor_backward(models, engines.actor, trunk, packed, mb, s,
-                                               actor_norm, stats)
-            if engines.critic is None:
-                continue
-            engines.critic.set_gradient_accumulation_boundary(last)
-            with autocast(s.bf16, device):
-                values = models.values(packed, trunk)
-        loss, st = value_loss(values.float(), mb.values, mb.returns, mb.mask, s.value_clip,
-                              s.first_token_weight, critic_norm)
-        engines.critic.backward(loss, scale_wrt_gas=False)
-        critic_total = critic_total + loss.detach()
-        stats.add_tokens(mb.n_tokens, value_clip_fraction=st["value_clip_fraction"])
+        with mark(MICRO_BATCH):  # a trace counts launches and syncs per micro-batch
+            mb = batch.select(idx).to(device)
+            last = j == len(micros) - 1
+            packed = pack_prompt_response(mb.prompt_ids, mb.response_ids, pad_id, device,
+                                          s.share_prefix and not has_images(mb.images))
+            with models.images(packed, mb.images):
+                with autocast(s.bf16, device):
+                    trunk = models.trunk(packed)
+                if train_actor:
+                    engines.actor.set_gradient_accumulation_boundary(last)
+                    actor_total += _actor_backward(models, engines.actor, trunk, packed, mb, s,
+                                                   actor_norm, stats)
+                if engines.critic is None:
+                    continue
+                engines.critic.set_gradient_accumulation_boundary(last)
+                with autocast(s.bf16, device):
+                    values = models.values(packed, trunk)
+            loss, st = value_loss(values.float(), mb.values, mb.returns, mb.mask, s.value_clip,
+                                  s.first_token_weight, critic_norm)
+            engines.critic.backward(loss, scale_wrt_gas=False)
+            critic_total = critic_total + loss.detach()
+            stats.add_tokens(mb.n_tokens, value_clip_fraction=st["value_clip_fraction"])
     if train_actor:
         stats.add_step(policy_loss=actor_total, grad_norm_actor=_take_step(engines.actor))
     if engines.critic is not None:

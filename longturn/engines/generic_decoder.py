@@ -12,6 +12,7 @@ import torch
 from longturn.engines.base import SamplingParams
 from longturn.engines.decode_state import DecodeState, check_interval
 from longturn.engines.prefix import prefill
+from longturn.profiling import DECODE_STEP, mark
 
 
 class GenericDecoder:
@@ -30,15 +31,16 @@ class GenericDecoder:
         cache, logits, mask, position = start.cache, start.logits, start.mask, start.next_pos
         every = check_interval(self.device)
         for step in range(sampling.max_new_tokens):
-            chosen = state.record(logits, sampling)
-            state.steps = step + 1
-            if step == sampling.max_new_tokens - 1:
-                break
-            if (step + 1) % every == 0 and state.all_finished():
-                break
-            mask = torch.cat([mask, mask.new_ones(len(prompts), 1)], dim=-1)
-            out = self.model(input_ids=chosen[:, None], attention_mask=mask,
-                             position_ids=position[:, None], past_key_values=cache,
-                             use_cache=True)
-            logits, position = out.logits[:, -1, :], position + 1
+            with mark(DECODE_STEP):  # sampling, the stop check and the next forward
+                chosen = state.record(logits, sampling)
+                state.steps = step + 1
+                if step == sampling.max_new_tokens - 1:
+                    break
+                if (step + 1) % every == 0 and state.all_finished():
+                    break
+                mask = torch.cat([mask, mask.new_ones(len(prompts), 1)], dim=-1)
+                out = self.model(input_ids=chosen[:, None], attention_mask=mask,
+                                 position_ids=position[:, None], past_key_values=cache,
+                                 use_cache=True)
+                logits, position = out.logits[:, -1, :], position + 1
         return state

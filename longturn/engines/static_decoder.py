@@ -22,6 +22,7 @@ from longturn.engines.decode_state import DecodeState, check_interval
 from longturn.engines.prefix import left_pad
 from longturn.engines.shared_prefix import shared_prefix_length
 from longturn.engines.static_kv import KVBuffers, forward_tokens
+from longturn.profiling import DECODE_STEP, mark
 
 log = logging.getLogger(__name__)
 PREFIX_BUCKET, WIDTH_BUCKET = 64, 32  # buffer sizes are rounded up to these (graph reuse)
@@ -130,13 +131,14 @@ class StaticDecoder:
         slot.state.steps = 1
         every = check_interval(self.device)
         for step in range(1, sampling.max_new_tokens):
-            if slot.graph is not None:
-                slot.graph.replay()
-            else:
-                self._step(slot)
-            slot.state.steps = step + 1
-            if (step + 1) % every == 0 and slot.state.all_finished():
-                break
+            with mark(DECODE_STEP):  # the step and, every few steps, the stop check
+                if slot.graph is not None:
+                    slot.graph.replay()
+                else:
+                    self._step(slot)
+                slot.state.steps = step + 1
+                if (step + 1) % every == 0 and slot.state.all_finished():
+                    break
         return slot.state
 
     def _prefill(self, slot: DecodeSlot, prefix: list[int], tails: list[list[int]]) -> torch.Tensor:

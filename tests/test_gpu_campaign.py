@@ -1,0 +1,253 @@
+"""The GPU campaign, everything of it that runs without a GPU: the profiles it proves (merged and
+validated, sized in their headers), the trace analysis on a hand-built CUDA trace, the GPU
+sampler on nvidia-smi's output format, the budget, and the whole command in its tiny mode
+(every part on the CPU, resumed, packed and kept as evidence)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from longturn.config import ParamsError, load_params, parse_params
+from longturn.profiles import load_profile, merge, resolve_profile
+
+ROOT = Path(__file__).resolve().parents[1]
+PROFILES = sorted((ROOT / "configs" / "profiles").glob("*.yaml"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from campaign import archive, profile_report  # noqa: E402
+from campaign.gpu_sampler import read_samples, window_means  # noqa: E402
+from campaign.trace import Trace, analyse  # noqa: E402
+
+
+def load_campaign():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_campaign", ROOT / "bench/gpu_campaign.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# ---- the profiles ----------------------------------------------------------------------------
+
+def test_the_issue_s_profiles_are_all_there():
+    assert {p.stem for p in PROFILES} == {"gpu1", "babyai5", "grpo", "gigpo", "calculator",
+                                         "babaisai"}
+
+
+@pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.stem)
+def test_profile_validates_pairs_its_seeds_and_states_its_sizing(path):
+    params = load_profile(path)
+    assert params.engine.device == "cuda"  # a GPU profile fails at once on a CPU
+    assert params.eval.episodes_per_task >= 128  # paired McNemar on at least 128 seeds per task
+    assert set(params.eval.tasks) <= set(params.env.tasks)
+    header = path.read_text().split("\nextends:")[0]
+    assert "Sizing" in header and "Not runnable here" in header
+    minutes = [float(m) for m in re.findall(r"= (\d+(?:\.\d+)?) min", header)]
+    assert minutes and max(minutes) <= 25, f"{path.name}: no sizing total within 25 minutes"
+    # the campaign's tiny mode can run every profile: same keys at toy size, still valid
+    campaign = load_campaign()
+    parse_params(campaign.tiny_params(resolve_profile(path), "/tmp/model"), path.name)
+
+
+def test_gpu1_is_params_gpu1_as_it_is():
+    assert resolve_profile(ROOT / "configs/profiles/gpu1.yaml") == yaml.safe_load(
+        (ROOT / "params-gpu1.yaml").read_text())
+
+
+def test_estimator_profiles_change_only_the_estimator_and_length():
+    gpu1 = resolve_profile(ROOT / "configs/profiles/gpu1.yaml")
+    for name in ("grpo", "gigpo"):
+        other = resolve_profile(ROOT / f"configs/profiles/{name}.yaml")
+        assert other["algo"]["advantage"] == name
+        assert {k for k in gpu1 if gpu1[k] != other[k]} == {"algo", "train"}
+        assert other["eval"] == gpu1["eval"] and other["seed"] == gpu1["seed"]
+
+
+def test_overlays_merge_mappings_replace_lists_and_env_kwargs(tmp_path):
+    assert merge({"a": {"x": 1, "y": [1, 2]}, "b": 1}, {"a": {"y": [3]}}) == {
+        "a": {"x": 1, "y": [3]}, "b": 1}
+    assert merge({"env": {"kwargs": {"num_dists": 0}, "name": "babyai"}},
+                 {"env": {"kwargs": {}}}) == {"env": {"kwargs": {}, "name": "babyai"}}
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "base.yaml").write_text("seed: 1\ntrain: {iterations: 7}\n")
+    (tmp_path / "sub/mid.yaml").write_text("extends: ../base.yaml\ntrain: {checkpoint_every: 2}\n")
+    (tmp_path / "top.yaml").write_text("extends: sub/mid.yaml\nseed: 3\n")
+    params = load_profile(tmp_path / "top.yaml")
+    assert (params.seed, params.train.iterations, params.train.checkpoint_every) == (3, 7, 2)
+    (tmp_path / "loop.yaml").write_text("extends: loop.yaml\n")
+    with pytest.raises(ParamsError, match="loops back"):
+        resolve_profile(tmp_path / "loop.yaml")
+    (tmp_path / "bad.yaml").write_text("extends: base.yaml\ntrain: {iteratons: 3}\n")
+    with pytest.raises(ParamsError, match=r"bad.yaml: unknown key 'train.iteratons'"):
+        load_profile(tmp_path / "bad.yaml")
+
+
+# ---- the trace analysis ----------------------------------------------------------------------
+
+def _x(cat, name, ts, dur, **args):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": 1,
+            "args": args}
+
+
+def cuda_trace() -> list[dict]:
+    """One update phase of 1,000 µs with two micro-batches; the first launches two kernels and
+    never waits, the second launches one kernel and syncs once (an `.item()`)."""
+    return [
+        _x("user_annotation", "phase/update", 0, 1000),
+        _x("user_annotation", "update/micro_batch", 100, 300),
+        _x("cuda_runtime", "cudaLaunchKernel", 110, 5, correlation=1),
+        _x("cuda_runtime", "cudaLaunchKernel", 120, 5, correlation=2),
+        _x("kernel", "gemm", 150, 100, correlation=1),
+        _x("kernel", "gemm", 200, 100, correlation=2),       # overlaps the first: busy 150
+        _x("user_annotation", "update/micro_batch", 500, 400),
+        _x("cuda_runtime", "cudaLaunchKernel", 510, 5, correlation=3),
+        _x("kernel", "softmax", 520, 50, correlation=3),
+        _x("cuda_runtime", "cudaMemcpyAsync", 580, 5, correlation=4),
+        _x("gpu_memcpy", "Memcpy DtoH", 585, 10, correlation=4),
+        _x("cuda_runtime", "cudaStreamSynchronize", 590, 20),
+        _x("cpu_op", "aten::item", 575, 40),
+    ]
+
+
+def test_trace_cut_along_phases_micro_batches_and_correlations(tmp_path):
+    path = tmp_path / "trace.json.gz"
+    with gzip.open(path, "wt") as handle:
+        json.dump({"traceEvents": cuda_trace()}, handle)
+    (tmp_path / "phases.json").write_text(json.dumps(
+        {"iteration": 1, "device": "cuda:0", "peak_gpu_memory_gib": {"update": 12.5}}))
+    a = analyse(path, tmp_path / "phases.json")
+    (update,) = a["phases"]
+    assert update["name"] == "update" and update["wall_s"] == pytest.approx(1e-3)
+    assert update["gpu_busy_s"] == pytest.approx((150 + 50 + 10) / 1e6)  # union, not the sum
+    assert (update["kernels"], update["launches"], update["syncs"]) == (3, 3, 1)
+    mb = a["ranges"]["update/micro_batch"]
+    assert mb["count"] == 2 and mb["launches"] == 1.5 and mb["max_launches"] == 2
+    assert mb["syncs"] == 0.5 and mb["max_syncs"] == 1
+    assert mb["kernels"] == 1.5 and mb["gpu_ms"] == pytest.approx((200 + 50) / 2 / 1e3)
+    assert [k["name"] for k in a["top"]] == ["gemm", "softmax", "Memcpy DtoH"]
+    assert a["top"][0]["share"] == pytest.approx(200 / 260)
+    page = profile_report.render(a, "python components/train.py", "kept whole")
+    assert "Largest phase: **update**" in page and "| update micro-batch | 2 |" in page
+    assert "12.50" in page and "`gemm`" in page
+
+
+def test_trace_is_cut_to_fit_the_archive(tmp_path):
+    events = cuda_trace() + [_x("cpu_op", f"aten::op{i}", 600 + i, 1) for i in range(20000)]
+    source = tmp_path / "big.json.gz"
+    with gzip.open(source, "wt", compresslevel=0) as handle:
+        json.dump({"traceEvents": events}, handle)
+    limit = 4000
+    note = profile_report.keep_trace(source, tmp_path / "kept.json.gz", limit)
+    kept = tmp_path / "kept.json.gz"
+    assert kept.stat().st_size <= limit and "CPU ops left out" in note
+    assert {e["cat"] for e in Trace(
+        json.loads(gzip.decompress(kept.read_bytes()))["traceEvents"]).events} >= {"kernel"}
+
+
+def test_gpu_samples_are_read_in_nvidia_smi_format(tmp_path):
+    csv = tmp_path / "gpu.csv"
+    csv.write_text("2026/11/24 10:00:00.100, 40, 1000\n2026/11/24 10:00:01.100, 80, 3000\n"
+                   "2026/11/24 10:00:02.1")  # a row cut short by the kill
+    samples = read_samples(csv)
+    assert [s[1] for s in samples] == [40.0, 80.0]
+    means = window_means(samples, samples[0][0], samples[1][0])
+    assert means == {"utilization_mean": 60.0, "memory_peak_mib": 3000.0, "samples": 2}
+    assert window_means(samples, 0, 1) is None
+
+
+def test_archive_leaves_out_the_biggest_files_to_fit(tmp_path):
+    results = tmp_path / "results"
+    (results / "logs").mkdir(parents=True)
+    (results / "summary.md").write_text("# s\n")
+    (results / "trace.json.gz").write_bytes(os.urandom(20000))
+    (results / "logs/train.log").write_text("x\n")
+    left = archive.pack(results, tmp_path / "2026-01-01-gpu1.tgz", limit=8000)
+    assert left == ["trace.json.gz"]
+    with tarfile.open(tmp_path / "2026-01-01-gpu1.tgz") as tar:
+        assert "2026-01-01-gpu1/summary.md" in tar.getnames()
+
+
+def test_no_time_left_stops_before_any_part_with_a_summary(tmp_path, monkeypatch):
+    campaign = load_campaign()
+    monkeypatch.setattr(sys, "argv", ["gpu_campaign.py", "--tiny", "--out", str(tmp_path)])
+    run = campaign.Campaign(campaign.parse_args())
+    run.deadline = time.time()  # spent
+    assert run.run() == campaign.EXIT_BUDGET
+    summary = (tmp_path / "results/summary.md").read_text()
+    assert "stopped at the budget before environment" in summary
+    assert (tmp_path / f"{run.name}.tgz").is_file()
+
+
+# ---- the command, end to end -----------------------------------------------------------------
+
+FAKE_NVIDIA_SMI = """#!/bin/sh
+# stands in for nvidia-smi -l 1: one CSV row every 0.2 s until killed
+while true; do echo "$(date '+%Y/%m/%d %H:%M:%S').000, 55, 1234"; sleep 0.2; done
+"""
+
+
+@pytest.mark.smoke
+def test_tiny_campaign_runs_every_part_resumes_and_keeps_evidence(tmp_path, tiny_model_dir):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(FAKE_NVIDIA_SMI)
+    (bin_dir / "nvidia-smi").chmod(stat.S_IRWXU)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    out = tmp_path / "campaign"
+    cmd = [sys.executable, "bench/gpu_campaign.py", "--tiny", "--tiny-dir", tiny_model_dir,
+           "--profile", "gpu1", "--out", str(out), "--memory"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = out / "results"
+    data = json.loads((results / "results.json").read_text())
+    assert data["status"] == "finished"
+    for key in ("environment", "engine_throughput", "evaluation", "training", "profile",
+                "gpu_utilization", "goals"):
+        assert key in data, key
+    stages = ("prepare_model", "validate_prompts", "zero_shot_eval", "critic_warmup", "train",
+              "final_eval", "report")
+    assert [k for k in data["parts"] if k in stages] == list(stages)  # dvc.yaml's order
+    assert all(p["status"] == "done" for p in data["parts"].values()), data["parts"]
+    assert data["evaluation"]["goto"]["value"]["pairs"] == 2
+    assert data["gpu_utilization"]["train"]["value"]["utilization_mean"] == 55.0
+    assert "--deadline" in data["parts"]["train"]["command"]
+    profile = (results / "profile.md").read_text()
+    for section in ("## Phases", "## Per micro-batch and per decode step", "## The 20 costliest"):
+        assert section in profile
+    assert "| rollout |" in profile and "| update micro-batch |" in profile
+    summary = (results / "summary.md").read_text()
+    assert "| goto | 0/2" in summary or "| goto | 1/2" in summary or "| goto | 2/2" in summary
+    assert (results / "gpu_memory.md").is_file() and (results / "learning/report/report.md")
+    bundle = out / f"{time.strftime('%Y-%m-%d')}-gpu1-tiny.tgz"
+    bundle = bundle if bundle.is_file() else next(out.glob("*-gpu1-tiny.tgz"))
+    assert bundle.stat().st_size <= archive.LIMIT_BYTES
+
+    again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and again.stdout.count("done in an earlier run, skipped") >= 10
+
+    kept = archive.keep(bundle, tmp_path / "measurements")
+    names = {p.relative_to(kept).as_posix() for p in kept.rglob("*") if p.is_file()}
+    assert {"summary.md", "profile.md", "results.json", "learning/report/report.md"} <= names
+    assert not any(n.endswith((".gz", ".log")) or n.startswith("logs/") for n in names)
+    assert any(n.endswith(".png") for n in names)
+
+
+def test_profile_errors_name_the_file(tmp_path):
+    (tmp_path / "p.yaml").write_text("extends: missing.yaml\n")
+    with pytest.raises(ParamsError, match="missing.yaml"):
+        load_profile(tmp_path / "p.yaml")
+    assert load_params(ROOT / "params-gpu1.yaml").warmup.iterations == 4
