@@ -24,7 +24,7 @@ budget resumes from its checkpoint (and the stages after it run again). Exit cod
 1 a part failed (summary.md names it), 3 stopped at the budget (rerun to continue).
 
     python bench/gpu_campaign.py --profile gpu1 --out /root/data/campaign [--budget-min 25]
-        [--memory] [--tiny [--tiny-dir DIR]]
+        [--memory] [--detach] [--tiny [--tiny-dir DIR]]
     python bench/gpu_campaign.py --keep OUT/2026-11-24-gpu1.tgz   # evidence -> docs/measurements/
 
 --tiny: the same parts on the CPU with the tiny random model and toy sizes (the test suite runs
@@ -358,6 +358,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--keep", default=None, metavar="ARCHIVE",
                     help="copy an archive's evidence to --dest/<date>-<profile>/ and exit")
     ap.add_argument("--dest", default=str(ROOT / "docs" / "measurements"))
+    ap.add_argument("--detach", action="store_true",
+                    help="run in a new session that outlives this shell; log to OUT/campaign.log")
     ap.add_argument("--tiny", action="store_true", help="CPU, tiny random model, toy sizes")
     ap.add_argument("--tiny-dir", default=None, help="with --tiny: reuse the tiny model here")
     args = ap.parse_args()
@@ -366,11 +368,29 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
+def detach(out: Path) -> int:
+    """The same command without --detach, in its own session (a closed shell or a finished
+    remote call does not end it), its output in OUT/campaign.log."""
+    import subprocess
+
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "campaign.log"
+    argv = [sys.executable, str(Path(__file__).resolve())] + [a for a in sys.argv[1:]
+                                                               if a != "--detach"]
+    with log.open("a") as handle:
+        proc = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True, cwd=ROOT)
+    print(f"campaign running detached (pid {proc.pid}); log: {log}")
+    return 0
+
+
 def main() -> int:
     args = parse_args()
     if args.keep:
         print(f"evidence kept in {archive.keep(Path(args.keep), Path(args.dest))}")
         return 0
+    if args.detach:
+        return detach(Path(args.out))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(EXIT_BUDGET))  # finish() still runs
     return Campaign(args).run()
 

@@ -236,8 +236,16 @@ def test_tiny_campaign_runs_every_part_resumes_and_keeps_evidence(tmp_path, tiny
     bundle = bundle if bundle.is_file() else next(out.glob("*-gpu1-tiny.tgz"))
     assert bundle.stat().st_size <= archive.LIMIT_BYTES
 
-    again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0 and again.stdout.count("done in an earlier run, skipped") >= 10
+    # resumed, detached: the command returns at once and the campaign skips what it finished
+    again = subprocess.run(cmd + ["--detach"], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=60)
+    assert again.returncode == 0 and "running detached" in again.stdout
+    log = out / "campaign.log"
+    for _ in range(300):
+        if log.is_file() and "[campaign] finished" in log.read_text():
+            break
+        time.sleep(0.5)
+    assert log.read_text().count("done in an earlier run, skipped") >= 10
 
     kept = archive.keep(bundle, tmp_path / "measurements")
     names = {p.relative_to(kept).as_posix() for p in kept.rglob("*") if p.is_file()}
