@@ -231,7 +231,8 @@ def test_tiny_campaign_runs_every_part_resumes_and_keeps_evidence(tmp_path, tiny
     assert "| rollout |" in profile and "| update micro-batch |" in profile
     summary = (results / "summary.md").read_text()
     assert "| goto | 0/2" in summary or "| goto | 1/2" in summary or "| goto | 2/2" in summary
-    assert (results / "gpu_memory.md").is_file() and (results / "learning/report/report.md")
+    assert (results / "gpu_memory.md").is_file()
+    assert (results / "learning/report/report.md").is_file()
     bundle = out / f"{time.strftime('%Y-%m-%d')}-gpu1-tiny.tgz"
     bundle = bundle if bundle.is_file() else next(out.glob("*-gpu1-tiny.tgz"))
     assert bundle.stat().st_size <= archive.LIMIT_BYTES
