@@ -84,7 +84,7 @@ def complete_checkpoints(root: Path) -> list[Path]:
 
 
 class CheckpointStore:
-    """Checkpoints under `root`, the newest `keep` complete ones kept."""
+    """Checkpoints under `root`, the newest `keep` intact ones kept (see `_prune`)."""
 
     def __init__(self, root: Path, keep: int):
         self.root, self.keep = root, keep
@@ -142,7 +142,7 @@ class CheckpointStore:
                 (tmp / COMPLETE).write_text(f"{iteration}\nmanifest {file_sha256(tmp / MANIFEST)}\n")
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
-            self._prune()
+            self._prune(fresh=final)
         barrier()
         return final
 
@@ -150,8 +150,21 @@ class CheckpointStore:
         final = iteration_dir(self.root, iteration)
         return final.with_name(final.name + ".tmp")
 
-    def _prune(self) -> None:
-        for old in self.complete()[:-self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
+    def _prune(self, fresh: Path | None = None) -> None:
+        """Keep the newest `keep` checkpoints that verify (and any damaged ones newer than the
+        oldest of them); delete the rest. Damaged ones do not count toward `keep`, so a damaged
+        newer checkpoint never pushes out the intact one a resume would fall back to. `fresh`
+        was hashed in this commit and is taken as intact without hashing it again."""
+        intact = 0
+        for ckpt in reversed(self.complete()):
+            if intact >= self.keep:
+                shutil.rmtree(ckpt, ignore_errors=True)
+                continue
+            problem = None if ckpt == fresh else verify(ckpt)
+            if problem is None:
+                intact += 1
+            else:
+                log.warning("checkpoint %s kept but not counted toward keep=%d, damaged: %s",
+                            ckpt, self.keep, problem)
         for stale in self.root.glob("*.tmp"):
             shutil.rmtree(stale, ignore_errors=True)
