@@ -18,6 +18,11 @@ Tools: schemas go to the template's `tools=`. A template that ignores them (Smol
 schemas written into the system message in the Hermes format instead (`tool_preamble`), so the
 model is told about its tools either way; `prepare` applies that to the message list, and the
 sanity check re-renders the same list.
+
+A template that renders differently on each call (a date line): the delta is cut right after the
+dummy's assistant turn, found by its content, so a changing preamble does not matter; only
+`verify` (the tokenization check on) compares the prefix with its first render, and a failure
+tells a changing template (`template_drift`) from one that rewrites earlier turns.
 """
 
 from __future__ import annotations
@@ -26,12 +31,14 @@ import json
 from typing import Any
 
 from longturn.errors import UserError
+from longturn.sequence.template_drift import render_difference, unstable_template_message
 
-# A conversation the template renders before any new message; its text is cut off again.
+_MARK = "\u2063longturn-reply\u2063"  # content no template rewrites, to find an assistant's closing
+# A conversation the template renders before any new message; its text is cut off again, right
+# after the assistant turn whose content is the mark.
 _DUMMY = [{"role": "system", "content": "dummy system"},
           {"role": "user", "content": "dummy user"},
-          {"role": "assistant", "content": "dummy assistant"}]
-_MARK = "\u2063longturn-reply\u2063"  # content no template rewrites, to find an assistant's closing
+          {"role": "assistant", "content": _MARK}]
 
 
 class ChatTemplateError(UserError):
@@ -52,16 +59,17 @@ class ChatDeltas:
 
     def __init__(self, tokenizer: Any, tools: list[dict[str, Any]] | None = None,
                  template_kwargs: dict[str, Any] | None = None,
-                 image_token: tuple[int, int] | None = None):
+                 image_token: tuple[int, int] | None = None, verify: bool = True):
         """`image_token`: (id, tokens per image) of a vision-language model, whose every image
-        token stands for that many feature positions (`vision.encoder`)."""
+        token stands for that many feature positions (`vision.encoder`). `verify`: compare each
+        delta's prefix with the dummy's first render (off with `rollout.tokenization_check:
+        off`, so nothing is re-rendered for checking)."""
         self.tokenizer = tokenizer
         self.image_token = image_token
+        self.verify = verify
         self.tools = list(tools or [])
         self.template_kwargs = dict(template_kwargs or {})
-        probe = [{"role": "user", "content": "probe"}]
-        self.native_tools = bool(self.tools) and (
-            self._render(probe, False, self.tools) != self._render(probe, False, None))
+        self.native_tools = self._takes_tools()
         self._dummy_text = self.render(_DUMMY, add_generation_prompt=False)
         self.assistant_closing = self._closing()
         self.closing_ids = self.encode(self.assistant_closing)
@@ -70,6 +78,16 @@ class ChatDeltas:
                                     "sequence mode needs an end-of-turn token")
 
     # ------------------------------------------------------------------ rendering
+
+    def _takes_tools(self) -> bool:
+        """Whether the template writes `tools=` itself: a tool's name shows up in the rendering
+        only when given (by name, so a template that changes on each call is not mistaken)."""
+        if not self.tools:
+            return False
+        probe = [{"role": "user", "content": "probe"}]
+        given, without = self._render(probe, False, self.tools), self._render(probe, False, None)
+        names = [(t.get("function") or t).get("name") for t in self.tools]
+        return any(isinstance(n, str) and n in given and n not in without for n in names)
 
     def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
                 tools: list[dict[str, Any]] | None) -> str:
@@ -126,12 +144,18 @@ class ChatDeltas:
 
     def _closing(self) -> str:
         """What the template writes after an assistant's content (`<|im_end|>\\n` in ChatML)."""
-        text = self.render(_DUMMY[:2] + [{"role": "assistant", "content": _MARK}], False)
-        at = text.rfind(_MARK)
+        at = self._dummy_text.rfind(_MARK)
         if at < 0:
             raise ChatTemplateError("the chat template drops the assistant's content; sequence "
                                     "mode needs a template that renders assistant messages")
-        return text[at + len(_MARK):]
+        return self._dummy_text[at + len(_MARK):]
+
+    def check_stable(self) -> None:
+        """Raise when a fresh render of the dummy conversation differs from its first render:
+        the template renders differently on each call, which no delta can be blamed for."""
+        difference = render_difference(self._dummy_text, self.render(_DUMMY, False))
+        if difference:
+            raise ChatTemplateError(unstable_template_message(difference))
 
     # ------------------------------------------------------------------ token ids
 
@@ -152,13 +176,19 @@ class ChatDeltas:
         """Ids of `messages` rendered after a closed assistant turn, with the generation prompt
         for the next reply unless the episode ends here."""
         text = self.render(_DUMMY + list(messages), add_generation_prompt)
-        if not text.startswith(self._dummy_text):
+        at = text.find(_MARK)
+        cut = at + len(_MARK) + len(self.assistant_closing)
+        misplaced = at < 0 or text[at + len(_MARK):cut] != self.assistant_closing
+        if misplaced or (self.verify and text[:cut] != self._dummy_text):
+            if self.verify:
+                self.check_stable()  # a changing template is not one that rewrites turns
             raise ChatTemplateError(
                 "the chat template renders earlier messages differently once more follow, so "
-                f"deltas cannot be cut from it (expected the text to start with "
-                f"{self._dummy_text[-60:]!r}); use rollout.tokenization_check to compare, or a "
-                "template that leaves earlier turns alone")
-        return self.encode(text[len(self._dummy_text):])
+                "deltas cannot be cut from it (the dummy conversation and its rendering before "
+                f"more messages differ {render_difference(self._dummy_text, text[:cut])}); use "
+                "rollout.tokenization_check to compare, or a template that leaves earlier turns "
+                "alone")
+        return self.encode(text[cut:])
 
     def reply_content(self, reply_ids: list[int]) -> str:
         """The assistant message content of a sampled reply: its text without a sampled

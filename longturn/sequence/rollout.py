@@ -136,7 +136,8 @@ def sequence_rollout(engine: Engine, tokenizer: Any, sampling: SamplingParams,
     s = settings
     vision = getattr(engine, "vision", None)
     deltas = ChatDeltas(tokenizer, s.tools.schemas if s.tools else None,
-                        image_token=vision.placeholder if vision is not None else None)
+                        image_token=vision.placeholder if vision is not None else None,
+                        verify=s.tokenization_check != "off")
     episodes = []
     for i, task in enumerate(tasks):
         ep = SequenceEpisode.begin(f"{id_prefix}-{i}", task, deltas)

@@ -11,8 +11,10 @@ Outcomes, from best to worst:
 - `mismatch`: anything else, e.g. a tool result rendered differently than it was appended.
 
 Modes (`rollout.tokenization_check`): `strict` fails on anything worse than `same_text`,
-`ignore_strippable` fails only on `mismatch`, `off` skips the check. A failure names the first
-differing span as text, with its context, from both sides.
+`ignore_strippable` fails only on `mismatch`, `off` skips the check (nothing is re-rendered). A
+failure names the first differing span as text, with its context, from both sides; when the
+template itself renders differently on each call (a date line), the failure says that instead of
+blaming the deltas (`ChatDeltas.check_stable`).
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ def check_tokenization(deltas: ChatDeltas, messages: list[dict[str, Any]], ids: 
         return CheckResult("skipped")
     result = compare(deltas, messages, ids, add_generation_prompt, strippable_spans)
     if result.outcome == "mismatch" or (mode == "strict" and result.outcome == "strippable"):
+        deltas.check_stable()
         hint = ("only whitespace or stripped reasoning differs: rollout.tokenization_check "
                 "ignore_strippable allows that" if result.outcome == "strippable" else
                 "the template renders the conversation differently than it was appended")
