@@ -93,13 +93,14 @@ def build_wheels(requirements: list[str], dest: Path) -> None:
             raise ResolutionError(f"{requirement} does not build: {done.stderr.strip()[-1500:]}")
 
 
-def resolve(requirements: list[str], wheels: Path) -> dict[str, dict]:
-    """{normalized name: {"version", "url"}} that pip would install for the image's platform."""
+def resolve(requirements: list[str], wheels: Path, python: str = PYTHON) -> dict[str, dict]:
+    """{normalized name: {"version", "url"}} that pip would install for the image's platform
+    (CPython `python`: tests/test_python_versions.py checks every version pyproject admits)."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         tags = [arg for tag in platform_tags() for arg in ("--platform", tag)]
         done = _pip("install", "--dry-run", "--ignore-installed", "--quiet", "--report",
-                    str(report), *tags, "--python-version", PYTHON, "--only-binary", ":all:",
+                    str(report), *tags, "--python-version", python, "--only-binary", ":all:",
                     "--find-links", str(wheels), *requirements)
         if done.returncode != 0:
             raise ResolutionError(done.stderr.strip()[-3000:])
