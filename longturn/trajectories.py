@@ -87,7 +87,8 @@ SEQUENCE_SCHEMA = pa.schema(
         ("segment_rewards", _f32_list),  # reward credited after each segment (tools, user)
         ("reward", pa.float32()),
         ("success", pa.bool_()),  # the task's own verdict on the finished conversation
-        ("termination", pa.string()),  # done | max_assistant_turns | max_user_turns | token_budget
+        # done | max_assistant_turns | max_user_turns | token_budget | time_limit
+        ("termination", pa.string()),
         ("truncated", pa.bool_()),
         ("assistant_turns", pa.int32()),
         ("user_turns", pa.int32()),

@@ -29,7 +29,8 @@ DONE = "done"  # the interaction (or the reply without a tool call) ended it
 MAX_ASSISTANT_TURNS = "max_assistant_turns"
 MAX_USER_TURNS = "max_user_turns"
 TOKEN_BUDGET = "token_budget"
-REASONS = (DONE, MAX_ASSISTANT_TURNS, MAX_USER_TURNS, TOKEN_BUDGET)
+TIME_LIMIT = "time_limit"  # the interaction ended it on a time limit (an env's `truncated`)
+REASONS = (DONE, MAX_ASSISTANT_TURNS, MAX_USER_TURNS, TOKEN_BUDGET, TIME_LIMIT)
 
 
 @dataclass

@@ -7,7 +7,9 @@ that calls no tool, and able to end the episode. Declared in YAML like tools:
         config: {max_revisions: 1}
 
 The protocol is verl's: `start` per episode, `generate_response` per reply →
-(should_terminate, text for the user message, score, metrics), `finalize` at the end.
+(should_terminate, text for the user message, score, metrics), `finalize` at the end. One
+addition, `truncated`: an interaction that ended the episode on a time limit (an env's gymnasium
+`truncated`) says so, and the episode is bootstrapped like one cut by the turn limits.
 """
 
 from __future__ import annotations
@@ -35,6 +37,12 @@ class BaseInteraction:
                           ) -> tuple[bool, str, float, dict[str, Any]]:
         """React to the conversation so far (its last message is the model's reply)."""
         raise NotImplementedError
+
+    def truncated(self, instance_id: str) -> bool:
+        """Whether the episode this interaction just ended was cut by a time limit rather than
+        finished (asked only after `generate_response` returned should_terminate)."""
+        del instance_id
+        return False
 
     def finalize(self, instance_id: str) -> None:
         self.instances.pop(instance_id, None)

@@ -2,8 +2,9 @@
 image observations, why episodes ended and how the tokenization check went; summed over ranks
 in training.
 
-Counts are `termination/<reason>` (done, max_assistant_turns, max_user_turns, token_budget) and
-`tokenization/<outcome>` (identical, same_text, strippable, skipped), every key present.
+Counts are `termination/<reason>` (done, max_assistant_turns, max_user_turns, token_budget,
+time_limit) and `tokenization/<outcome>` (identical, same_text, strippable, skipped), every key
+present.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ After each reply:
 - tool calls in it (Hermes format) are run through the ToolBox; their results, errors included,
   are appended as `tool` messages and the model replies again;
 - a reply without tool calls goes to the interaction, which scores it and either ends the episode
-  or answers as the user; without an interaction such a reply ends the episode;
+  (`time_limit` when it says the episode was cut by a time limit, else `done`) or answers as the
+  user; without an interaction such a reply ends the episode;
 - limits end it too: `max_assistant_turns`, `max_user_turns`, `max_tokens` (the token budget of
   the whole sequence: a reply is cut to fit, and no context is appended past it).
 When an episode ends, the template's closing follows its last reply, the accumulated ids are
@@ -30,8 +31,8 @@ from tqdm.auto import tqdm
 from longturn.engines.base import Engine, SamplingParams
 from longturn.envs.base import Observation
 from longturn.sequence.chat_deltas import ChatDeltas
-from longturn.sequence.episode import (DONE, MAX_ASSISTANT_TURNS, MAX_USER_TURNS, TOKEN_BUDGET,
-                                       SequenceEpisode)
+from longturn.sequence.episode import (DONE, MAX_ASSISTANT_TURNS, MAX_USER_TURNS, TIME_LIMIT,
+                                       TOKEN_BUDGET, SequenceEpisode)
 from longturn.sequence.interactions import BaseInteraction
 from longturn.sequence.tokenization_check import check_tokenization
 from longturn.sequence.tool_calls import parse_tool_calls
@@ -97,7 +98,7 @@ def _after_reply(ep: SequenceEpisode, content: str, s: SequenceSettings
     stop, text, score, metrics = s.interaction.generate_response(ep.episode_id, ep.messages)
     ep.reward(score, metrics)
     if stop:
-        ep.end(DONE)
+        ep.end(TIME_LIMIT if s.interaction.truncated(ep.episode_id) else DONE)
         return None
     if ep.assistant_turns >= s.max_assistant_turns:
         ep.end(MAX_ASSISTANT_TURNS)

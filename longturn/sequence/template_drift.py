@@ -16,8 +16,8 @@ UNSTABLE = ("the chat template renders differently on each call (a non-determini
 
 
 def render_difference(first: str, second: str, context: int = CONTEXT) -> str:
-    """`at character N: '…first…' vs '…second…'` around the first differing character; '' when
-    the texts are equal."""
+    """`at character N: '…first…' vs '…second…'` around the first differing character; ''
+    when the texts are equal."""
     if first == second:
         return ""
     at = next((i for i, (a, b) in enumerate(zip(first, second)) if a != b),

@@ -4,8 +4,9 @@ The episode is one conversation: the system prompt lists the env's actions, each
 observation (an `<image>` line for the frame, then the env's text and the answer format), each
 reply's `ACTION:` is one env step. `EnvInteraction` steps the env and answers with the next
 observation (`envs.base.Observation`, whose frame the rollout buffers), ending the episode when
-the env does; an unreadable action runs the env's default action and costs `invalid_penalty`, as
-in turn mode. `reward` and `success` replay the replies on a fresh env of the same seed, so they
+the env does (on the env's time limit as truncated, bootstrapped like turn mode's time limit);
+an unreadable action runs the env's default action and costs `invalid_penalty`, as in turn
+mode. `reward` and `success` replay the replies on a fresh env of the same seed, so they
 need nothing but the conversation.
 
 Built in: `babyai_goto_frames` (BabyAI goto with frames) and `babyai_goto_text` (the same task,
@@ -118,7 +119,11 @@ class EnvInteraction(BaseInteraction):
         answer = Observation(observation_text(env.instructions, observation, False),
                              observation.image if state["image"] else None)
         metrics = {"env_reward": reward, "invalid_actions": float(not parsed.valid)}
+        state["truncated"] = truncated and not terminated
         return terminated or truncated, answer, reward - penalty, metrics
+
+    def truncated(self, instance_id: str) -> bool:
+        return bool(self.instances[instance_id].get("truncated"))
 
     def finalize(self, instance_id: str) -> None:
         state = self.instances.pop(instance_id, None)
