@@ -59,7 +59,7 @@ RUN /opt/python/3.11/bin/python3.11 -m venv /opt/venv \
 WORKDIR /opt/longturn
 COPY . .
 RUN /opt/venv/bin/pip install --no-deps --no-build-isolation . \
-    && cp params-gpu.yaml params.yaml \
+    && /opt/venv/bin/longturn params gpu --force \
     && rm -rf build ./*.egg-info
 
 ENV PATH=/opt/venv/bin:$PATH

@@ -57,6 +57,9 @@ from longturn.profiles import resolve_profile  # noqa: E402
 from longturn.config import parse_params  # noqa: E402
 
 PROFILES = ROOT / "configs" / "profiles"
+# The profiles sized for one GPU within the lease budget (their headers give the sizing); the
+# others in the folder (default, gpu, tools, vision) are not campaign runs.
+CAMPAIGN_PROFILES = ("gpu1", "babyai5", "grpo", "gigpo", "calculator", "babaisai")
 PROFILED_ITERATION = 1  # the second: the first pays for allocations and CUDA-graph captures
 FINISH_RESERVE_S = 30   # analysis, summary and archive after the last part
 STOP_MARGIN_S = 60      # the train stage's own checkpoint and export once its deadline hits
@@ -224,7 +227,7 @@ class Campaign:
         outputs = []
         for layers in ((None,) if self.args.tiny else (8, 16)):
             argv = [sys.executable, str(ROOT / "bench/gpu_memory.py"), "--params",
-                    str(ROOT / "params-gpu.yaml")]
+                    str(ROOT / "configs/profiles/gpu.yaml")]
             argv += (["--tiny", "--tiny-dir", self.tiny_model()] if self.args.tiny else
                      ["--arch", "qwen2.5-3b", "--layers", str(layers)])
             log = self.results_dir / "logs" / f"gpu_memory_{layers or 'tiny'}.log"
@@ -346,8 +349,7 @@ class Campaign:
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    names = sorted(p.stem for p in PROFILES.glob("*.yaml"))
-    ap.add_argument("--profile", choices=names, default="gpu1",
+    ap.add_argument("--profile", choices=CAMPAIGN_PROFILES, default="gpu1",
                     help="configs/profiles/<name>.yaml (default gpu1)")
     ap.add_argument("--out", default=str(ROOT / "data" / "campaign"),
                     help="results, work dir and state; rerun with the same --out to resume")

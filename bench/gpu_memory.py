@@ -1,6 +1,6 @@
 """Peak memory of the trainer's phases on ONE device, and what that means per GPU at N ranks.
 
-Why: a GPU profile (params-gpu.yaml: Qwen2.5-3B, full fine-tuning, ZeRO-2 on 8 GPUs next to an
+Why: a GPU profile (configs/profiles/gpu.yaml: Qwen2.5-3B, full fine-tuning, ZeRO-2 on 8 GPUs next to an
 SGLang server) must fit each GPU before anyone books 8 of them. This measures the trainer on one
 device and turns the measurement into a per-GPU estimate with arithmetic anyone can check.
 
@@ -33,7 +33,7 @@ workspace stay as measured: per rank they do not shrink with N.
 --tiny: the tiny random model (bench/tiny_model.py), 96-token prompts (64 shared), 8-token
 responses: the whole path in seconds on a CPU, the numbers are a smoke test, not an estimate.
 
-    .venv/bin/python bench/gpu_memory.py [--arch qwen2.5-3b] [--params params-gpu.yaml]
+    .venv/bin/python bench/gpu_memory.py [--arch qwen2.5-3b] [--params configs/profiles/gpu.yaml]
         [--ranks 8] [--gpu-gib 80] [--micro-batch M] [--no-bf16] [--zero-stage S]
         [--tiny [--tiny-dir DIR]]
 """
@@ -61,7 +61,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from agent_prompts import collector_prompts  # noqa: E402
 from longturn.algo.trainer import PPOTrainer, TrainerSettings  # noqa: E402
-from longturn.config import Params, load_params  # noqa: E402
+from longturn.config import Params  # noqa: E402
+from longturn.profiles import load_profile  # noqa: E402
 from longturn.device import resolve_device  # noqa: E402
 from longturn.models import load_tokenizer  # noqa: E402
 from longturn.engines.shared_prefix import shared_prefix_length  # noqa: E402
@@ -340,7 +341,7 @@ def row_shape(params: Params, args: argparse.Namespace, tokenizer: Any) -> tuple
 
 
 def measure(args: argparse.Namespace, model_dir: str, tmp: str) -> None:
-    params = load_params(args.params)
+    params = load_profile(args.params)  # a profile, or a whole params file
     settings = settings_from(params, args)
     tokenizer = load_tokenizer(model_dir)
     prompt, shared, response = row_shape(params, args, tokenizer)
@@ -432,7 +433,8 @@ def parse_args() -> argparse.Namespace:
                     help="decoder layers of the arch (default: all). Every state and activation "
                          "grows linearly with depth: two depths that fit one device give the "
                          "slope, and the full depth follows")
-    ap.add_argument("--params", default=str(ROOT / "params-gpu.yaml"))
+    ap.add_argument("--params", default=str(ROOT / "configs/profiles/gpu.yaml"),
+                    help="a profile or a whole params file (default: the gpu profile)")
     ap.add_argument("--ranks", type=int, default=8, help="ranks (GPUs) ZeRO shards over")
     ap.add_argument("--gpu-gib", type=float, default=80.0, help="memory of one GPU")
     ap.add_argument("--prompt-tokens", type=int, default=None,

@@ -1,4 +1,5 @@
-"""The `longturn` console script: `longturn audit ...` (see longturn.audit.cli).
+"""The `longturn` console script: `longturn audit ...` (longturn.audit.cli) and `longturn params
+...` (longturn.params_cli).
 
 One entry point with subcommands, so later tools join it instead of adding scripts.
 """
@@ -12,7 +13,8 @@ USAGE = """usage: longturn COMMAND ...
 
 commands:
   audit    read a run's trajectory Parquet files: summary, episodes, show, gae, sql, plot, diff
-           (longturn audit --help)"""
+           (longturn audit --help)
+  params   write params.yaml from a profile in configs/profiles (longturn params --help)"""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -21,6 +23,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from longturn.audit.cli import main as audit_main
 
         return audit_main(args[1:], prog="longturn audit")
+    if args and args[0] == "params":
+        from longturn.params_cli import main as params_main
+
+        return params_main(args[1:], prog="longturn params")
     if args and args[0] in ("-h", "--help"):
         print(USAGE)
         return 0

@@ -56,6 +56,9 @@ class SGLangParams(Section):
     tp_size: int = Field(1, ge=1)
     mem_fraction_static: float | None = Field(None, gt=0.0, lt=1.0)
     extra_args: list[str] = Field(default_factory=list)  # more `sglang.launch_server` flags
+    # Where each launched server writes its log (sglang-<port>-*.log, quoted in errors); None: the
+    # system temp dir (TMPDIR). The log is evidence, so it is kept after the server stops.
+    log_dir: str | None = None
     startup_timeout_s: float = Field(900.0, gt=0)
     request_timeout_s: float = Field(900.0, gt=0)
 
@@ -114,8 +117,8 @@ class EvalParams(Section):
     """Zero-shot and final evaluation: episodes per task, lock-step envs, sampling."""
 
     tasks: list[str] | None = Field(None, min_length=1)  # null: env.tasks; [] is an error
-    episodes_per_task: int = Field(8, ge=1)
-    parallel_envs: int = Field(8, ge=1)
+    episodes_per_task: int = Field(16, ge=1)
+    parallel_envs: int = Field(16, ge=1)
     seed: int = Field(1000, ge=0)
     temperature: float | None = Field(None, ge=0.0)
 
@@ -123,8 +126,8 @@ class EvalParams(Section):
 class ValidationParams(Section):
     """Prompt validation: samples per task and the gate on the valid-action ratio."""
 
-    samples_per_task: int = Field(16, ge=1)
-    min_valid_action_ratio: float = Field(0.3, ge=0.0, le=1.0)
+    samples_per_task: int = Field(32, ge=1)
+    min_valid_action_ratio: float = Field(0.2, ge=0.0, le=1.0)
     seed: int = Field(2000, ge=0)
 
 
@@ -160,7 +163,7 @@ class RolloutParams(Section):
 
     mode: Literal["turn", "sequence"] = "turn"
     n_envs: int = Field(8, ge=1)
-    turns_per_env: int = Field(4, ge=1)
+    turns_per_env: int = Field(8, ge=1)
     sequence: SequenceParams = SequenceParams()
 
 
@@ -198,7 +201,7 @@ class PPOParams(Section):
     kl_estimator: Literal["k1", "k2", "k3"] = "k1"
     ppo_epochs: int = Field(1, ge=1)
     mini_batch_size: int = Field(16, ge=1)
-    micro_batch_size: int = Field(4, ge=1)
+    micro_batch_size: int = Field(8, ge=1)
     grad_clip: float = Field(1.0, gt=0)
     zero_stage: int = Field(0, ge=0, le=3)
     bf16: bool | Literal["auto"] = "auto"  # bf16 autocast (fp32 master weights); auto: as dtype
@@ -226,7 +229,7 @@ class WarmupParams(Section):
     """Critic warm-up with the actor frozen: collect once, then refit the critic several times."""
 
     batches: int = Field(1, ge=1)
-    iterations: int = Field(3, ge=1)
+    iterations: int = Field(2, ge=1)
     sample_fraction: float = Field(1.0, gt=0, le=1.0)
     max_final_loss: float | None = Field(None, gt=0)
 
@@ -234,7 +237,7 @@ class WarmupParams(Section):
 class TrainParams(Section):
     """The train loop: iterations, checkpoints, Kubeflow segment length."""
 
-    iterations: int = Field(3, ge=1)
+    iterations: int = Field(5, ge=1)
     checkpoint_every: int = Field(1, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
     iterations_per_task: int = Field(1, ge=1)
@@ -276,10 +279,11 @@ class KubeflowResources(Section):
     """Requests per pipeline component (zero-shot and final evaluation share `eval`)."""
 
     prepare_model: PodResources = PodResources()
-    validate_prompts: PodResources = PodResources()
-    eval: PodResources = PodResources()
-    critic_warmup: PodResources = PodResources()
-    train: PodResources = PodResources()
+    # model-holding CPU tasks: 2 cores and room for the model, its engine and env workers
+    validate_prompts: PodResources = PodResources(cpu="2", memory="8Gi", shm="1Gi")
+    eval: PodResources = PodResources(cpu="2", memory="8Gi", shm="1Gi")
+    critic_warmup: PodResources = PodResources(cpu="2", memory="8Gi", shm="1Gi")
+    train: PodResources = PodResources(cpu="4", memory="16Gi", shm="2Gi")
     report: PodResources = PodResources()
 
 

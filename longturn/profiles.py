@@ -1,12 +1,12 @@
-"""Run profiles as overlays: a YAML file that names the params file it `extends` and sets only
-the keys it changes.
+"""Run profiles as overlays: a YAML file that sets only the keys where it differs from the
+profile it `extends` (default.yaml in its own folder when it names none and one is there).
 
 Why: the profiles a GPU campaign proves (configs/profiles/) differ from a full params file in a
 handful of keys; as overlays a reader sees exactly what each one changes, and a change to the
 base reaches every profile built on it. Mappings merge key by key, anything else (lists
 included) replaces the base's value, and so does `env.kwargs` as a whole (an env family's
 constructor arguments mean nothing to another family). `extends` is a path relative to the
-overlay's own file and may itself be an overlay.
+overlay's own file and may itself be an overlay; default.yaml is the one whole file.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import yaml
 from longturn.config import Params, ParamsError, parse_params
 
 EXTENDS = "extends"
+DEFAULT = "default.yaml"  # the root every profile in a folder extends unless it names another
 WHOLE = {"kwargs"}  # mappings an overlay replaces instead of merging into
 
 
@@ -45,29 +46,40 @@ def _read(path: Path) -> dict[str, Any]:
     return data
 
 
-def resolve_profile(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """The full params mapping a profile file stands for (its `extends` chain merged)."""
-    path = Path(path).resolve()
-    if path in _seen:
-        raise ParamsError(f"{path}: `extends` loops back to itself")
-    data = _read(path)
-    parent = data.pop(EXTENDS, None)
+def _parent(path: Path, data: dict[str, Any]) -> Path | None:
+    """What `path` extends: its `extends`, else default.yaml beside it (a file with neither, such
+    as a whole params.yaml, stands alone)."""
+    parent = data.get(EXTENDS)
     if parent is None:
-        return data
+        implicit = path.parent / DEFAULT
+        return implicit.resolve() if path.name != DEFAULT and implicit.is_file() else None
     if not isinstance(parent, str):
         raise ParamsError(f"{path}: `{EXTENDS}` must be a path, got {parent!r}")
-    return merge(resolve_profile(path.parent / parent, _seen + (path,)), data)
+    return (path.parent / parent).resolve()
+
+
+def chain(path: str | Path) -> list[Path]:
+    """The profile files from the root (a whole file) to `path`, in merge order."""
+    files: list[Path] = []
+    current: Path | None = Path(path).resolve()
+    while current is not None:
+        if current in files:
+            raise ParamsError(f"{current}: `{EXTENDS}` loops back to itself")
+        files.append(current)
+        current = _parent(current, _read(current))
+    return files[::-1]
+
+
+def resolve_profile(path: str | Path) -> dict[str, Any]:
+    """The full params mapping a profile file stands for (its `extends` chain merged)."""
+    merged: dict[str, Any] = {}
+    for file in chain(path):
+        data = _read(file)
+        data.pop(EXTENDS, None)
+        merged = merge(merged, data)
+    return merged
 
 
 def load_profile(path: str | Path) -> Params:
     """The profile merged and validated; errors name the profile file and the dotted key."""
     return parse_params(resolve_profile(path), str(path))
-
-
-def write_profile(path: str | Path, out: str | Path) -> Path:
-    """Write the profile as one full params file (what the stages read), validated first."""
-    data = resolve_profile(path)
-    parse_params(data, str(path))
-    Path(out).write_text(f"# written from {Path(path).name}: edit that file, not this one\n"
-                         + yaml.safe_dump(data, sort_keys=False))
-    return Path(out)

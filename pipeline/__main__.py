@@ -1,8 +1,8 @@
 """Compile, run locally, or submit the Kubeflow pipeline.
 
-    python -m pipeline compile --params params-gpu.yaml --image IMG   # YAML to upload
+    python -m pipeline compile --params params.yaml --image IMG  # after make params PROFILE=gpu   # YAML to upload
     python -m pipeline local --params params.yaml --root /tmp/kfp      # every task here, no cluster
-    python -m pipeline submit --params params-gpu.yaml --image IMG --host https://kfp.example \\
+    python -m pipeline submit --params params.yaml --image IMG --host https://kfp.example \\
         --namespace team-a --token "$TOKEN" --experiment longturn
 
 Cluster settings (volume, model URI, requests, node selector, tolerations) come from `kubeflow:`

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytest_plugins = ("tiers",)  # `slow` / `network` by rule, and the fast tier's time limit
+
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 

@@ -26,7 +26,6 @@ from longturn.training import TrainPaths, run_training
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-pytestmark = pytest.mark.smoke
 
 
 class _Records(logging.Handler):

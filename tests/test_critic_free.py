@@ -85,7 +85,6 @@ def _stage(script: str, params: Path, *args: str) -> subprocess.CompletedProcess
                            *args], cwd=ROOT, capture_output=True, text=True, timeout=900)
 
 
-@pytest.mark.smoke
 @pytest.mark.parametrize("advantage", ["grpo", "gigpo"])
 def test_warmup_and_train_without_a_critic(tmp_path, tiny_model_dir, advantage) -> None:
     params = tmp_path / "params.yaml"

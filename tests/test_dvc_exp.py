@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import yaml
 
 from test_pipeline_smoke import _dvc, _git, dvc_run, scratch_repo, toy_params
-
-pytestmark = pytest.mark.smoke
 
 
 def test_exp_run_set_param_reruns_only_its_readers(tmp_path, tiny_model_dir):

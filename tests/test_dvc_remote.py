@@ -153,7 +153,6 @@ def _train_stage_repo(repo: Path, home: Path, model_dir: str) -> None:
     _sh(repo, home, "git", "commit", "-qm", "scratch")
 
 
-@pytest.mark.smoke
 def test_push_from_one_clone_pull_into_another_and_audit(tmp_path, tiny_model_dir, capsys):
     home = tmp_path / "home"  # the default remote is ~/longturn-dvc-storage
     home.mkdir()

@@ -12,8 +12,6 @@ from components import zero_shot_eval
 from longturn.envs.registry import make_env
 from test_pipeline_smoke import toy_params, write_params
 
-pytestmark = pytest.mark.smoke
-
 
 @pytest.mark.parametrize("name, task, kwargs", [
     ("crafter", "default", {"variant": "V"}),

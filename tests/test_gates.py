@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 
 from components import critic_warmup, validate_prompts
 from longturn.validation import PASSED_MARKER
@@ -73,7 +72,6 @@ def test_warmup_gate_fails_without_a_critic(tmp_path, tiny_model_dir, capsys):
     assert not (tmp_path / "critic/metrics.json").exists()
 
 
-@pytest.mark.smoke
 def test_dvc_repro_train_stops_at_a_failing_validation(tmp_path, tiny_model_dir):
     repo = scratch_repo(tmp_path, toy_params(tiny_model_dir))
     params = toy_params(tiny_model_dir)

@@ -1,5 +1,6 @@
-"""The GPU profile and its image, checked where no GPU or Docker engine is needed: the params
-validate and cover every key of params.yaml, DVC resolves the train command from them, and the
+"""The GPU profiles and the image, checked where no GPU or Docker engine is needed: the params
+validate (every profile's coverage of the keys is in test_profiles.py), DVC resolves the train
+command from them, and the
 Dockerfile agrees with the profile, the Makefile and pyproject.toml (the image's own checks, lint
 and locks, are in test_image.py)."""
 
@@ -9,39 +10,26 @@ import re
 import shutil
 from pathlib import Path
 
-import yaml
-
-from longturn.config import load_params
+from longturn.params_file import render
+from longturn.profiles import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
-PROFILE = ROOT / "params-gpu.yaml"
+PROFILE = ROOT / "configs" / "profiles" / "gpu.yaml"
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 
 
-def keys(tree: dict, prefix: str = "") -> set[str]:
-    found = set()
-    for key, value in tree.items():
-        found.add(prefix + key)
-        if isinstance(value, dict) and key != "kwargs":
-            found |= keys(value, f"{prefix}{key}.")
-    return found
-
-
-def test_profile_validates_and_sets_every_key_of_params_yaml():
-    params = load_params(PROFILE)
+def test_gpu_profile_validates():
+    params = load_profile(PROFILE)
     assert params.engine.name == "sglang" and params.engine.sglang.url is None
     assert params.ppo.zero_stage == 2 and not params.ppo.lora
     assert params.train.launcher.startswith("torchrun --nproc_per_node 8")
-    default = yaml.safe_load((ROOT / "params.yaml").read_text())
-    missing = keys(default) - keys(yaml.safe_load(PROFILE.read_text()))
-    assert not missing, f"params-gpu.yaml lacks {sorted(missing)}: `cp` would leave CPU values"
 
 
 def test_dvc_runs_train_under_the_profiles_launcher(tmp_path):
     from dvc.repo import Repo
 
     shutil.copy(ROOT / "dvc.yaml", tmp_path / "dvc.yaml")
-    shutil.copy(PROFILE, tmp_path / "params.yaml")
+    (tmp_path / "params.yaml").write_text(render(PROFILE))
     repo = Repo.init(str(tmp_path), no_scm=True)
     train = next(stage for stage in repo.index.stages if stage.name == "train")
     assert train.cmd.startswith("torchrun --nproc_per_node 8 components/train.py --params params.yaml")
@@ -59,7 +47,7 @@ def dockerfile_venvs() -> dict[str, str]:
 
 
 def test_dockerfile_agrees_with_profile_makefile_and_pyproject():
-    profile = load_params(PROFILE)
+    profile = load_profile(PROFILE)
     venvs = dockerfile_venvs()
     sglang_venv = next(v for v, lock in venvs.items() if lock.endswith("/sglang.lock"))
     assert profile.engine.sglang.python == f"{sglang_venv}/bin/python"
@@ -80,18 +68,15 @@ def test_dockerfile_agrees_with_profile_makefile_and_pyproject():
     assert "dvc.lock" in ignored and ".dvc/cache/" in ignored  # they live on the volume
 
 
-GPU1 = ROOT / "params-gpu1.yaml"
+GPU1 = ROOT / "configs" / "profiles" / "gpu1.yaml"
 
 
-def test_one_gpu_profile_validates_covers_every_key_and_asks_for_a_gpu():
-    params = load_params(GPU1)
+def test_one_gpu_profile_validates_and_asks_for_a_gpu():
+    params = load_profile(GPU1)
     assert params.engine.name == "hf" and params.engine.device == "cuda"
     assert params.model.source == "smollm2-135m-instruct"  # embedded: nothing to mount
     assert params.eval.episodes_per_task >= 256 and params.eval.tasks == ["goto"]
     assert params.ppo.lora and params.ppo.share_trunk and params.train.launcher == "python"
-    default = yaml.safe_load((ROOT / "params.yaml").read_text())
-    missing = keys(default) - keys(yaml.safe_load(GPU1.read_text()))
-    assert not missing, f"params-gpu1.yaml lacks {sorted(missing)}"
 
 
 def test_cuda_device_on_a_machine_without_one_is_a_one_line_error(monkeypatch):
@@ -108,7 +93,7 @@ def test_cuda_device_on_a_machine_without_one_is_a_one_line_error(monkeypatch):
 
 def test_kubeflow_settings_of_both_gpu_profiles_fit_their_launcher_and_model():
     for path in (PROFILE, GPU1):
-        params = load_params(path)
+        params = load_profile(path)
         ranks = re.search(r"--nproc_per_node[ =](\d+)", params.train.launcher)
         gpus = int(ranks.group(1)) if ranks else 1
         k = params.kubeflow
@@ -116,5 +101,5 @@ def test_kubeflow_settings_of_both_gpu_profiles_fit_their_launcher_and_model():
         gpu_stages = ("validate_prompts", "eval", "critic_warmup", "train")
         assert all(getattr(k.resources, s).shm for s in gpu_stages), f"{path.name}: /dev/shm"
         assert k.node_selector and k.tolerations, f"{path.name}: GPU tasks need GPU nodes"
-    gpu = load_params(PROFILE).kubeflow
-    assert gpu.pvc and load_params(PROFILE).model.source.startswith(gpu.mount_path + "/")
+    gpu = load_profile(PROFILE).kubeflow
+    assert gpu.pvc and load_profile(PROFILE).model.source.startswith(gpu.mount_path + "/")

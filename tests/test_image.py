@@ -1,7 +1,7 @@
 """The GPU image, checked without a Docker engine: hadolint finds nothing in the Dockerfile (every
 ignored rule says why), the base image's CUDA is the one PyPI's torch wheel needs, the image lock
 is requirements.lock plus its CUDA wheels, the entrypoint keeps dvc.lock and the DVC cache on the
-volume, and (smoke, needs PyPI) both image locks resolve for the image's platform, pin for pin."""
+volume, and (network: needs PyPI) both image locks resolve for the image's platform, pin for pin."""
 
 from __future__ import annotations
 
@@ -126,7 +126,6 @@ def _pypi_reachable() -> bool:
         return False
 
 
-@pytest.mark.smoke
 @pytest.mark.parametrize("name", ["requirements-gpu.lock", "sglang.lock"])
 def test_image_lock_resolves_for_the_image_platform_pin_for_pin(tmp_path, name):
     if not _pypi_reachable():

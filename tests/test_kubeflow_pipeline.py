@@ -16,11 +16,18 @@ import pytest
 import yaml
 
 from conftest import free_port
+from longturn.params_file import render
 from pipeline.build import segment_ends
 from pipeline.params_text import without_section
 from test_pipeline_smoke import ROOT, toy_params, write_params
 
-PROFILE = ROOT / "params-gpu.yaml"
+PROFILE_TEXT = render(ROOT / "configs/profiles/gpu.yaml")  # as `make params PROFILE=gpu` writes it
+
+
+def gpu_params(tmp_path: Path) -> Path:
+    path = tmp_path / "params-gpu.yaml"
+    path.write_text(PROFILE_TEXT)
+    return path
 
 
 def pipeline_cli(*args: str) -> subprocess.CompletedProcess:
@@ -28,8 +35,9 @@ def pipeline_cli(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=900)
 
 
-def compile_profile(tmp_path: Path, *flags: str, params: Path = PROFILE) -> "Compiled":
+def compile_profile(tmp_path: Path, *flags: str, params: Path | None = None) -> "Compiled":
     out = tmp_path / "longturn.yaml"
+    params = params or gpu_params(tmp_path)
     done = pipeline_cli("compile", "--params", str(params), "--out", str(out),
                         "--image", "registry.example/longturn:1", *flags)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -103,7 +111,7 @@ def test_gpu_profile_segments_pass_one_checkpoint_forward_and_keep_their_own_tra
 
 def test_gpu_profile_tasks_mount_the_volume_and_ask_for_requests_shm_and_gpu_nodes(tmp_path):
     c = compile_profile(tmp_path)
-    profile = yaml.safe_load(PROFILE.read_text())["kubeflow"]
+    profile = yaml.safe_load(PROFILE_TEXT)["kubeflow"]
     shm = {"medium": "Memory", "mountPath": "/dev/shm", "volumeName": "shm"}
     for name in ["prepare_model", "validate_prompts", "zero_shot_eval", "critic_warmup",
                  "train to iteration 10", "train to iteration 200", "final_eval", "report"]:
@@ -133,16 +141,16 @@ def test_gpu_profile_tasks_mount_the_volume_and_ask_for_requests_shm_and_gpu_nod
     _, train = c.named("train to iteration 10")
     work = {"name": "LONGTURN_WORK_DIR", "value": "/models/longturn-work"}
     assert work in c.container(train)["env"]
-    assert "/models/Qwen2.5-3B-Instruct" == yaml.safe_load(PROFILE.read_text())["model"]["source"]
+    assert "/models/Qwen2.5-3B-Instruct" == yaml.safe_load(PROFILE_TEXT)["model"]["source"]
 
 
 def test_params_compiled_in_are_the_file_without_its_cluster_section(tmp_path):
     c = compile_profile(tmp_path)
     _, prepare = c.named("prepare_model")
     compiled = prepare["inputs"]["parameters"]["params_yaml"]["runtimeValue"]["constant"]
-    assert compiled == without_section(PROFILE.read_text())
+    assert compiled == without_section(PROFILE_TEXT)
     assert "kubeflow" not in compiled and "# GPU profile" in compiled  # comments kept
-    expected = yaml.safe_load(PROFILE.read_text())
+    expected = yaml.safe_load(PROFILE_TEXT)
     del expected["kubeflow"]
     assert yaml.safe_load(compiled) == expected
 
@@ -173,7 +181,7 @@ def test_flags_override_the_volume_and_import_the_model_from_an_object_store(tmp
 
 
 def test_secrets_become_env_variables_of_train_tasks_only(tmp_path):
-    profile = yaml.safe_load(PROFILE.read_text())
+    profile = yaml.safe_load(PROFILE_TEXT)
     profile["kubeflow"]["secret_env"] = {"s3-creds": {"id": "AWS_ACCESS_KEY_ID",
                                                       "secret": "AWS_SECRET_ACCESS_KEY"}}
     profile["train"].update(push=True, remote="s3://bucket/longturn")
@@ -197,12 +205,11 @@ def test_secrets_become_env_variables_of_train_tasks_only(tmp_path):
 ])
 def test_a_model_the_pods_cannot_see_stops_the_compile(tmp_path, flags, message):
     out = tmp_path / "p.yaml"
-    done = pipeline_cli("compile", "--params", str(PROFILE), "--out", str(out), *flags)
+    done = pipeline_cli("compile", "--params", str(gpu_params(tmp_path)), "--out", str(out), *flags)
     assert done.returncode == 2 and message in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and not out.exists()
 
 
-@pytest.mark.smoke
 def test_whole_pipeline_runs_locally_at_toy_size(tmp_path, tiny_model_dir):
     params = toy_params(tiny_model_dir)
     params["model"]["source"] = str(tmp_path / "not-here")  # the imported model must win

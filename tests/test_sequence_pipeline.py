@@ -1,4 +1,4 @@
-"""`params-tools.yaml` (sequence mode) through the real `dvc exp run` of all seven stages, at toy
+"""Profile `tools` (sequence mode) through the real `dvc exp run` of all seven stages, at toy
 size on the tiny model: validation reports tool-call validity, evaluations count endings per
 reason, training writes audited sequence Parquet whose loss mask is exactly the replies."""
 
@@ -7,20 +7,17 @@ from __future__ import annotations
 import json
 
 import pandas as pd
-import pytest
-import yaml
 from transformers import AutoTokenizer
 
 from longturn.algo.sequence_scoring import audit_sequence_file
+from longturn.profiles import resolve_profile
 from longturn.trajectories import read_metadata
 from test_pipeline_smoke import ROOT, STAGES, _dvc, _git, scratch_repo
 
-pytestmark = pytest.mark.smoke
 
-
-def toy_sequence_params(model_dir: str, params_file: str = "params-tools.yaml") -> dict:
-    """A shipped sequence-mode params file at toy size on `model_dir`."""
-    params = yaml.safe_load((ROOT / params_file).read_text())
+def toy_sequence_params(model_dir: str, profile: str = "tools") -> dict:
+    """A shipped sequence-mode profile at toy size on `model_dir`."""
+    params = resolve_profile(ROOT / "configs" / "profiles" / f"{profile}.yaml")
     params["model"] = {"source": model_dir, "dtype": "float32"}
     params["engine"].update(batch_size=4)
     params["engine"]["sampling"].update(max_new_tokens=10)

@@ -9,20 +9,19 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-import pytest
 import yaml
 
 from conftest import free_port
 from test_train_stage import ROOT, train_cmd, write_params
 
-pytestmark = pytest.mark.smoke
-
 
 def use_sglang(params_path: str) -> None:
+    """The stand-in on a free port, logging beside the params file (never the system tmp)."""
     params = yaml.safe_load(Path(params_path).read_text())
     params["engine"]["name"] = "sglang"
     params["engine"]["sglang"] = {"python": sys.executable, "port": free_port(),
-                                  "startup_timeout_s": 120}
+                                  "startup_timeout_s": 120,
+                                  "log_dir": str(Path(params_path).parent / "sglang_logs")}
     params["eval"] = {"episodes_per_task": 2, "parallel_envs": 2}
     Path(params_path).write_text(yaml.safe_dump(params))
 
@@ -48,6 +47,7 @@ def test_train_and_eval_stages_on_sglang(standin_env, tiny_model_dir, tmp_path):
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     metrics = json.loads((tmp_path / "eval/metrics.json").read_text())
     assert metrics["overall"]["episodes"] == 2
+    assert len(list((tmp_path / "sglang_logs").glob("sglang-*.log"))) == 2  # train's, eval's
 
 
 def test_a_stage_that_cannot_launch_sglang_says_which_setting(tmp_path, tiny_model_dir):

@@ -11,11 +11,9 @@ import time
 from pathlib import Path
 
 import pandas as pd
-import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.smoke
 
 
 def write_params(tmp_path: Path, model_dir: str, iterations: int) -> str:
@@ -41,7 +39,10 @@ def train_cmd(params: str, model_dir: str, out: Path, *extra: str) -> list[str]:
 def test_sigkill_then_rerun_loses_and_duplicates_nothing(tmp_path, tiny_model_dir):
     params = write_params(tmp_path, tiny_model_dir, iterations=4)
     out = tmp_path / "train"
-    proc = subprocess.Popen(train_cmd(params, tiny_model_dir, out), cwd=ROOT,
+    temp = tmp_path / "tmp"  # the stages' temp dir: what the kill leaves there is checked below
+    temp.mkdir()
+    env = {**os.environ, "TMPDIR": str(temp)}
+    proc = subprocess.Popen(train_cmd(params, tiny_model_dir, out), cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     deadline = time.time() + 300
@@ -52,9 +53,11 @@ def test_sigkill_then_rerun_loses_and_duplicates_nothing(tmp_path, tiny_model_di
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    done = subprocess.run(train_cmd(params, tiny_model_dir, out), cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)
+    assert list(temp.glob("longturn-dist-*"))  # atexit never ran
+    done = subprocess.run(train_cmd(params, tiny_model_dir, out), cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert not list(temp.glob("longturn-dist-*"))  # the rerun swept the killed one's dir
     iterations = sorted(d.name for d in (out / "trajectories").iterdir())
     assert iterations == [f"iteration={i:04d}" for i in range(4)]
     for d in iterations:
@@ -67,7 +70,7 @@ def test_sigkill_then_rerun_loses_and_duplicates_nothing(tmp_path, tiny_model_di
 
     replay = subprocess.run(train_cmd(params, tiny_model_dir, out, "--replay",
                                       str(out / "trajectories/iteration=0003")),
-                            cwd=ROOT, capture_output=True, text=True, timeout=600)
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert replay.returncode == 0, replay.stderr[-3000:]
     metrics = json.loads(replay.stdout.strip().splitlines()[-1])
     assert metrics["n_turns"] == 6 and "policy_loss" in metrics

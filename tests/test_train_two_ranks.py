@@ -7,12 +7,10 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-import pytest
 
 from test_train_stage import write_params
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.smoke
 
 
 def test_train_stage_on_two_ranks(tmp_path, tiny_model_dir):

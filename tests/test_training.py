@@ -13,8 +13,6 @@ from longturn.algo.scoring import audit_gae
 from longturn.training import TrainPaths, run_training
 from longturn.wiring import gae_params
 
-pytestmark = pytest.mark.smoke
-
 
 def toy_params(model_dir: str, iterations: int):
     return parse_params({

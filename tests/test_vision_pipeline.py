@@ -1,4 +1,4 @@
-"""`params-vision.yaml` through the real `dvc exp run` of all seven stages, on a tiny random LLaVA
+"""Profile `vision` through the real `dvc exp run` of all seven stages, on a tiny random LLaVA
 built from a config (no real vision-language model ships): the base stage splits it, every stage
 plays BabyAI with frames, training writes sequence Parquet holding the frames it trained on."""
 
@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pandas as pd
-import pytest
 
 from longturn.algo.sequence_scoring import audit_sequence_file
 from longturn.vision.frames import from_png
@@ -15,11 +14,9 @@ from test_pipeline_smoke import STAGES, _dvc, scratch_repo
 from test_sequence_pipeline import toy_sequence_params
 from vlm_fixtures import TOKENS_PER_IMAGE, build_tiny_llava
 
-pytestmark = pytest.mark.smoke
-
 
 def toy_vision_params(llava_dir: str) -> dict:
-    params = toy_sequence_params(llava_dir, "params-vision.yaml")
+    params = toy_sequence_params(llava_dir, "vision")
     params["rollout"]["sequence"].update(max_assistant_turns=2, max_user_turns=2, max_tokens=1200)
     return params
 
