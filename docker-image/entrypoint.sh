@@ -2,7 +2,7 @@
 # `docker run` entry of the GPU image (Kubeflow tasks replace it with their own command).
 # Keeps the run's DVC state on the mounted volume, so a new container carries on where the last
 # one stopped: the DVC cache and dvc.lock live under $LONGTURN_STATE; mount data/ as well
-# (README: GPU profile). DVC writes dvc.lock through the link; it cannot follow a linked data/.
+# (docs/docker-image.md). DVC writes dvc.lock through the link; it cannot follow a linked data/.
 set -eu
 cd "$(dirname "$0")/.."  # the image's working copy, /opt/longturn
 state="${LONGTURN_STATE:-/models/longturn-state}"

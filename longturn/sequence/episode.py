@@ -100,7 +100,7 @@ class SequenceEpisode:
         if self.deltas.image_token is None:
             raise UserError(f"episode {self.episode_id}: the task gives image observations but "
                             "the model has no image side (its model dir has no vision/; "
-                            "README: image observations)")
+                            "docs/image-observations.md)")
         image_id, width = self.deltas.image_token
         at = [i for i, t in enumerate(ids) if t == image_id]
         starts = at[::width]

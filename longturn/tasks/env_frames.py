@@ -12,7 +12,7 @@ need nothing but the conversation.
 Built in: `babyai_goto_frames` (BabyAI goto with frames) and `babyai_goto_text` (the same task,
 text only). Any other env and task: `EnvTask("crafter", "default")` in a module of yours, named
 in `env.tasks` as `package.module:OBJECT`. Needs a vision-language model when `image` is on
-(README: image observations).
+(docs/image-observations.md).
 """
 
 from __future__ import annotations
