@@ -19,7 +19,7 @@ import pandas as pd
 
 from longturn.atomic import write_text
 from longturn.report_eval import (  # noqa: F401  (comparison_table is part of this module's API)
-    aborted_reading, comparison_table, endings_table, eval_reading, pair_evaluations,
+    EVAL_LABELS, aborted_reading, comparison_table, endings_table, eval_reading, pair_evaluations,
     table_markdown,
 )
 from longturn.report_plots import plot_kl, plot_learning_curves, plot_task_bars, plot_warmup
@@ -27,7 +27,8 @@ from longturn.report_training import (  # noqa: F401  (kl_reading is part of thi
     ACTION_PREFIX, PHASE_KEYS, action_reading, kl_reading, pool_success_blocks, success_reading,
     termination_reading, timing_reading, training_reading, warmup_reading,
 )
-from longturn.report_sequence import SEQUENCE_TRAIN_KEYS, behaviour_reading, kl_mean_reading
+from longturn.report_sequence import (SEQUENCE_EVAL_LABELS, SEQUENCE_TRAIN_KEYS,
+                                      behaviour_reading, kl_mean_reading)
 from longturn.report_training_plots import plot_action_mix, plot_success_blocks, plot_timing
 
 log = logging.getLogger(__name__)
@@ -228,7 +229,8 @@ def build_report(zero_shot_dir: str | Path, final_dir: str | Path, train_live_di
             "train": Path(train_live_dir), "warmup": Path(warmup_live_dir)}
     missing = _missing(zs, fin, train, warm, dirs, why_unpaired, critic, sequence)
     lines = ["# longturn run report", ""] + _settings(title_info) + [""]
-    evals = (table_markdown(table, paired) + [""] if table else []) + eval_reading(
+    labels = SEQUENCE_EVAL_LABELS if sequence else EVAL_LABELS
+    evals = (table_markdown(table, paired, labels) + [""] if table else []) + eval_reading(
         table, paired, why_unpaired)
     lines += _section("Zero-shot vs final evaluation", drawn["tasks.png"], "tasks.png",
                       "success per task, zero-shot vs final", evals, "no evaluation metrics")

@@ -17,6 +17,9 @@ from longturn.envs.termination import PREFIX
 from longturn.stats import PairedOutcome, paired_outcomes, wilson_interval
 
 SIDES = ("zero_shot", "final")
+# the table's two per-episode columns (mean_length, valid_action_ratio) as turn mode measures
+# them; sequence mode names them for what they hold there (report_sequence.SEQUENCE_EVAL_LABELS)
+EVAL_LABELS = ("mean length", "valid-action ratio")
 EPISODE_COLUMNS = ("task", "episode_seed", "success")
 # why episodes end: env episodes (envs/termination.py), then sequence-mode ones (sequence/episode.py)
 REASON_LABELS = {"success": "success", "failure": "failure", "time_limit": "time limit",
@@ -143,12 +146,14 @@ def _paired_cell(o: PairedOutcome | None) -> str:
 
 
 def table_markdown(table: list[dict[str, Any]],
-                   paired: dict[str, PairedOutcome] | None = None) -> list[str]:
-    """The per-task markdown table; the overall row is bold."""
+                   paired: dict[str, PairedOutcome] | None = None,
+                   labels: tuple[str, str] = EVAL_LABELS) -> list[str]:
+    """The per-task markdown table; the overall row is bold. `labels` name the mean_length and
+    valid_action_ratio columns."""
     paired = paired or {}
     head = ["task", "zero-shot success [95% CI]", "final success [95% CI]", "Δ",
-            "paired lost / gained (exact McNemar p)", "mean length (zero-shot → final)",
-            "valid-action ratio (zero-shot → final)"]
+            "paired lost / gained (exact McNemar p)", f"{labels[0]} (zero-shot → final)",
+            f"{labels[1]} (zero-shot → final)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in table:
         task = f"**{r['task']}**" if r["task"] == "overall" else r["task"]

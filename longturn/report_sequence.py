@@ -18,6 +18,10 @@ SEQUENCE_TRAIN_KEYS = [
     *PHASE_KEYS,
 ]
 OUTCOMES_PREFIX = "tokenization/"
+# the eval table's two per-episode columns, named for what they hold in sequence mode: an
+# episode's length is its number of replies, its valid-action ratio the share of its tool calls
+# that ran (sequence/evaluation.py)
+SEQUENCE_EVAL_LABELS = ("mean replies", "valid tool-call ratio")
 
 
 def behaviour_reading(df: pd.DataFrame) -> list[str]:

@@ -416,3 +416,20 @@ def test_old_metrics_without_termination_counts_say_so(inputs: dict[str, Path],
     text = build_report(tmp_path / "zero_shot", tmp_path / "final", tmp_path / "t",
                         tmp_path / "w", tmp_path / "report", {}).read_text()
     assert "*No termination counts in the inputs" in text
+
+
+def test_sequence_mode_names_the_eval_columns_for_what_they_hold(inputs: dict[str, Path],
+                                                                 full_report: Path,
+                                                                 tmp_path: Path) -> None:
+    """In sequence mode an episode's length is its replies and its valid-action ratio the share
+    of its tool calls that ran: the table says so; turn mode keeps its names."""
+    path = build_report(inputs["zero_shot"], inputs["final"], inputs["train"], inputs["warmup"],
+                        tmp_path / "report", {}, sequence=True)
+    head = next(line for line in path.read_text().splitlines() if line.startswith("| task |"))
+    assert "| mean replies (zero-shot → final) | valid tool-call ratio (zero-shot → final) |" \
+        in head
+    assert "mean length" not in head and "valid-action" not in head
+    turn_head = next(line for line in full_report.read_text().splitlines()
+                     if line.startswith("| task |"))
+    assert "| mean length (zero-shot → final) | valid-action ratio (zero-shot → final) |" \
+        in turn_head
