@@ -66,14 +66,52 @@ def launched() -> bool:
     return all(key in os.environ for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
+RENDEZVOUS_PREFIX = "longturn-dist-"
+
+
+def _rendezvous_owner() -> str:
+    """`<pid>.<host>`: names a rendezvous dir so a later process can tell its owner is dead."""
+    return f"{os.getpid()}.{socket.gethostname()}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def clear_stale_rendezvous_dirs(root: Path) -> list[Path]:
+    """Delete (and return) rendezvous dirs under `root` whose process on this host is gone.
+
+    atexit never runs in a SIGKILLed process, so its dir would stay in the temp dir forever;
+    the next plain process sweeps it. Dirs of other hosts (a shared /tmp) and of live
+    processes are left alone."""
+    host = socket.gethostname()
+    removed = []
+    for path in sorted(root.glob(f"{RENDEZVOUS_PREFIX}*.*-*")):
+        owner = path.name[len(RENDEZVOUS_PREFIX):].rsplit("-", 1)[0]
+        pid, _, owner_host = owner.partition(".")
+        if owner_host == host and pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
 def _single_process_init_method() -> str:
     """Fill the rank variables a plain process lacks and return a file:// rendezvous of its own."""
     for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
         os.environ.setdefault(key, value)
-    store_dir = Path(tempfile.mkdtemp(prefix="longturn-dist-"))
+    clear_stale_rendezvous_dirs(Path(tempfile.gettempdir()))
+    store_dir = Path(tempfile.mkdtemp(prefix=f"{RENDEZVOUS_PREFIX}{_rendezvous_owner()}-"))
     # The group lives until the process ends; the rendezvous file must not outlive it.
     atexit.register(shutil.rmtree, store_dir, ignore_errors=True)
-    return (store_dir / "store").as_uri()
+    # Unquoted: torch opens the URL's path as is, so a %-escape (of a space in TMPDIR) would
+    # name a file in a dir that does not exist, and the rendezvous would wait forever.
+    return f"file://{store_dir / 'store'}"
 
 
 def default_backend(device: torch.device | None = None) -> str:

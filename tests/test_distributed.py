@@ -30,3 +30,36 @@ def test_single_process_rendezvous_directory_is_removed_at_exit(tmp_path):
                          check=True).stdout
     assert out.startswith("file://") and str(tmp_path) in out
     assert list(tmp_path.glob("longturn-dist-*")) == []
+
+
+def test_rendezvous_dir_of_a_sigkilled_process_is_swept_by_the_next_one(tmp_path):
+    """atexit never runs after SIGKILL; the next plain process removes the dir it left."""
+    import signal
+    import subprocess
+    import sys
+
+    killed = ("import os, signal, torch.distributed as dist; "
+              "from longturn.distributed import _single_process_init_method as f; "
+              "dist.init_process_group('gloo', init_method=f(), rank=0, world_size=1); "
+              "print('met', flush=True); os.kill(os.getpid(), signal.SIGKILL)")
+    clean = "from longturn.distributed import _single_process_init_method as f; print(f())"
+    temp = tmp_path / "a temp dir"  # a space: the init method must still name the real file
+    temp.mkdir()
+    env = {**os.environ, "TMPDIR": str(temp)}
+    proc = subprocess.run([sys.executable, "-c", killed], env=env, capture_output=True, text=True,
+                          timeout=60)  # a rendezvous path torch cannot open waits forever
+    assert proc.returncode == -signal.SIGKILL and proc.stdout == "met\n", proc.stderr[-2000:]
+    assert len(list(temp.glob("longturn-dist-*"))) == 1  # the litter a kill leaves
+    subprocess.run([sys.executable, "-c", clean], env=env, check=True, capture_output=True)
+    assert list(temp.glob("longturn-dist-*")) == []
+
+
+def test_rendezvous_dirs_of_live_processes_and_other_hosts_are_kept(tmp_path):
+    from longturn.distributed import _rendezvous_owner, clear_stale_rendezvous_dirs
+
+    live = tmp_path / f"longturn-dist-{_rendezvous_owner()}-abcd1234"
+    elsewhere = tmp_path / "longturn-dist-1.another-host-abcd1234"
+    for path in (live, elsewhere):
+        path.mkdir()
+    assert clear_stale_rendezvous_dirs(tmp_path) == []
+    assert live.is_dir() and elsewhere.is_dir()

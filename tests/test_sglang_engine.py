@@ -28,9 +28,10 @@ from longturn.engines.sglang import (
 from longturn.engines.sglang_server import SGLangError, health_ok
 
 
-def settings(**overrides) -> SGLangParams:
-    return SGLangParams(python=sys.executable, port=free_port(), startup_timeout_s=120,
-                        request_timeout_s=120, **overrides)
+def settings(log_dir: Path, **overrides) -> SGLangParams:
+    """Stand-in settings; the server log goes under the test's `log_dir`, never the system tmp."""
+    return SGLangParams(**{"python": sys.executable, "port": free_port(), "log_dir": str(log_dir),
+                           "startup_timeout_s": 120, "request_timeout_s": 120, **overrides})
 
 
 def forward_logprobs(model_dir: str, prompt: list[int], tokens: list[int]) -> torch.Tensor:
@@ -80,7 +81,7 @@ def test_parse_completion_names_what_is_wrong(item, message):
 
 def test_launched_server_generates_untempered_logprobs_and_reloads_weights(
         standin_env, tiny_model_dir, tmp_path):
-    engine = make_sglang_engine(tiny_model_dir, settings(mem_fraction_static=0.4))
+    engine = make_sglang_engine(tiny_model_dir, settings(tmp_path, mem_fraction_static=0.4))
     server = engine.server
     try:
         prompts = [[1, 17, 300, 42], [1, 99], [1, 5, 6, 7, 8, 9]]
@@ -121,13 +122,13 @@ def test_launched_server_generates_untempered_logprobs_and_reloads_weights(
     assert server.proc.poll() is not None and not health_ok(server.url)
 
 
-def test_attaching_to_a_running_server_leaves_it_running(standin_env, tiny_model_dir):
+def test_attaching_to_a_running_server_leaves_it_running(standin_env, tiny_model_dir, tmp_path):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "sglang.launch_server", "--model-path",
                              tiny_model_dir, "--port", str(port)], stdout=subprocess.DEVNULL)
     try:
         engine = SGLangEngine(f"http://127.0.0.1:{port}", model_stop_ids(tiny_model_dir))
-        attached = make_sglang_engine(tiny_model_dir, settings(url=f"http://127.0.0.1:{port}"))
+        attached = make_sglang_engine(tiny_model_dir, settings(tmp_path, url=f"http://127.0.0.1:{port}"))
         assert attached.server is None
         for _ in range(600):
             if health_ok(engine.base_url):
@@ -142,22 +143,30 @@ def test_attaching_to_a_running_server_leaves_it_running(standin_env, tiny_model
         proc.wait()
 
 
-def test_a_server_that_dies_at_startup_is_reported_with_its_log(standin_env, tiny_model_dir):
+def test_a_server_that_dies_at_startup_is_reported_with_its_log(standin_env, tiny_model_dir,
+                                                                 tmp_path):
     with pytest.raises(SGLangError, match="exited with code") as err:
-        make_sglang_engine(tiny_model_dir, settings(extra_args=["--no-such-flag"]))
+        make_sglang_engine(tiny_model_dir, settings(tmp_path / "logs", extra_args=["--no-such-flag"]))
     assert "unrecognized arguments: --no-such-flag" in str(err.value)
+    [log] = (tmp_path / "logs").glob("sglang-*.log")  # engine.sglang.log_dir, created; kept
+    assert f"last lines of {log}" in str(err.value)
 
 
-def test_launch_errors_name_the_setting(standin_env, tiny_model_dir):
+def test_launch_errors_name_the_setting(standin_env, tiny_model_dir, tmp_path):
     with pytest.raises(SGLangError, match="engine.sglang.python"):
         make_sglang_engine(tiny_model_dir, SGLangParams(python="/nonexistent/python3",
-                                                         port=free_port()))
+                                                         port=free_port(), log_dir=str(tmp_path)))
+    assert not list(tmp_path.glob("sglang-*"))  # nothing ran: no empty log left behind
+    blocked = tmp_path / "a_file"
+    blocked.touch()
+    with pytest.raises(SGLangError, match=f"engine.sglang.log_dir '{blocked}/logs' cannot be"):
+        make_sglang_engine(tiny_model_dir, settings(blocked / "logs"))
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
         with pytest.raises(SGLangError, match=f"port {port} .* already in use"):
-            make_sglang_engine(tiny_model_dir, SGLangParams(python=sys.executable, port=port))
+            make_sglang_engine(tiny_model_dir, settings(tmp_path, port=port))
 
 
 def test_the_server_dies_with_a_killed_stage(standin_env, tiny_model_dir, tmp_path):
@@ -167,7 +176,8 @@ def test_the_server_dies_with_a_killed_stage(standin_env, tiny_model_dir, tmp_pa
         "import sys, time\n"
         "from longturn.config import SGLangParams\n"
         "from longturn.engines.sglang import make_sglang_engine\n"
-        f"make_sglang_engine({tiny_model_dir!r}, SGLangParams(python=sys.executable, port={port}))\n"
+        f"make_sglang_engine({tiny_model_dir!r}, SGLangParams(python=sys.executable, port={port},"
+        f" log_dir={str(tmp_path)!r}))\n"
         "print('ready', flush=True)\n"
         "time.sleep(600)\n")
     stage = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,

@@ -146,5 +146,6 @@ def make_sglang_engine(model_dir: str, settings: SGLangParams) -> SGLangEngine:
     cmd = launch_command(settings.python, str(Path(model_dir).resolve()), settings.host, port,
                          settings.tp_size, local_rank * settings.tp_size,
                          settings.mem_fraction_static, settings.extra_args)
-    server = SGLangServer(cmd, settings.host, port, settings.startup_timeout_s).start()
+    server = SGLangServer(cmd, settings.host, port, settings.startup_timeout_s,
+                          settings.log_dir).start()
     return SGLangEngine(server.url, stop_ids, settings.request_timeout_s, server)

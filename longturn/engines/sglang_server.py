@@ -74,18 +74,31 @@ def log_tail(path: Path, lines: int = 30) -> str:
         return "(no log)"
 
 
+def new_log_file(port: int, log_dir: str | Path | None) -> Path:
+    """A fresh sglang-<port>-*.log in `log_dir` (engine.sglang.log_dir), created if missing, or
+    in the system temp dir (TMPDIR) when None."""
+    if log_dir is not None:
+        try:
+            Path(log_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise SGLangError(f"engine.sglang.log_dir {str(log_dir)!r} cannot be created: "
+                              f"{err.strerror}") from None
+    fd, path = tempfile.mkstemp(prefix=f"sglang-{port}-", suffix=".log",
+                                dir=None if log_dir is None else str(log_dir))
+    os.close(fd)
+    return Path(path)
+
+
 class SGLangServer:
     """One launched server; `url` is where it answers once `start()` returns."""
 
     def __init__(self, cmd: list[str], host: str, port: int, startup_timeout_s: float,
-                 log_path: str | Path | None = None) -> None:
+                 log_dir: str | Path | None = None) -> None:
         self.cmd, self.host, self.port = cmd, host, port
         self.startup_timeout_s = startup_timeout_s
         self.url = f"http://{host}:{port}"
-        if log_path is None:
-            fd, log_path = tempfile.mkstemp(prefix=f"sglang-{port}-", suffix=".log")
-            os.close(fd)
-        self.log_path = Path(log_path)
+        self.log_dir = log_dir
+        self.log_path: Path | None = None  # created by start(), once the port is known free
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "SGLangServer":
@@ -94,6 +107,7 @@ class SGLangServer:
             raise SGLangError(f"port {self.port} on {self.host} is already in use: set "
                               "engine.sglang.port to a free one, or engine.sglang.url to attach "
                               "to the server that holds it")
+        self.log_path = new_log_file(self.port, self.log_dir)
         log.info("launching SGLang: %s (log: %s)", " ".join(self.cmd), self.log_path)
         with open(self.log_path, "ab") as out:
             try:
@@ -101,6 +115,7 @@ class SGLangServer:
                                              env={**os.environ, **SERVER_ENV},
                                              preexec_fn=_own_group_dying_with_parent)
             except FileNotFoundError:
+                self.log_path.unlink(missing_ok=True)  # empty: nothing ran
                 raise SGLangError(f"engine.sglang.python {self.cmd[0]!r} was not found: point it "
                                   "at the interpreter of the environment that has sglang") from None
         self._wait_healthy()
