@@ -143,8 +143,9 @@ def _missing(zs: dict, fin: dict, train: pd.DataFrame, warm: pd.DataFrame,
         out.append(f"training metrics (no DVCLive metrics in `{dirs['train']}`)")
     else:
         expected = SEQUENCE_TRAIN_KEYS if sequence else TRAIN_KEYS
-        gone = [k for k in expected if k not in train.columns
-                and (critic or k not in CRITIC_KEYS)]
+        logged = set(train.columns) | ({"explained_variance"} if "return_variance" in train.columns
+                                       else set())  # logged, but never meaningful: not missing
+        gone = [k for k in expected if k not in logged and (critic or k not in CRITIC_KEYS)]
         if not sequence and not any(str(c).startswith(ACTION_PREFIX) for c in train.columns):
             gone.append(f"{ACTION_PREFIX}<action>")
         out += [f"training metric(s) not logged: {', '.join(gone)}"] if gone else []

@@ -20,6 +20,10 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first
 from matplotlib.ticker import FormatStrFormatter, MaxNLocator  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from longturn.report_value_fit import (  # noqa: E402
+    KEY as EV_KEY, explained_variance_series, not_meaningful_steps,
+)
+
 # success_rate is not here: one iteration may end a single episode, so it is drawn pooled into
 # blocks with intervals (report_training_plots.plot_success_blocks) instead of per iteration.
 CURVE_KEYS = [
@@ -55,6 +59,35 @@ def series(df: pd.DataFrame, key: str) -> pd.Series:
     return pd.to_numeric(df[key], errors="coerce").dropna()
 
 
+def curve_keys(df: pd.DataFrame, keys: list[str]) -> list[str]:
+    """present_keys, plus explained variance where it was only "not meaningful" (its panel says
+    so instead of vanishing as if it was never logged)."""
+    present = present_keys(df, keys)
+    if EV_KEY in keys and EV_KEY not in present and len(not_meaningful_steps(df)):
+        present.insert(keys.index(EV_KEY), EV_KEY)
+    return present
+
+
+def _panel(ax: Any, df: pd.DataFrame, key: str, **kwargs: Any) -> None:
+    """One metric's line and title; explained variance without its not-meaningful steps, their
+    count in the title, and "not meaningful" across a panel left empty."""
+    if key != EV_KEY:
+        _line(ax, series(df, key), **kwargs)
+        ax.set_title(key.replace("_", " "), fontsize=10)
+        return
+    s, steps = explained_variance_series(df), not_meaningful_steps(df)
+    hidden = len(steps)
+    if len(s):  # NaN at the hidden steps: the line breaks there instead of bridging them
+        _line(ax, s.reindex(s.index.union(steps)), **kwargs)
+    else:
+        ax.text(0.5, 0.5, "not meaningful\n(near-constant returns)", ha="center", va="center",
+                transform=ax.transAxes, fontsize=9, color="#7f7f7f")
+        ax.set_xticks([])
+        ax.set_yticks([])
+    note = f"\n({hidden} not meaningful: near-constant returns)" if hidden and len(s) else ""
+    ax.set_title(f"explained variance{note}", fontsize=10 if not note else 8)
+
+
 def _line(ax: Any, s: pd.Series, **kwargs: Any) -> None:
     """A line with markers when there are few points (a 1-point curve is still visible)."""
     marker = "o" if len(s) <= 30 else None
@@ -64,7 +97,7 @@ def _line(ax: Any, s: pd.Series, **kwargs: Any) -> None:
 
 def plot_learning_curves(df: pd.DataFrame, path: str | Path) -> bool:
     """A grid of small panels, one per training metric that was logged."""
-    keys = present_keys(df, CURVE_KEYS)
+    keys = curve_keys(df, CURVE_KEYS)
     if not keys:
         return False
     ncols = min(4, len(keys))
@@ -75,8 +108,7 @@ def plot_learning_curves(df: pd.DataFrame, path: str | Path) -> bool:
             ax.set_visible(False)
             continue
         key = keys[i]
-        _line(ax, series(df, key), color=FINAL_COLOUR)
-        ax.set_title(key.replace("_", " "), fontsize=10)
+        _panel(ax, df, key, color=FINAL_COLOUR)
         ax.tick_params(labelsize=8)
         ax.grid(alpha=0.3)
         if key in UNIT_RANGE:
@@ -166,16 +198,15 @@ def plot_kl(df: pd.DataFrame, path: str | Path) -> bool:
 
 def plot_warmup(df: pd.DataFrame, path: str | Path) -> bool:
     """Critic warm-up: value loss (and explained variance when logged) per warm-up iteration."""
-    keys = present_keys(df, ["value_loss", "explained_variance"])
+    keys = curve_keys(df, ["value_loss", EV_KEY])
     if "value_loss" not in keys:
         return False
     fig, axes = plt.subplots(1, len(keys), figsize=(4.6 * len(keys), 3.4), squeeze=False)
     for ax, key in zip(axes.flat, keys):
-        s = series(df, key)
-        _line(ax, s, color="#9467bd")
-        if key == "value_loss" and (s > 0).all() and s.max() > 30 * s.min():
+        _panel(ax, df, key, color="#9467bd")
+        s = series(df, key) if key == "value_loss" else None
+        if s is not None and (s > 0).all() and s.max() > 30 * s.min():
             ax.set_yscale("log")
-        ax.set_title(key.replace("_", " "), fontsize=10)
         ax.set_xlabel("warm-up iteration")
         ax.grid(alpha=0.3)
     fig.suptitle("Critic warm-up (actor frozen)", fontsize=11)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from longturn.report_eval import REASON_LABELS
+from longturn.report_value_fit import explained_variance_reading
 from longturn.stats import wilson_interval
 
 PHASE_KEYS = ["seconds_rollout", "seconds_scoring", "seconds_update", "seconds_sync",
@@ -127,7 +128,7 @@ def first_last(df: pd.DataFrame, key: str) -> tuple[float, float, int] | None:
 def training_reading(df: pd.DataFrame, blocks: list[SuccessBlock]) -> list[str]:
     """First vs last value of the headline curves; success only when it could not be pooled."""
     lines = []
-    keys = ["mean_reward", "valid_action_ratio", "explained_variance"]
+    keys = ["mean_reward", "valid_action_ratio"]
     if not blocks:  # no episode counts to pool: the per-iteration rate is all there is
         keys.insert(0, "success_rate")
     for key in keys:
@@ -136,7 +137,7 @@ def training_reading(df: pd.DataFrame, blocks: list[SuccessBlock]) -> list[str]:
             which = " in which an episode ended" if key == "success_rate" else ""
             lines.append(f"- {key.replace('_', ' ')}: {fl[0]:.3f} → {fl[1]:.3f} over {fl[2]} "
                          f"iteration(s){which}.")
-    return lines
+    return lines + explained_variance_reading(df)
 
 
 # --------------------------------------------------------------------------- time and actions
@@ -241,4 +242,5 @@ def warmup_reading(warm: pd.DataFrame) -> list[str]:
     fl = first_last(warm, "value_loss")
     if not fl:
         return []
-    return [f"- value loss: {fl[0]:.4f} → {fl[1]:.4f} over {fl[2]} warm-up iteration(s)."]
+    return ([f"- value loss: {fl[0]:.4f} → {fl[1]:.4f} over {fl[2]} warm-up iteration(s)."]
+            + explained_variance_reading(warm, "warm-up iteration(s)"))

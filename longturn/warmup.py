@@ -84,8 +84,8 @@ def run_critic_warmup(params: Params, base: Path, out: Path, live_dir: Path, wor
             write_turns([rows[i] for i in picked], part, file_metadata(params, it))
         metrics = trainer.update([str(part)], train_actor=False)
         losses.append(metrics["value_loss"])
-        live.log({"value_loss": metrics["value_loss"],
-                  "explained_variance": metrics["explained_variance"]})
+        live.log({key: metrics[key] for key in ("value_loss", "explained_variance",
+                                                "return_variance") if key in metrics})
         log.info("warm-up %d/%d: value loss %.5f", it + 1, w.iterations, metrics["value_loss"])
     _check(losses, w.max_final_loss)  # the gate, before anything is exported
     trainer.export_critic(out)

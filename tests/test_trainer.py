@@ -27,7 +27,7 @@ SETTINGS = make_settings(actor_lr=1e-3, critic_lr=1e-3, mini_batch_size=4, micro
 KEYS = {"policy_loss", "value_loss", "clip_fraction", "approx_kl", "entropy",
         "explained_variance", "kl_think", "kl_action", "kl_mean", "grad_norm_actor",
         "grad_norm_critic", "tokens_per_s", "seconds", "value_mean", "advantage_mean",
-        "return_mean"}
+        "return_mean", "return_variance"}
 TIMING = {"seconds", "tokens_per_s"}
 
 

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import torch
 
+from longturn.algo.value_fit import explained_variance_meaningful
 from longturn.reply_format import parse_reply
 
 KLEstimator = Literal["k1", "k2", "k3"]
@@ -117,11 +118,12 @@ def value_weights(mask: torch.Tensor, first_token_weight: float = 1.0) -> torch.
 def explained_variance(
     values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor
 ) -> torch.Tensor:
-    """1 − Var(returns − values)/Var(returns) over valid tokens (nan when Var(returns) = 0)."""
+    """1 − Var(returns − values)/Var(returns) over valid tokens; NaN when Var(returns) is below
+    RETURN_VARIANCE_FLOOR (near-constant returns: the ratio would say nothing about the fit)."""
     m = mask.bool()
     y, pred = returns[m].double(), values[m].double()
     var_y = y.var(unbiased=False) if y.numel() else y.new_tensor(0.0)
-    if var_y == 0:
+    if not explained_variance_meaningful(float(var_y)):
         return values.new_tensor(float("nan"), dtype=torch.float32)
     return (1.0 - (y - pred).var(unbiased=False) / var_y).float()
 

@@ -178,7 +178,8 @@ def _actor_backward(models: ModelSet, engine: Any, trunk: Any, packed: Any, mb: 
 
 def batch_stats(batch: TurnBatch, tokenizer: Any) -> dict[str, float]:
     """Statistics of the batch as scored (before the update): KL old‖ref by THINK / ACTION part,
-    explained variance of the stored values, raw advantage / value / return means."""
+    explained variance of the stored values and the returns' variance that decides whether it is
+    meaningful (algo/value_fit.py), raw advantage / value / return means."""
     old, ref = pad_rows(batch.columns["old_logprobs"]), pad_rows(batch.columns["ref_logprobs"])
     valid = pad_rows([batch.loss_tokens(i) for i in range(len(batch))], old.shape[1], torch.bool)
     think, action = think_action_masks(batch.response_ids, tokenizer, width=old.shape[1])
@@ -198,5 +199,6 @@ def batch_stats(batch: TurnBatch, tokenizer: Any) -> dict[str, float]:
         ones = torch.ones(len(values), dtype=torch.bool)
         out.update(explained_variance=float(explained_variance(
             torch.from_numpy(values), torch.from_numpy(returns), ones)),
+            return_variance=float(returns.astype(np.float64).var()),  # EV's denominator
             value_mean=float(values.mean()))
     return out
