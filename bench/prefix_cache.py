@@ -133,7 +133,8 @@ def parse_args() -> argparse.Namespace:
 def time_both(engine: HFEngine, prompts: list[list[int]], sampling: SamplingParams,
               repeats: int) -> tuple[dict[str, list[float]], dict[str, list[Completion]]]:
     """Alternating off/on calls (neighbours' load hits both alike): times and last outputs."""
-    timed(engine, prompts[:2], SamplingParams(max_new_tokens=2, seed=0))  # warm-up
+    warm_up = SamplingParams(max_new_tokens=2, temperature=1.0, top_p=1.0, top_k=0, seed=0)
+    timed(engine, prompts[:2], warm_up)
     times: dict[str, list[float]] = {"off": [], "on": []}
     outputs: dict[str, list[Completion]] = {}
     for _ in range(repeats):
@@ -149,8 +150,10 @@ def float32_check(model_dir: str, prompts: list[list[int]], new_tokens: int) -> 
     within 1e-4. bf16 cannot show this: any change of batch layout moves its logits by ~0.1."""
     engine = HFEngine(model_dir, dtype="float32")
     ok = True
-    for sampling in (SamplingParams(max_new_tokens=new_tokens, temperature=0.0),
-                     SamplingParams(max_new_tokens=new_tokens, temperature=1.0, seed=0)):
+    for sampling in (SamplingParams(max_new_tokens=new_tokens, temperature=0.0, top_p=1.0,
+                                    top_k=0, seed=None),
+                     SamplingParams(max_new_tokens=new_tokens, temperature=1.0, top_p=1.0,
+                                    top_k=0, seed=0)):
         _, outputs = time_both(engine, prompts, sampling, repeats=1)
         same, worst = agreement(outputs["off"], outputs["on"])
         passed = same == len(prompts) and worst <= 1e-4
@@ -173,7 +176,8 @@ def run(args: argparse.Namespace, model_dir: str) -> bool:
     torch.set_num_threads(args.threads)
     engine = HFEngine(model_dir, dtype=args.dtype)
     prompts = build_prompts(engine.tokenizer, args.prompts, args.prefix_tokens, args.suffix_tokens)
-    sampling = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, seed=0)
+    sampling = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, top_p=1.0, top_k=0,
+                              seed=0)
     times, outputs = time_both(engine, prompts, sampling, args.repeats)
     same, worst = agreement(outputs["off"], outputs["on"])
     generated = sum(len(c.token_ids) for c in outputs["on"])

@@ -37,22 +37,26 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class AgentSettings:
     """How an agent turns env output into prompts and model output into actions, and how many env
-    failures in a row one slot survives."""
+    failures in a row one slot survives. No defaults of its own: `from_params` reads the prompt
+    and env sections, the one place defaults live."""
 
-    history_turns: int = 1
-    history_content: str = "output"
-    invalid_in_history: str = "default_action"
-    max_prompt_tokens: int = 1024
-    demonstration: bool = True
-    invalid_action_penalty: float = 0.1
-    max_turns: int | None = None
-    max_retries: int = 3
+    history_turns: int
+    history_content: str
+    invalid_in_history: str
+    max_prompt_tokens: int
+    demonstration: bool
+    invalid_action_penalty: float
+    max_turns: int | None
+    max_retries: int
 
     @classmethod
     def from_params(cls, params: Params) -> "AgentSettings":
         p, e = params.prompt, params.env
-        return cls(p.history_turns, p.history_content, p.invalid_in_history, p.max_prompt_tokens,
-                   p.demonstration, e.invalid_action_penalty, e.max_turns, e.max_retries)
+        return cls(history_turns=p.history_turns, history_content=p.history_content,
+                   invalid_in_history=p.invalid_in_history,
+                   max_prompt_tokens=p.max_prompt_tokens, demonstration=p.demonstration,
+                   invalid_action_penalty=e.invalid_action_penalty, max_turns=e.max_turns,
+                   max_retries=e.max_retries)
 
 
 @dataclass(frozen=True)

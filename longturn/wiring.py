@@ -47,7 +47,8 @@ def trainer_settings(params: Params) -> TrainerSettings:
         share_prefix=p.share_prefix, share_trunk=p.share_trunk,
         gradient_checkpointing=p.gradient_checkpointing, target_kl=p.target_kl,
         device=params.engine.device, seed=params.seed, advantage=params.algo.advantage,
-        group_norm_std=params.algo.norm_std, step_weight=params.algo.step_weight)
+        group_norm_std=params.algo.norm_std, step_weight=params.algo.step_weight,
+        whiten_advantages=True, weight_decay=0.0)  # the trainer's own choices, not params.yaml's
 
 
 def gae_params(params: Params) -> GAEParams:

@@ -72,8 +72,7 @@ def score(records: list[dict[str, Any]], algo: dict[str, Any]) -> None:
     if algo["advantage"] == "gae":
         gae, group = GAEParams(**GAE), None
     else:
-        gae, group = None, GroupParams(algo["advantage"], GAE["gamma_step"], algo["norm_std"],
-                                       algo["step_weight"])
+        gae, group = None, GroupParams.from_algo(algo, GAE["gamma_step"])
     advantages, returns = sequence_advantages(columns, gae, group)
     for record, a, r in zip(records, advantages, returns):
         record["advantages"] = a.astype(np.float32).tolist()

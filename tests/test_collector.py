@@ -5,15 +5,14 @@ from collections import defaultdict
 import pytest
 
 from longturn.collector import FixedTurnCollector
-from longturn.engines.base import SamplingParams
 from longturn.engines.hf import HFEngine
 from longturn.envs.babyai import BabyAITextEnv
 from longturn.envs.registry import EnvSpec
 from longturn.envs.workers import WorkerEnv
 from longturn.models import load_tokenizer
-from longturn.rollout import AgentSettings
+from settings_from_params import agent_settings, sampling_settings
 
-SAMPLING = SamplingParams(max_new_tokens=4, temperature=1.0, seed=7)
+SAMPLING = sampling_settings(max_new_tokens=4, temperature=1.0, seed=7)
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +28,7 @@ def tokenizer(tiny_model_dir):
 
 
 def make_collector(max_turns=3, workers=False, n_envs=3):
-    settings = AgentSettings(max_turns=max_turns, max_prompt_tokens=2048)
+    settings = agent_settings(max_turns=max_turns, max_prompt_tokens=2048)
     factory = ((lambda task: WorkerEnv(EnvSpec("babyai", task), timeout_s=60.0)) if workers
                else (lambda task: BabyAITextEnv(task)))
     return FixedTurnCollector(factory, ["goto", "open"], n_envs=n_envs, turns_per_env=4,

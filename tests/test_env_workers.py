@@ -19,7 +19,7 @@ from flaky_envs import FlakyCorridor
 from longturn.algo.batches import read_turn_batch
 from longturn.collector import FixedTurnCollector
 from longturn.config import parse_params
-from longturn.engines.base import Completion, SamplingParams
+from longturn.engines.base import Completion
 from longturn.envs.failures import EnvFailure, EnvGaveUp
 from longturn.envs.registry import EnvSpec
 from longturn.envs.workers import WorkerEnv
@@ -27,8 +27,8 @@ from longturn.errors import UserError
 from longturn.evaluation import evaluate, write_outputs
 from longturn.metrics import rollout_metrics
 from longturn.models import load_tokenizer
-from longturn.rollout import AgentSettings
 from longturn.training import run_training
+from settings_from_params import agent_settings, sampling_settings
 from test_pipeline_smoke import write_params
 from test_training import paths, toy_params
 
@@ -134,7 +134,7 @@ def tokenizer(smollm2_tokenizer_dir):
 
 
 def collector(factory, max_retries: int = 3, n_envs: int = 2) -> FixedTurnCollector:
-    settings = AgentSettings(max_turns=3, max_prompt_tokens=2048, max_retries=max_retries)
+    settings = agent_settings(max_turns=3, max_prompt_tokens=2048, max_retries=max_retries)
     return FixedTurnCollector(factory, ["corridor"], n_envs=n_envs, turns_per_env=4,
                               settings=settings, seed=1, run_id="t")
 
@@ -143,7 +143,7 @@ def test_a_raising_step_aborts_its_episode_and_is_counted(tokenizer) -> None:
     """In process: slot 0's env raises on its 2nd step; slot 1 runs into max_turns."""
     envs = [FlakyCorridor(raise_on_step=2), FlakyCorridor()]
     c = collector(lambda task: envs.pop(0))
-    rows = c.collect(ScriptedEngine(tokenizer), tokenizer, SamplingParams(), iteration=0,
+    rows = c.collect(ScriptedEngine(tokenizer), tokenizer, sampling_settings(), iteration=0,
                      progress=False)
     slot0 = [r for r in rows if r["env_index"] == 0]
     assert [r["aborted"] for r in slot0] == [False, True, False, False]
@@ -171,7 +171,7 @@ class ResetsFailAfterFirst(FlakyCorridor):
 
 def test_failed_resets_are_counted_on_the_slots_row(tokenizer) -> None:
     c = collector(lambda task: ResetsFailAfterFirst(failing=2), n_envs=1)
-    rows = c.collect(ScriptedEngine(tokenizer), tokenizer, SamplingParams(), iteration=0,
+    rows = c.collect(ScriptedEngine(tokenizer), tokenizer, sampling_settings(), iteration=0,
                      progress=False)
     assert rows[2]["truncated"] and rows[2]["aborted_resets"] == ["env_error", "env_error"]
     assert rows[3]["turn"] == 0 and c.episode_counts == [4]  # two seeds lost, the third runs
@@ -182,7 +182,7 @@ def test_failed_resets_are_counted_on_the_slots_row(tokenizer) -> None:
 def test_more_than_max_retries_failures_in_a_row_stop_with_one_line(tokenizer) -> None:
     c = collector(lambda task: ResetsFailAfterFirst(failing=10), n_envs=1)
     with pytest.raises(EnvGaveUp) as gave_up:
-        c.collect(ScriptedEngine(tokenizer), tokenizer, SamplingParams(), iteration=0,
+        c.collect(ScriptedEngine(tokenizer), tokenizer, sampling_settings(), iteration=0,
                   progress=False)
     message = str(gave_up.value)
     assert isinstance(gave_up.value, UserError) and "\n" not in message

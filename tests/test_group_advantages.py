@@ -30,7 +30,8 @@ ROWS = [
 
 def _run(estimator: str, norm_std: bool, rows=ROWS, step_weight: float = 1.0):
     columns = list(zip(*rows))
-    params = GroupParams(estimator, gamma_step=0.5, norm_std=norm_std, step_weight=step_weight)
+    params = GroupParams(estimator=estimator, gamma_step=0.5, norm_std=norm_std,
+                         step_weight=step_weight)
     return turn_advantages(*columns, params=params)
 
 
@@ -83,7 +84,7 @@ def test_helpers_and_errors() -> None:
     with pytest.raises(ValueError, match="unknown advantage estimator"):
         needs_critic("ppo")
     with pytest.raises(ValueError, match="critic-free"):
-        GroupParams("gae")
+        GroupParams(estimator="gae", gamma_step=1.0, norm_std=True, step_weight=1.0)
     bad = [("A", "e", 0, 0.0, "s", False), ("B", "e", 1, 0.0, "s", False)]
     with pytest.raises(ValueError, match="several groups"):
         _run("grpo", False, rows=bad)

@@ -8,7 +8,6 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from longturn.engines.base import SamplingParams
 from longturn.engines.hf import HFEngine
 from longturn.engines.row_seeds import row_seed
 from longturn.engines.sampler import filter_logits, sample_tokens
@@ -19,6 +18,7 @@ from longturn.engines.logprobs import (
     response_logits,
     response_logprobs_tensor,
 )
+from settings_from_params import sampling_settings
 
 
 def make_prompts(lengths: list[int], seed: int = 0) -> list[list[int]]:
@@ -43,8 +43,8 @@ def ref_model(tiny_model_dir: str) -> torch.nn.Module:
 @pytest.mark.parametrize(
     "sampling",
     [
-        SamplingParams(max_new_tokens=12, temperature=1.0, seed=1),
-        SamplingParams(max_new_tokens=12, temperature=0.7, top_k=5, top_p=0.9, seed=2),
+        sampling_settings(max_new_tokens=12, temperature=1.0, seed=1),
+        sampling_settings(max_new_tokens=12, temperature=0.7, top_k=5, top_p=0.9, seed=2),
     ],
 )
 def test_logprobs_are_raw_policy_forward(engine32, ref_model, sampling) -> None:
@@ -59,7 +59,7 @@ def test_logprobs_are_raw_policy_forward(engine32, ref_model, sampling) -> None:
 
 def test_bf16_engine_close_to_fp32_forward(tiny_model_dir, ref_model) -> None:
     engine = HFEngine(tiny_model_dir, dtype="bfloat16")
-    completions = engine.generate(PROMPTS, SamplingParams(max_new_tokens=8, seed=3))
+    completions = engine.generate(PROMPTS, sampling_settings(max_new_tokens=8, seed=3))
     expected = forward_logprobs(ref_model, PROMPTS, [c.token_ids for c in completions])
     for completion, ref in zip(completions, expected):
         assert completion.logprobs == pytest.approx(ref, abs=5e-2)
@@ -87,7 +87,7 @@ def test_tensor_variant_has_grad_and_mask(ref_model) -> None:
 
 
 def test_greedy_is_argmax_and_deterministic(engine32, ref_model) -> None:
-    greedy = SamplingParams(max_new_tokens=10, temperature=0.0)
+    greedy = sampling_settings(max_new_tokens=10, temperature=0.0)
     first = engine32.generate(PROMPTS, greedy)
     assert [c.token_ids for c in engine32.generate(PROMPTS, greedy)] == [
         c.token_ids for c in first
@@ -101,7 +101,7 @@ def test_greedy_is_argmax_and_deterministic(engine32, ref_model) -> None:
 
 
 def test_stop_token_included_and_length_reason(tiny_model_dir, engine32) -> None:
-    greedy = SamplingParams(max_new_tokens=10, temperature=0.0)
+    greedy = sampling_settings(max_new_tokens=10, temperature=0.0)
     free = engine32.generate(PROMPTS, greedy)
     assert all(c.finish_reason == "length" and len(c.token_ids) == 10 for c in free)
     stop = free[1].token_ids[4]
@@ -118,26 +118,26 @@ def test_stop_token_included_and_length_reason(tiny_model_dir, engine32) -> None
 
 
 def test_seed_reproducible_and_independent_of_micro_batches(tiny_model_dir, engine32) -> None:
-    sampling = SamplingParams(max_new_tokens=16, temperature=1.0, seed=123)
+    sampling = sampling_settings(max_new_tokens=16, temperature=1.0, seed=123)
     first = [c.token_ids for c in engine32.generate(PROMPTS, sampling)]
     assert [c.token_ids for c in engine32.generate(PROMPTS, sampling)] == first
-    other = SamplingParams(max_new_tokens=16, temperature=1.0, seed=124)
+    other = sampling_settings(max_new_tokens=16, temperature=1.0, seed=124)
     assert [c.token_ids for c in engine32.generate(PROMPTS, other)] != first
     micro = HFEngine(tiny_model_dir, dtype="float32", batch_size=3)
     assert [c.token_ids for c in micro.generate(PROMPTS, sampling)] == first
 
 
 def test_identical_prompts_get_different_samples(engine32) -> None:
-    out = engine32.generate([PROMPTS[0]] * 4, SamplingParams(max_new_tokens=8, seed=5))
+    out = engine32.generate([PROMPTS[0]] * 4, sampling_settings(max_new_tokens=8, seed=5))
     assert len({tuple(c.token_ids) for c in out}) == 4
 
 
 def test_no_hidden_top_k_and_explicit_top_k(engine32) -> None:
     """One step from one context, 400 draws: top_k=0 reaches far more than 50 distinct tokens."""
     prompts = [PROMPTS[1]] * 400
-    full = engine32.generate(prompts, SamplingParams(max_new_tokens=1, temperature=1.0, seed=7))
+    full = engine32.generate(prompts, sampling_settings(max_new_tokens=1, temperature=1.0, seed=7))
     assert len({c.token_ids[0] for c in full}) > 100
-    top5 = engine32.generate(prompts, SamplingParams(max_new_tokens=1, top_k=5, seed=7))
+    top5 = engine32.generate(prompts, sampling_settings(max_new_tokens=1, top_k=5, seed=7))
     with torch.inference_mode():
         logits = engine32.model(torch.tensor([PROMPTS[1]])).logits[0, -1]
     allowed = set(torch.topk(logits, 5).indices.tolist())
@@ -145,14 +145,14 @@ def test_no_hidden_top_k_and_explicit_top_k(engine32) -> None:
 
 
 def test_tiny_top_p_is_greedy(engine32) -> None:
-    nucleus = engine32.generate(PROMPTS, SamplingParams(max_new_tokens=6, top_p=1e-6, seed=9))
-    greedy = engine32.generate(PROMPTS, SamplingParams(max_new_tokens=6, temperature=0.0))
+    nucleus = engine32.generate(PROMPTS, sampling_settings(max_new_tokens=6, top_p=1e-6, seed=9))
+    greedy = engine32.generate(PROMPTS, sampling_settings(max_new_tokens=6, temperature=0.0))
     assert [c.token_ids for c in nucleus] == [c.token_ids for c in greedy]
 
 
 def test_update_weights_changes_outputs(tiny_model_dir, tmp_path) -> None:
     engine = HFEngine(tiny_model_dir, dtype="float32")
-    greedy = SamplingParams(max_new_tokens=8, temperature=0.0)
+    greedy = sampling_settings(max_new_tokens=8, temperature=0.0)
     before = engine.generate(PROMPTS, greedy)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     torch.manual_seed(1)
@@ -178,19 +178,19 @@ def test_update_weights_rejects_other_architecture(tiny_model_dir, tmp_path) -> 
     AutoModelForCausalLM.from_config(model.config).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="architecture"):
         engine.update_weights(str(tmp_path))
-    assert engine.generate(PROMPTS[:1], SamplingParams(max_new_tokens=2, seed=0))
+    assert engine.generate(PROMPTS[:1], sampling_settings(max_new_tokens=2, seed=0))
 
 
 def test_sampler_matches_distribution_and_filters() -> None:
     probs = torch.tensor([0.1, 0.0, 0.6, 0.3])
     logits = probs.log().expand(4000, 4)
     seeds = torch.tensor([row_seed(7, i) for i in range(4000)])
-    draws = sample_tokens(logits, SamplingParams(temperature=1.0), seeds, step=0)
+    draws = sample_tokens(logits, sampling_settings(temperature=1.0), seeds, step=0)
     freq = torch.bincount(draws, minlength=4).double() / 4000
     assert freq[1] == 0 and torch.allclose(freq, probs.double(), atol=0.03)
-    kept = filter_logits(probs.log()[None], SamplingParams(top_p=0.65)).isfinite()
+    kept = filter_logits(probs.log()[None], sampling_settings(top_p=0.65)).isfinite()
     assert kept.tolist() == [[False, False, True, True]]
-    kept = filter_logits(probs.log()[None], SamplingParams(top_k=1)).isfinite()
+    kept = filter_logits(probs.log()[None], sampling_settings(top_k=1)).isfinite()
     assert kept.tolist() == [[False, False, True, False]]
 
 
@@ -215,7 +215,7 @@ def prefill_shapes(engine: HFEngine, prompts: list[list[int]]) -> list[tuple[int
     embed = engine.model.get_input_embeddings()
     hook = embed.register_forward_pre_hook(lambda _m, args: shapes.append(tuple(args[0].shape)))
     try:
-        engine.generate(prompts, SamplingParams(max_new_tokens=1, temperature=0.0))
+        engine.generate(prompts, sampling_settings(max_new_tokens=1, temperature=0.0))
     finally:
         hook.remove()
     return shapes
@@ -249,9 +249,9 @@ def test_prefix_pass_runs_once_at_batch_size_one(tiny_model_dir, fast_path) -> N
 def test_prefix_sharing_matches_plain_prefill(engine32, engine32_plain, ref_model, name) -> None:
     """Greedy and seeded samples are the same with sharing on and off; logprobs are the policy's."""
     prompts = PREFIX_BATCHES[name]
-    for sampling in (SamplingParams(max_new_tokens=10, temperature=0.0),
-                     SamplingParams(max_new_tokens=12, temperature=1.0, seed=21),
-                     SamplingParams(max_new_tokens=12, temperature=0.8, top_p=0.9, seed=22)):
+    for sampling in (sampling_settings(max_new_tokens=10, temperature=0.0),
+                     sampling_settings(max_new_tokens=12, temperature=1.0, seed=21),
+                     sampling_settings(max_new_tokens=12, temperature=0.8, top_p=0.9, seed=22)):
         shared = engine32.generate(prompts, sampling)
         plain = engine32_plain.generate(prompts, sampling)
         assert [c.token_ids for c in shared] == [c.token_ids for c in plain]
@@ -266,7 +266,7 @@ def test_prefix_sharing_drops_stopped_rows_and_micro_batches(
 ) -> None:
     """Rows that stop early leave the expanded cache; micro-batches each share their own prefix."""
     prompts = PREFIX_BATCHES["tails"]
-    greedy = SamplingParams(max_new_tokens=10, temperature=0.0)
+    greedy = sampling_settings(max_new_tokens=10, temperature=0.0)
     free = engine32_plain.generate(prompts, greedy)
     stop = free[2].token_ids[3]
     kwargs = dict(dtype="float32", stop_token_ids=[stop])

@@ -8,14 +8,14 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from longturn.engines.base import SamplingParams
 from longturn.engines.hf import HFEngine
 from longturn.engines.logprobs import pack_prompt_response, response_logits, token_logprobs
 from longturn.sequence.interactions import load_interactions
 from longturn.algo.sequence_packing import pack_sequences, unpack_tokens
-from longturn.sequence.rollout import SequenceSettings, sequence_rollout
+from longturn.sequence.rollout import sequence_rollout
 from longturn.sequence.tools import ToolBox, load_tools
 from longturn.tasks.arithmetic import task_record
+from settings_from_params import sampling_settings, sequence_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,13 +29,12 @@ def logprobs_of(model, batch):
 def test_sequence_rows_score_like_their_replies_and_like_the_engine(tiny_model_dir):
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     engine = HFEngine(tiny_model_dir, dtype="float32")
-    settings = SequenceSettings(
+    settings = sequence_settings(
         tools=ToolBox(load_tools(ROOT / "configs/calculator_tools.yaml")),
         interaction=load_interactions(ROOT / "configs/revision_interactions.yaml")["revise"],
         max_assistant_turns=3, max_user_turns=1, max_tokens=2048, progress=False)
-    records = sequence_rollout(engine, tok, SamplingParams(max_new_tokens=10, temperature=1.0,
-                                                           seed=3),
-                               [task_record(s) for s in range(4)], settings)
+    sampling = sampling_settings(max_new_tokens=10, temperature=1.0, seed=3)
+    records = sequence_rollout(engine, tok, sampling, [task_record(s) for s in range(4)], settings)
     assert any(len(r["segment_starts"]) > 1 for r in records)  # a gap of context to cross
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     pad = tok.pad_token_id

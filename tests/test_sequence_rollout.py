@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from longturn.engines.base import Completion, SamplingParams
+from longturn.engines.base import Completion
 from longturn.engines.hf import HFEngine
 from longturn.sequence.interactions import load_interactions
 from longturn.sequence.rollout import SequenceSettings, sequence_rollout
 from longturn.sequence.tools import ToolBox, load_tools
 from longturn.tasks.arithmetic import make_problem, task_record
+from settings_from_params import sampling_settings, sequence_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,7 +58,7 @@ def settings(**kw) -> SequenceSettings:
                 interaction=load_interactions(ROOT / "configs/revision_interactions.yaml")["revise"],
                 max_assistant_turns=4, max_user_turns=1, max_tokens=2048, progress=False)
     base.update(kw)
-    return SequenceSettings(**base)
+    return sequence_settings(**base)
 
 
 def call(expression: str) -> str:
@@ -68,7 +69,7 @@ def call(expression: str) -> str:
 def run(tokenizer, script_by_seed: dict[int, list[str]], **kw):
     tasks = [task_record(seed) for seed in script_by_seed]
     script = {make_problem(seed).question: replies for seed, replies in script_by_seed.items()}
-    sampling = SamplingParams(max_new_tokens=64, temperature=1.0, seed=0)
+    sampling = sampling_settings(max_new_tokens=64, temperature=1.0, seed=0)
     return sequence_rollout(ScriptedEngine(tokenizer, script), tokenizer, sampling, tasks,
                             settings(**kw))
 
@@ -148,7 +149,7 @@ def test_real_engine_tiny_model_passes_the_strict_check(tiny_model_dir):
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     engine = HFEngine(tiny_model_dir, dtype="float32")
     tasks = [task_record(s) for s in range(3)]
-    sampling = SamplingParams(max_new_tokens=12, temperature=1.0, seed=5)
+    sampling = sampling_settings(max_new_tokens=12, temperature=1.0, seed=5)
     recs = sequence_rollout(engine, tok, sampling, tasks, settings(max_assistant_turns=2))
     for rec in recs:
         assert rec["tokenization_check"] in ("identical", "same_text")

@@ -17,9 +17,10 @@ from longturn.algo.critic import ValueModel, state_values
 from longturn.algo.gae import GAEParams
 from longturn.algo.model_set import ModelSet
 from longturn.algo.sequence_scoring import score_sequences
-from longturn.engines.base import Completion, SamplingParams
-from longturn.sequence.rollout import SequenceSettings, sequence_rollout
+from longturn.engines.base import Completion
+from longturn.sequence.rollout import sequence_rollout
 from longturn.tasks.env_frames import EnvInteraction, EnvTask
+from settings_from_params import sampling_settings, sequence_settings
 from test_sequence_gae import reference
 
 GAE = GAEParams(gamma_step=0.9, lambda_step=0.8, gamma_token=1.0, lambda_token=0.95)
@@ -74,9 +75,9 @@ def episodes(tiny_model_dir):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     tasks = [EnvTask(f"{__name__}:Corridor", task, image=False).record(seed=3)
              for task in ("goal", "time")]
-    settings = SequenceSettings(max_assistant_turns=5, max_user_turns=5, progress=False,
-                                interaction=EnvInteraction({}, "env"))
-    records = sequence_rollout(Forward(tokenizer), tokenizer, SamplingParams(max_new_tokens=32),
+    settings = sequence_settings(max_assistant_turns=5, max_user_turns=5,
+                                 interaction=EnvInteraction({}, "env"))
+    records = sequence_rollout(Forward(tokenizer), tokenizer, sampling_settings(max_new_tokens=32),
                                tasks, settings)
     torch.manual_seed(5)
     actor = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()

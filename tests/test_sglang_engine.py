@@ -21,11 +21,11 @@ from transformers import AutoModelForCausalLM
 
 from conftest import free_port
 from longturn.config import SGLangParams
-from longturn.engines.base import SamplingParams
 from longturn.engines.row_seeds import row_seed
 from longturn.engines.sglang import (
     SGLangEngine, make_sglang_engine, model_stop_ids, parse_completion, request_body)
 from longturn.engines.sglang_server import SGLangError, health_ok
+from settings_from_params import sampling_settings
 
 
 def settings(log_dir: Path, **overrides) -> SGLangParams:
@@ -44,15 +44,16 @@ def forward_logprobs(model_dir: str, prompt: list[int], tokens: list[int]) -> to
 
 
 def test_request_body_maps_top_k_and_seeds_each_prompt():
-    body = request_body([[1, 2], [3]], SamplingParams(max_new_tokens=5, temperature=0.7, top_k=0),
-                        {7, 2}, seed=11)
+    sampling = sampling_settings(max_new_tokens=5, temperature=0.7, top_k=0)
+    body = request_body([[1, 2], [3]], sampling, {7, 2}, seed=11)
     assert body["input_ids"] == [[1, 2], [3]]
     assert body["return_logprob"] is True and body["logprob_start_len"] == -1
     first, second = body["sampling_params"]
     assert first["top_k"] == -1 and first["temperature"] == 0.7 and first["max_new_tokens"] == 5
     assert first["stop_token_ids"] == [2, 7] and first["no_stop_trim"] is True
     assert (first["sampling_seed"], second["sampling_seed"]) == (row_seed(11, 0), row_seed(11, 1))
-    unseeded = request_body([[1]], SamplingParams(top_k=20), {2}, seed=None)["sampling_params"][0]
+    unseeded = request_body([[1]], sampling_settings(top_k=20), {2},
+                            seed=None)["sampling_params"][0]
     assert "sampling_seed" not in unseeded and unseeded["top_k"] == 20
 
 
@@ -85,7 +86,7 @@ def test_launched_server_generates_untempered_logprobs_and_reloads_weights(
     server = engine.server
     try:
         prompts = [[1, 17, 300, 42], [1, 99], [1, 5, 6, 7, 8, 9]]
-        sampling = SamplingParams(max_new_tokens=6, temperature=0.7, seed=3)
+        sampling = sampling_settings(max_new_tokens=6, temperature=0.7, seed=3)
         completions = engine.generate(prompts, sampling)
         assert [c.token_ids for c in engine.generate(prompts, sampling)] == \
             [c.token_ids for c in completions]  # seeded: the same call, the same tokens
@@ -111,7 +112,7 @@ def test_launched_server_generates_untempered_logprobs_and_reloads_weights(
             model.lm_head.weight.mul_(3.0)  # tied: every logit changes
         model.save_pretrained(changed)
         engine.update_weights(str(changed))
-        after = engine.generate([prompts[0]], SamplingParams(max_new_tokens=4, seed=1))[0]
+        after = engine.generate([prompts[0]], sampling_settings(max_new_tokens=4, seed=1))[0]
         expected = forward_logprobs(str(changed), prompts[0], after.token_ids)
         assert torch.allclose(torch.tensor(after.logprobs), expected, atol=1e-4)
 
@@ -135,7 +136,7 @@ def test_attaching_to_a_running_server_leaves_it_running(standin_env, tiny_model
                 break
             assert proc.poll() is None
             time.sleep(0.1)
-        assert len(attached.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2))[0].token_ids) >= 1
+        assert len(attached.generate([[1, 2, 3]], sampling_settings(max_new_tokens=2))[0].token_ids) >= 1
         attached.close()
         assert proc.poll() is None and health_ok(engine.base_url)
     finally:

@@ -7,14 +7,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen3Config
 
-from longturn.engines.base import SamplingParams
 from longturn.engines.hf import HFEngine
 from longturn.engines.logprobs import forward_logprobs
+from settings_from_params import sampling_settings
 from test_hf_engine import PREFIX_BATCHES, PROMPTS, make_prompts
 
-SAMPLINGS = [SamplingParams(max_new_tokens=10, temperature=0.0),
-             SamplingParams(max_new_tokens=12, temperature=1.0, seed=31),
-             SamplingParams(max_new_tokens=12, temperature=0.7, top_k=20, top_p=0.9, seed=32)]
+SAMPLINGS = [sampling_settings(max_new_tokens=10, temperature=0.0),
+             sampling_settings(max_new_tokens=12, temperature=1.0, seed=31),
+             sampling_settings(max_new_tokens=12, temperature=0.7, top_k=20, top_p=0.9, seed=32)]
 
 
 def _family_dir(tmp_path_factory, tokenizer_dir: str, family: str) -> str:
@@ -71,7 +71,7 @@ def test_generic_and_static_loops_agree(tiny_model_dir) -> None:
 def test_early_stop_cuts_each_row_after_its_first_stop(tiny_model_dir, fast_path) -> None:
     """Rows keep decoding after they stop (fixed shapes); the result is cut at the first stop
     token, and the loop ends once every row has stopped."""
-    greedy = SamplingParams(max_new_tokens=10, temperature=0.0)
+    greedy = sampling_settings(max_new_tokens=10, temperature=0.0)
     free = HFEngine(tiny_model_dir, dtype="float32", fast_path=fast_path).generate(PROMPTS, greedy)
     stops = [c.token_ids[2] for c in free]  # every row meets one of these by its third token
     engine = HFEngine(tiny_model_dir, dtype="float32", fast_path=fast_path, stop_token_ids=stops)
@@ -85,7 +85,7 @@ def test_early_stop_cuts_each_row_after_its_first_stop(tiny_model_dir, fast_path
 def test_seeded_rows_do_not_depend_on_their_batch(tiny_model_dir) -> None:
     """A prompt's stream is (seed, its index): alone or among others, in any micro-batch size."""
     engine = HFEngine(tiny_model_dir, dtype="float32")
-    sampling = SamplingParams(max_new_tokens=12, temperature=1.0, seed=77)
+    sampling = sampling_settings(max_new_tokens=12, temperature=1.0, seed=77)
     together = engine.generate(PROMPTS, sampling)
     small = HFEngine(tiny_model_dir, dtype="float32", batch_size=1).generate(PROMPTS, sampling)
     assert [c.token_ids for c in small] == [c.token_ids for c in together]
@@ -99,7 +99,7 @@ def test_load_weights_in_memory_equals_reload_from_disk(tiny_model_dir, tmp_path
         for param in model.parameters():
             param.add_(torch.randn_like(param) * 0.3)
     model.save_pretrained(tmp_path)
-    greedy = SamplingParams(max_new_tokens=8, temperature=0.0)
+    greedy = sampling_settings(max_new_tokens=8, temperature=0.0)
     from_disk = HFEngine(tiny_model_dir, dtype="float32")
     from_disk.generate(PROMPTS, greedy)  # buffers exist before the swap, as in training
     from_disk.update_weights(str(tmp_path))
@@ -119,7 +119,7 @@ def test_bf16_static_path_stays_close_to_float32(tiny_model_dir) -> None:
     reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     engine = HFEngine(tiny_model_dir, dtype="bfloat16")
     prompts = PREFIX_BATCHES["tails"] + make_prompts([5, 30], seed=40)
-    completions = engine.generate(prompts, SamplingParams(max_new_tokens=8, seed=3))
+    completions = engine.generate(prompts, sampling_settings(max_new_tokens=8, seed=3))
     expected = forward_logprobs(reference, prompts, [c.token_ids for c in completions])
     for completion, ref in zip(completions, expected):
         assert completion.logprobs == pytest.approx(ref, abs=5e-2)
@@ -133,7 +133,7 @@ def test_graph_row_buckets_pad_without_changing_results(tiny_model_dir, monkeypa
 
     assert [static_decoder.row_bucket(n) for n in (1, 3, 5, 64, 65, 200)] == [1, 4, 8, 64, 128, 256]
     prompts = PREFIX_BATCHES["tails"]  # 5 rows: padded to 8
-    sampling = SamplingParams(max_new_tokens=10, temperature=1.0, seed=12)
+    sampling = sampling_settings(max_new_tokens=10, temperature=1.0, seed=12)
     expected = HFEngine(tiny_model_dir, dtype="float32").generate(prompts, sampling)
     padded = HFEngine(tiny_model_dir, dtype="float32")
     padded._decoder.use_graphs = True
@@ -147,7 +147,7 @@ def test_graph_row_buckets_pad_without_changing_results(tiny_model_dir, monkeypa
 def test_cuda_graph_replay_equals_eager_steps(tiny_model_dir) -> None:
     """On a GPU: the captured decode step gives the tokens the eager step gives, and a second
     call with other prompts of the same bucket reuses the graph."""
-    sampling = SamplingParams(max_new_tokens=16, temperature=1.0, seed=5)
+    sampling = sampling_settings(max_new_tokens=16, temperature=1.0, seed=5)
     graphs = HFEngine(tiny_model_dir, dtype="float32", device="cuda", cuda_graphs=True)
     eager = HFEngine(tiny_model_dir, dtype="float32", device="cuda", cuda_graphs=False)
     for prompts in (PREFIX_BATCHES["tails"], PREFIX_BATCHES["nested"]):

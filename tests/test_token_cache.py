@@ -11,8 +11,9 @@ from transformers import AutoTokenizer
 from longturn.agent import token_cache
 from longturn.agent.token_cache import PieceTokenizer, token_ids
 from longturn.envs.registry import make_env
-from longturn.rollout import AgentSettings, EnvSlot
+from longturn.rollout import EnvSlot
 from longturn.engines.base import Completion
+from settings_from_params import agent_settings
 
 FAMILIES = [("babyai", "goto", {"num_dists": 0}), ("crafter", "default", {}),
             ("babaisai", "env/two_room-break_stop-make_win", {})]
@@ -25,8 +26,8 @@ def tokenizer(smollm2_tokenizer_dir: str):
 
 @pytest.mark.parametrize("family,task,kwargs", FAMILIES)
 def test_cached_ids_equal_whole_text_ids(tokenizer, family, task, kwargs) -> None:
-    slot = EnvSlot(make_env(family, task, **kwargs), 0, AgentSettings(history_turns=2,
-                                                                      max_prompt_tokens=4096))
+    slot = EnvSlot(make_env(family, task, **kwargs), 0,
+                   agent_settings(history_turns=2, max_prompt_tokens=4096))
     slot.start(seed=3, episode_id="e")
     pieces = PieceTokenizer(tokenizer)
     for turn in range(6):

@@ -18,7 +18,6 @@ from longturn.algo.sequence_scoring import audit_sequence_file
 from longturn.audit.run_files import open_run
 from longturn.audit.show import show_episode
 from longturn.config import parse_params
-from longturn.engines.base import SamplingParams
 from longturn.engines.hf import HFEngine
 from longturn.engines.logprobs import token_logprobs
 from longturn.errors import UserError
@@ -29,6 +28,7 @@ from longturn.training import run_training
 from longturn.vision.encoder import VISION_DIR, load_vision
 from longturn.vision.frames import from_png, to_png
 from longturn.vision.split import VisionModelError
+from settings_from_params import sampling_settings
 from test_training import paths
 from vlm_fixtures import TOKENS_PER_IMAGE, build_tiny_llava
 
@@ -82,7 +82,7 @@ def test_split_matches_the_llava_forward(llava_dir, vlm_dir):
         want = llava(input_ids=torch.tensor([ids]), pixel_values=pixels["pixel_values"]).logits
     engine = HFEngine(vlm_dir, dtype="float32")
     assert engine.vision.tokens_per_image == TOKENS_PER_IMAGE
-    reply = engine.generate([ids], SamplingParams(max_new_tokens=6, seed=3),
+    reply = engine.generate([ids], sampling_settings(max_new_tokens=6, seed=3),
                             images=[list(zip(starts, images))])[0]
     with torch.no_grad():
         full = llava(input_ids=torch.tensor([ids + reply.token_ids]),
@@ -103,10 +103,11 @@ def test_images_need_a_vision_model(tiny_model_dir, vlm_dir):
     ids, starts = prompt_with_images(tokenizer, 1)
     engine = HFEngine(tiny_model_dir, dtype="float32")
     with pytest.raises(ValueError, match="no image side"):
-        engine.generate([ids], SamplingParams(max_new_tokens=2), images=[[(starts[0], frames(1)[0])]])
+        engine.generate([ids], sampling_settings(max_new_tokens=2),
+                        images=[[(starts[0], frames(1)[0])]])
     run = SequenceRun.from_params(vision_params(tiny_model_dir), progress=False)
     with pytest.raises(UserError, match="no image side"):
-        run.play(engine, engine.tokenizer, SamplingParams(max_new_tokens=4, seed=1),
+        run.play(engine, engine.tokenizer, sampling_settings(max_new_tokens=4, seed=1),
                  [run.record("babyai_goto_frames", 3)], ["e0"])
 
 
@@ -131,7 +132,7 @@ def test_babyai_episode_buffers_a_frame_per_observation(vlm_dir):
     run = SequenceRun.from_params(vision_params(vlm_dir), progress=False)
     engine = HFEngine(vlm_dir, dtype="float32")
     records = [run.record("babyai_goto_frames", s) for s in (3, 4)]
-    out = run.play(engine, engine.tokenizer, SamplingParams(max_new_tokens=10, seed=1), records,
+    out = run.play(engine, engine.tokenizer, sampling_settings(max_new_tokens=10, seed=1), records,
                    ["e0", "e1"])
     image_id = engine.vision.image_token_id
     for rec in out:

@@ -25,12 +25,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 ESTIMATORS = ("gae", "grpo", "gigpo")
 CRITIC_FREE = ("grpo", "gigpo")
+STD_EPS = 1e-6  # keeps Â finite for a group of equal returns; a numerical guard, not a setting
 
 
 def needs_critic(estimator: str) -> bool:
@@ -42,18 +43,30 @@ def needs_critic(estimator: str) -> bool:
 
 @dataclass(frozen=True)
 class GroupParams:
-    """What a critic-free estimator needs; recorded in each Parquet file's metadata."""
+    """What a critic-free estimator needs; recorded in each Parquet file's metadata. No defaults
+    of its own: the trainer passes its settings' values (the algo section), and `from_algo` reads
+    the algo section a file's metadata recorded."""
 
-    estimator: str = "grpo"
-    gamma_step: float = 1.0
-    norm_std: bool = True
-    step_weight: float = 1.0
-    eps: float = 1e-6
+    estimator: str
+    gamma_step: float
+    norm_std: bool
+    step_weight: float
 
     def __post_init__(self) -> None:
         if self.estimator not in CRITIC_FREE:
             raise ValueError(f"{self.estimator!r} is not a critic-free estimator "
                              f"({', '.join(CRITIC_FREE)})")
+
+    @classmethod
+    def from_algo(cls, algo: Mapping[str, Any], gamma_step: float) -> GroupParams:
+        """From the algo section as a mapping (`params.algo.model_dump()`, which Parquet metadata
+        records) and gae.gamma_step."""
+        missing = [k for k in ("advantage", "norm_std", "step_weight") if k not in algo]
+        if missing:
+            raise ValueError(f"the algo section {dict(algo)} lacks {missing}: it was not "
+                             "written by longturn's params (params.algo.model_dump())")
+        return cls(estimator=algo["advantage"], gamma_step=float(gamma_step),
+                   norm_std=bool(algo["norm_std"]), step_weight=float(algo["step_weight"]))
 
 
 def normalised(values: np.ndarray, norm_std: bool, eps: float) -> np.ndarray:
@@ -99,7 +112,7 @@ def turn_advantages(group: Sequence[Any], episode: Sequence[Any], turn: Sequence
         episodes_of[groups.pop()].append(e)
     for episodes in episodes_of.values():
         totals = np.asarray([sum(reward[i] for i in rows_of[e]) for e in episodes], float)
-        for e, a in zip(episodes, normalised(totals, params.norm_std, params.eps)):
+        for e, a in zip(episodes, normalised(totals, params.norm_std, STD_EPS)):
             rows = rows_of[e]
             advantages[rows] = a * params.gamma_step ** np.arange(len(rows) - 1, -1, -1)
     if params.estimator == "gigpo":
@@ -110,5 +123,5 @@ def turn_advantages(group: Sequence[Any], episode: Sequence[Any], turn: Sequence
                     anchors[(g, observation[i])].append(i)
         for rows in anchors.values():
             advantages[rows] += params.step_weight * normalised(returns[rows], params.norm_std,
-                                                                params.eps)
+                                                                STD_EPS)
     return advantages, returns

@@ -275,8 +275,7 @@ def audit_gae(parquet_path: str | Path, gae_params: GAEParams | None = None) -> 
     if algo.get("advantage") in CRITIC_FREE:
         columns = [c for c in (*_GROUP_INPUTS, "advantages", "returns") if c in names]
         table = pq.read_table(str(parquet_path), columns=columns).to_pydict()
-        params = GroupParams(algo["advantage"], float(meta["gamma_step"]),
-                             bool(algo.get("norm_std", True)), float(algo.get("step_weight", 1.0)))
+        params = GroupParams.from_algo(algo, meta["gamma_step"])
         advantages, returns = group_advantages_for_table(table, params)
         return _max_error(table, advantages, returns)
     if gae_params is None:

@@ -158,9 +158,7 @@ def audit_sequence_file(parquet_path: str | Path) -> float:
     for column in ADVANTAGE_INPUTS:
         table.setdefault(column, [None] * len(table["input_ids"]))
     if algo.get("advantage") in CRITIC_FREE:
-        gae, group = None, GroupParams(algo["advantage"], float(meta["gamma_step"]),
-                                       bool(algo.get("norm_std", True)),
-                                       float(algo.get("step_weight", 1.0)))
+        gae, group = None, GroupParams.from_algo(algo, meta["gamma_step"])
     else:
         gae, group = GAEParams(*(float(meta[k]) for k in GAE_METADATA_KEYS)), None
     advantages, returns = sequence_advantages(table, gae, group)

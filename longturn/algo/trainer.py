@@ -84,8 +84,8 @@ class TrainerSettings:
     advantage: str  # gae (with a critic) | grpo | gigpo (critic-free)
     group_norm_std: bool  # critic-free: divide by the group's std
     step_weight: float  # gigpo: weight of the anchor-state advantage
-    whiten_advantages: bool = True  # not a params.yaml setting: the trainer's own choice
-    weight_decay: float = 0.0  # likewise
+    whiten_advantages: bool  # not a params.yaml setting: `wiring.trainer_settings` fixes it
+    weight_decay: float  # likewise
 
     @property
     def has_critic(self) -> bool:
@@ -203,8 +203,8 @@ class PPOTrainer:
     def group_params(self) -> GroupParams:
         """The critic-free estimator's parameters (its discount is gae.gamma_step)."""
         s = self.settings
-        return GroupParams(s.advantage, self.gae_params.gamma_step, s.group_norm_std,
-                           s.step_weight)
+        return GroupParams(estimator=s.advantage, gamma_step=self.gae_params.gamma_step,
+                           norm_std=s.group_norm_std, step_weight=s.step_weight)
 
     def score(self, rows: list[dict[str, Any]], reuse_logprobs: bool = False) -> list[dict[str, Any]]:
         """Fill old/ref logprobs, values, next_value, token_rewards, advantages, returns

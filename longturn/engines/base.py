@@ -3,18 +3,32 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from longturn.config import SamplingSection
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Explicit sampling settings; RL sampling uses top_k=0 and top_p=1.0 (no truncation)."""
+    """Explicit sampling settings; RL sampling uses top_k=0 and top_p=1.0 (no truncation).
 
-    max_new_tokens: int = 64
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
+    No defaults of its own: `from_config` reads engine.sampling, the one place defaults live; a
+    caller that samples otherwise (a bench's greedy pass) passes every field."""
+
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
+
+    @classmethod
+    def from_config(cls, section: SamplingSection, seed: int | None,
+                    temperature: float | None = None) -> SamplingParams:
+        """engine.sampling with a seed, and a temperature override (eval.temperature) if given."""
+        return cls(max_new_tokens=section.max_new_tokens,
+                   temperature=section.temperature if temperature is None else temperature,
+                   top_p=section.top_p, top_k=section.top_k, seed=seed)
 
 
 @dataclass

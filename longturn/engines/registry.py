@@ -39,9 +39,4 @@ def make_engine(model_dir: str, params: Params) -> Engine:
 
 def sampling_from_params(params: Params, seed: int, temperature: float | None = None) -> SamplingParams:
     """The engine.sampling section as SamplingParams, with a seed and an optional temperature."""
-    s = params.engine.sampling
-    return SamplingParams(
-        max_new_tokens=s.max_new_tokens,
-        temperature=s.temperature if temperature is None else temperature,
-        top_p=s.top_p, top_k=s.top_k, seed=seed,
-    )
+    return SamplingParams.from_config(params.engine.sampling, seed=seed, temperature=temperature)

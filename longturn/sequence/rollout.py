@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from tqdm.auto import tqdm
 
@@ -39,20 +39,38 @@ from longturn.sequence.tool_calls import parse_tool_calls
 from longturn.sequence.tools import ToolBox
 from longturn.vision.encoder import IMAGE_PLACEHOLDER
 
+if TYPE_CHECKING:
+    from longturn.config import SequenceParams
+
 
 @dataclass
 class SequenceSettings:
-    """Everything a sequence rollout needs besides the engine, tokenizer, sampling and tasks."""
+    """Everything a sequence rollout needs besides the engine, tokenizer, sampling and tasks.
 
-    max_assistant_turns: int = 4
-    max_user_turns: int = 2
-    max_tokens: int = 2048
-    max_tool_response_chars: int = 1000
-    tokenization_check: str = "strict"
-    tools: ToolBox | None = None
-    interaction: BaseInteraction | None = None
-    reward_fn: Callable[[dict[str, Any], list[dict[str, Any]]], float] | None = None
-    progress: bool = True
+    No defaults of its own: `from_config` reads the limits from rollout.sequence, the one place
+    defaults live; the objects a run loads (tools, interaction, reward) are passed explicitly."""
+
+    max_assistant_turns: int
+    max_user_turns: int
+    max_tokens: int
+    max_tool_response_chars: int
+    tokenization_check: str
+    tools: ToolBox | None
+    interaction: BaseInteraction | None
+    reward_fn: Callable[[dict[str, Any], list[dict[str, Any]]], float] | None
+    progress: bool
+
+    @classmethod
+    def from_config(cls, section: SequenceParams, *, tools: ToolBox | None,
+                    interaction: BaseInteraction | None,
+                    reward_fn: Callable[[dict[str, Any], list[dict[str, Any]]], float] | None,
+                    progress: bool) -> SequenceSettings:
+        """rollout.sequence's limits plus what the run loaded from its files."""
+        return cls(max_assistant_turns=section.max_assistant_turns,
+                   max_user_turns=section.max_user_turns, max_tokens=section.max_tokens,
+                   max_tool_response_chars=section.max_tool_response_chars,
+                   tokenization_check=section.tokenization_check, tools=tools,
+                   interaction=interaction, reward_fn=reward_fn, progress=progress)
 
 
 def _tool_turn(ep: SequenceEpisode, tools: ToolBox, calls: list, limit: int

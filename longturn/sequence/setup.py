@@ -52,11 +52,8 @@ class SequenceRun:
                     progress: bool = True) -> "SequenceRun":
         s = params.rollout.sequence
         tasks = {name: load_task(name) for name in (task_names or params.env.tasks)}
-        settings = SequenceSettings(
-            max_assistant_turns=s.max_assistant_turns, max_user_turns=s.max_user_turns,
-            max_tokens=s.max_tokens, max_tool_response_chars=s.max_tool_response_chars,
-            tokenization_check=s.tokenization_check,
-            tools=ToolBox(load_tools(s.tools)) if s.tools is not None else None,
+        settings = SequenceSettings.from_config(
+            s, tools=ToolBox(load_tools(s.tools)) if s.tools is not None else None,
             interaction=_interaction(params), reward_fn=None, progress=progress)
         run = cls(tasks, settings, resolve_rollout_function(s.function or BUILTIN))
         settings.reward_fn = run.reward

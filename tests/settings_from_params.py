@@ -1,0 +1,31 @@
+"""Settings objects for tests, built the way the stages build them: from the `Params()` sections
+(the one source of defaults; the settings classes have none of their own), then each test's own
+overrides. The TrainerSettings counterpart is trainer_settings.make_settings."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from longturn.config import Params
+from longturn.engines.base import SamplingParams
+from longturn.rollout import AgentSettings
+from longturn.sequence.rollout import SequenceSettings
+
+
+def sampling_settings(**overrides: Any) -> SamplingParams:
+    """engine.sampling's defaults, unseeded, then `overrides`."""
+    return replace(SamplingParams.from_config(Params().engine.sampling, seed=None), **overrides)
+
+
+def agent_settings(**overrides: Any) -> AgentSettings:
+    """The prompt and env sections' defaults, then `overrides`."""
+    return replace(AgentSettings.from_params(Params()), **overrides)
+
+
+def sequence_settings(**overrides: Any) -> SequenceSettings:
+    """rollout.sequence's limits, no tools, interaction or reward, no progress bar, then
+    `overrides`."""
+    base = SequenceSettings.from_config(Params().rollout.sequence, tools=None, interaction=None,
+                                        reward_fn=None, progress=False)
+    return replace(base, **overrides)
