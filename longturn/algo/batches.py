@@ -181,7 +181,9 @@ def read_sequence_batch(paths: Sequence[str | Path], whiten: bool = True,
                         values: bool = True) -> TurnBatch:
     """A sequence-mode file (one row per episode) as a TurnBatch: the context before the first
     reply is the prompt, the rest the response, whose token mask is the loss mask (§4b).
-    Episodes with no reply (their prompt alone filled the token budget) have nothing to train."""
+    An episode with no reply (its prompt alone filled the token budget) has nothing to train but
+    stays as a fully masked row (its last token as the response, marked aborted): every rank
+    then holds one row per episode it played, as the distributed update needs."""
     if not paths:
         raise ValueError("update needs at least one Parquet file")
     wanted = [c for c in SEQUENCE_TRAIN_COLUMNS if values or c != "values"]
@@ -197,21 +199,22 @@ def read_sequence_batch(paths: Sequence[str | Path], whiten: bool = True,
     frames, frame_starts = rows.get("images", no_images), rows.get("image_starts", no_images)
     columns: dict[str, list[np.ndarray]] = {k: [] for k in _FLOAT_LISTS}
     for i, (ids, starts) in enumerate(zip(rows["input_ids"], rows["segment_starts"])):
-        if not starts:
-            continue
-        first = starts[0]
+        if not starts and len(ids) < 2:
+            raise ValueError(f"episode row {i}: {len(ids)} token(s) and no reply: not an episode")
+        first = starts[0] if starts else len(ids) - 1
         prompts.append(list(ids[:first]))
         responses.append(list(ids[first:]))
-        masks.append(np.asarray(rows["loss_mask"][i][first:], dtype=bool))
+        masks.append(np.asarray(rows["loss_mask"][i][first:], dtype=bool) if starts
+                     else np.zeros(1, dtype=bool))
         images.append(list(zip(frame_starts[i] or [], frames[i] or [])))
         for name in _FLOAT_LISTS:
             full = rows[name][i] if name in rows else [0.0] * len(ids)
             if len(full) != len(ids):
                 raise ValueError(f"episode row {i}: {len(full)} {name} for {len(ids)} tokens")
             columns[name].append(np.asarray(full[first:], dtype=np.float32))
-    if not responses:
+    aborted = np.array([not starts for starts in rows["segment_starts"]], dtype=bool)
+    if aborted.all():
         raise ValueError("no episode of the batch has a reply: nothing to train on")
-    aborted = np.zeros(len(responses), dtype=bool)
     whitened = _whiten(columns["advantages"], masks, whiten)
     return TurnBatch(prompts, responses, columns, aborted, whitened, has_values=values,
                      token_mask=masks, images=images if any(images) else None)

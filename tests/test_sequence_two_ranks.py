@@ -1,0 +1,58 @@
+"""Sequence mode on two ranks: an episode that produced no reply stays in its rank's batch as a
+fully masked row, so both ranks hold as many rows and the distributed update runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from longturn.algo.batches import read_sequence_batch
+from longturn.distributed import free_port
+from longturn.trajectories import write_sequences
+from two_rank_sequence_update import rank_records
+
+SCRIPT = Path(__file__).with_name("two_rank_sequence_update.py")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def scored(records: list[dict]) -> list[dict]:
+    """Training columns as zeros: enough for the batch reader."""
+    for r in records:
+        zeros = [0.0] * len(r["input_ids"])
+        r.update(old_logprobs=zeros, ref_logprobs=zeros, values=zeros, advantages=zeros,
+                 returns=zeros)
+    return records
+
+
+def test_an_episode_without_a_reply_is_a_fully_masked_row(tmp_path):
+    records = scored(rank_records(0))
+    batch = read_sequence_batch([write_sequences(records, tmp_path / "part.parquet")])
+    assert len(batch) == len(records) == 2
+    no_reply = records[1]["input_ids"]
+    assert batch.prompt_ids[1] + batch.response_ids[1] == no_reply
+    assert not batch.loss_tokens(1).any() and batch.n_tokens([1]) == 0
+    assert batch.n_tokens([0]) == sum(records[0]["loss_mask"])
+    assert np.isfinite(np.concatenate(batch.whitened)).all()
+
+
+def test_two_ranks_update_when_one_holds_an_episode_without_a_reply(tiny_model_dir, tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests"),
+                                           os.environ.get("PYTHONPATH", "")]))
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)  # this pytest process may have set them for its own trainer
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+           str(SCRIPT), tiny_model_dir, str(tmp_path)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["after"] == ranks[1]["after"] != ranks[0]["before"]
+    assert ranks[0]["metrics"] == ranks[1]["metrics"]
+    # the trained tokens are the replies' alone: rank 0's 6, rank 1's 9, averaged over ranks
+    assert ranks[0]["metrics"]["n_tokens"] == (6 + 9) / 2
