@@ -53,6 +53,7 @@ from longturn.engines.base import SamplingParams  # noqa: E402
 from longturn.engines.hf import HFEngine  # noqa: E402
 from longturn.engines.prefix import left_pad  # noqa: E402
 from longturn.engines.shared_prefix import shared_prefix_length  # noqa: E402
+from cpu_threads import add_threads_arg, use_threads  # noqa: E402
 from tiny_model import add_tiny_args, fill_defaults, resolve_model_dir  # noqa: E402
 
 FULL = {"batches": "64,512", "new_tokens": 48, "prompts": 32}
@@ -144,8 +145,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     ap.add_argument("--repeats", type=int, default=1, help="timed calls per system and batch")
     ap.add_argument("--seed", type=int, default=0, help="sampling seed of every call")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch intra-op threads on a CPU (see bench/prefix_cache.py)")
+    add_threads_arg(ap)
     ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
     add_tiny_args(ap)
     args = fill_defaults(ap.parse_args(), FULL, TINY)
@@ -160,8 +160,7 @@ def parse_args() -> argparse.Namespace:
 
 def run(args: argparse.Namespace, model_dir: str) -> dict:
     device = resolve_device(args.device)
-    if device.type == "cpu":
-        torch.set_num_threads(args.threads)
+    use_threads(args.threads)
     engine = HFEngine(model_dir, dtype=args.dtype, device=device)
     generic = HFEngine(model_dir, dtype=args.dtype, device=device, fast_path=False)
     stops = set(engine.stop_ids)

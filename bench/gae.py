@@ -3,9 +3,9 @@
 Batch of the GPU profile: 32 slots × 8 turns × 512 response tokens (131,072 tokens).
 Both run in the same process; the median of several repeats is printed with the
 speed-up ratio, and the two results must agree. Run: .venv/bin/python bench/gae.py
-[--threads N] [--tiny]. Torch defaults to one thread: the loop is single-threaded too, and on a
-shared, busy CPU torch's intra-op pool stalls on every op (hundreds of ms), which
-measures the neighbours rather than the algorithm. --tiny: 4 slots × 4 turns × 64 tokens,
+[--threads N] [--tiny]. Torch uses every core this process may run on unless --threads says
+otherwise (the loop is single-threaded either way; on a shared, busy CPU, --threads 1 keeps torch's
+intra-op pool from stalling on every op and measuring the neighbours). --tiny: 4 slots × 4 turns × 64 tokens,
 3 repeats (a smoke run in well under a second, not a measurement).
 """
 
@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from longturn.algo.gae import GAEParams, dual_discount_gae  # noqa: E402
+from cpu_threads import add_threads_arg, use_threads  # noqa: E402
 from tiny_model import fill_defaults  # noqa: E402
 
 FULL = {"slots": 32, "turns": 8, "tokens": 512, "repeats": 11}
@@ -62,7 +63,7 @@ def median_time(fn: Callable[[], object], repeats: int) -> tuple[float, float, o
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    add_threads_arg(parser)
     for name in FULL:
         parser.add_argument(f"--{name}", type=int, default=None,
                             help=f"default {FULL[name]} (--tiny {TINY[name]})")
@@ -75,7 +76,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    torch.set_num_threads(args.threads)
+    use_threads(args.threads)
     rng = np.random.default_rng(0)
     n_turns, tokens, repeats = args.slots * args.turns, args.tokens, args.repeats
     values, rewards = rng.normal(size=n_turns * tokens), rng.normal(size=n_turns * tokens)

@@ -60,6 +60,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from agent_prompts import collector_prompts  # noqa: E402
+from cpu_threads import add_threads_arg, use_threads  # noqa: E402
 from longturn.algo.trainer import PPOTrainer, TrainerSettings  # noqa: E402
 from longturn.config import Params  # noqa: E402
 from longturn.profiles import load_profile  # noqa: E402
@@ -452,6 +453,7 @@ def parse_args() -> argparse.Namespace:
                     help="ppo.zero_stage")
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None,
                     help="engine.device")
+    add_threads_arg(ap)
     add_tiny_args(ap)
     args = fill_defaults(ap.parse_args(), FULL, TINY)
     if args.ranks < 1 or args.gpu_gib <= 0:
@@ -463,6 +465,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    use_threads(args.threads)  # the CPU side of a GPU run, and all of a --device cpu one
     with tempfile.TemporaryDirectory() as tmp:
         reuse = args.arch == "tiny" and args.tiny_dir
         target = Path(args.tiny_dir) if reuse else Path(tmp) / "model"

@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from longturn.config import load_params, parse_params  # noqa: E402
 from longturn.training import TrainPaths, run_training  # noqa: E402
+from cpu_threads import add_threads_arg, use_threads  # noqa: E402
 from tiny_model import add_tiny_args, fill_defaults, resolve_model_dir  # noqa: E402
 
 FULL = {"iterations": 3, "rounds": 2}
@@ -92,11 +93,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=None,
                     help="alternating runs per estimator, the fastest kept (default 2)")
     ap.add_argument("--against", choices=("gigpo", "grpo"), default="gigpo")
+    add_threads_arg(ap)
     add_tiny_args(ap)
     args = fill_defaults(ap.parse_args(), FULL, TINY)
     if args.iterations < 2 or args.rounds < 1:
         ap.error("--iterations must be >= 2 (the first is not timed) and --rounds >= 1")
     logging.basicConfig(level=logging.WARNING)
+    threads = use_threads(args.threads)
     params = load_params(args.params)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = resolve_model_dir(args, tmp)
@@ -108,7 +111,7 @@ def main() -> None:
     results = {name: min(r, key=lambda x: x["total"]) for name, r in runs.items()}
     print(f"seconds per training turn, {args.iterations - 1} timed iteration(s) each, fastest "
           f"of {args.rounds} alternating round(s), params {Path(args.params).name}"
-          f"{' (--tiny sizes)' if args.tiny else ''}:")
+          f"{' (--tiny sizes)' if args.tiny else ''}, torch threads={threads}:")
     for name, r in results.items():
         phases = "  ".join(f"{p} {r[p]:.4f}" for p in PHASES)
         print(f"  {name:6s}: {r['total']:.4f} s/turn over {r['turns']:.0f} turns  ({phases})")

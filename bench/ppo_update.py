@@ -36,8 +36,8 @@ old and reference logprobs (actor) and values (critic); the score+update ratio c
 Attention-score FLOPs are left out.
 
 The matmul reference is the best of --matmul-repeats n×n×n products in the dtype the update
-computes in (bf16 under ppo.bf16), with the same torch threads (default 1: see
-bench/prefix_cache.py).
+computes in (bf16 under ppo.bf16), with the same torch threads (default: every core this
+process may run on; --threads N).
 
 --tiny runs the tiny random model (bench/tiny_model.py) on 2 envs × 2 turns, 8-token replies,
 mini- and micro-batch 2 (smaller than the batch, as in the default run), LoRA on the top 1 of its
@@ -73,6 +73,7 @@ from longturn.engines.registry import make_engine, sampling_from_params  # noqa:
 from longturn.models import load_tokenizer  # noqa: E402
 from longturn.wiring import gae_params, make_collector, trainer_settings  # noqa: E402
 from longturn.trajectories import write_turns  # noqa: E402
+from cpu_threads import add_threads_arg, use_threads  # noqa: E402
 from tiny_model import add_tiny_args, fill_defaults, resolve_model_dir  # noqa: E402
 
 FULL = {"envs": None, "turns": None, "response_tokens": None, "mini_batch": None,
@@ -267,7 +268,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=1, help="timed updates (median printed)")
     ap.add_argument("--matmul-size", type=int, default=None, help="default 2048 (--tiny 256)")
     ap.add_argument("--matmul-repeats", type=int, default=None, help="default 3 (--tiny 2)")
-    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    add_threads_arg(ap)
     ap.add_argument("--lora-layers", type=int, default=None,
                     help="top layers with LoRA in the top-layers variants (default 8; --tiny 1)")
     ap.add_argument("--only-params", action="store_true",
@@ -297,7 +298,7 @@ def run(args: argparse.Namespace, model_dir: str, tmp: str) -> None:
         params.rollout.n_envs = args.envs
     if args.turns:
         params.rollout.turns_per_env = args.turns
-    torch.set_num_threads(args.threads)
+    use_threads(args.threads)
     tokenizer = load_tokenizer(model_dir)
     rows = collect_batch(params, model_dir, tokenizer, args)
     settings = settings_from(params, args)

@@ -10,8 +10,9 @@ nothing: same tokens, logprobs within 1e-4 (exit status 1 if not). Needs the con
 (`make repro`) or --model-dir, or --tiny: the tiny random model (bench/tiny_model.py), 4 prompts,
 4 new tokens, one repeat, the float32 check on 2 prompts (a smoke run in seconds, not a
 measurement). Run: .venv/bin/python bench/prefix_cache.py [--threads N] [--repeats R]
-[--tiny [--tiny-dir DIR]]. Torch defaults to one thread here: on a shared, busy 2-core CPU torch's
-intra-op pool stalls and the timings measure the neighbours (pass --threads 2 to compare).
+[--tiny [--tiny-dir DIR]]. Torch uses every core this process may run on unless --threads says
+otherwise (on a shared, busy CPU torch's intra-op pool can stall and the timings then measure the
+neighbours: pass --threads 1 to compare).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from longturn.engines.base import Completion, SamplingParams  # noqa: E402
 from longturn.engines.hf import HFEngine  # noqa: E402
 from longturn.engines.shared_prefix import shared_prefix_length  # noqa: E402
+from cpu_threads import add_threads_arg, use_threads  # noqa: E402
 from tiny_model import add_tiny_args, fill_defaults, resolve_model_dir  # noqa: E402
 
 FULL = {"prompts": 16, "prefix_tokens": 300, "suffix_tokens": 150, "new_tokens": 32, "repeats": 3,
@@ -123,7 +125,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--suffix-tokens", type=int, default=None)
     parser.add_argument("--new-tokens", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None, help="timed calls per setting")
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    add_threads_arg(parser)
     parser.add_argument("--check-prompts", type=int, default=None,
                         help="prompts for the float32 equality check (0: skip it)")
     add_tiny_args(parser)
@@ -173,7 +175,7 @@ def main() -> None:
 
 def run(args: argparse.Namespace, model_dir: str) -> bool:
     """Time sharing off vs on and print it; False if the float32 check fails."""
-    torch.set_num_threads(args.threads)
+    use_threads(args.threads)
     engine = HFEngine(model_dir, dtype=args.dtype)
     prompts = build_prompts(engine.tokenizer, args.prompts, args.prefix_tokens, args.suffix_tokens)
     sampling = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, top_p=1.0, top_k=0,

@@ -32,6 +32,7 @@ from longturn.engines.registry import make_engine, sampling_from_params  # noqa:
 from longturn.evaluation import eval_jobs  # noqa: E402
 from longturn.models import load_tokenizer  # noqa: E402
 from longturn.rollout import AgentSettings, env_factory_from_params, play_episodes  # noqa: E402
+from cpu_threads import add_threads_arg, use_threads  # noqa: E402
 from tiny_model import add_tiny_args, fill_defaults, resolve_model_dir  # noqa: E402
 
 FULL = {"envs": 8, "turns": 6, "new_tokens": None}
@@ -106,6 +107,7 @@ def parse_args() -> argparse.Namespace:
                     help="max new tokens per turn (engine.sampling.max_new_tokens; --tiny "
                          f"{TINY['new_tokens']})")
     ap.add_argument("--task", default="goto")
+    add_threads_arg(ap)
     add_tiny_args(ap)
     args = fill_defaults(ap.parse_args(), FULL, TINY)
     if args.envs < 1 or args.turns < 1:
@@ -119,6 +121,7 @@ def run(args: argparse.Namespace, model_dir: str) -> None:
     params.engine.batch_size = args.envs
     if args.new_tokens:
         params.engine.sampling.max_new_tokens = args.new_tokens
+    threads = use_threads(args.threads)
     tokenizer = load_tokenizer(model_dir)
     engine = make_engine(model_dir, params)
     jobs = eval_jobs([args.task], args.envs, base_seed=0)
@@ -128,7 +131,7 @@ def run(args: argparse.Namespace, model_dir: str) -> None:
     batched, single = n_batched / t_batched, n_single / t_single
     print(f"{args.envs} episodes of task {args.task!r}, up to {args.turns} turns each, "
           f"{params.engine.name} engine, {params.model.dtype}, "
-          f"{params.engine.sampling.max_new_tokens} new tokens max")
+          f"{params.engine.sampling.max_new_tokens} new tokens max, torch threads={threads}")
     print(f"  batched ({args.envs} envs in lock-step): {n_batched:4d} turns in {t_batched:7.1f} s "
           f"= {batched:6.2f} turns/s")
     print(f"  one env at a time            : {n_single:4d} turns in {t_single:7.1f} s "

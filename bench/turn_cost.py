@@ -14,7 +14,7 @@ moves and the history window fills exactly as in a real rollout. Without it ever
 model (400 real turns: slow with the 135M model on CPU).
 
 If the episode ends before the late window (the goal reached), it is replayed with the next seed.
-Torch defaults to one thread (see bench/prefix_cache.py: a shared, busy CPU stalls torch's pool).
+Torch uses every core this process may run on unless --threads says otherwise.
 --tiny runs the tiny random model (bench/tiny_model.py) over turns 2-6 and 14-18, 8 new tokens per
 turn: a smoke run in seconds, not a measurement.
 
@@ -44,6 +44,7 @@ from longturn.engines.registry import make_engine, sampling_from_params  # noqa:
 from longturn.envs.babyai import BabyAITextEnv  # noqa: E402
 from longturn.models import load_tokenizer  # noqa: E402
 from longturn.rollout import AgentSettings, EnvSlot, generate_turns  # noqa: E402
+from cpu_threads import add_threads_arg, use_threads  # noqa: E402
 from tiny_model import add_tiny_args, fill_defaults, resolve_model_dir  # noqa: E402
 
 FULL = {"turns": 400, "early": 10, "half": 5, "new_tokens": None}
@@ -104,7 +105,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--fast-forward", action="store_true",
                     help="canned replies between the windows instead of the model")
     add_tiny_args(ap)
-    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    add_threads_arg(ap)
     return fill_defaults(ap.parse_args(), FULL, TINY)
 
 
@@ -114,7 +115,7 @@ def run(args: argparse.Namespace, model_dir: str) -> None:
     params.engine.batch_size = 1
     if args.new_tokens:
         params.engine.sampling.max_new_tokens = args.new_tokens
-    torch.set_num_threads(args.threads)
+    use_threads(args.threads)
     windows = [(args.early - args.half, args.early + args.half),
                (args.turns - args.half, args.turns + args.half)]
     last = windows[1][1]
