@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest_plugins = ("tiers",)  # `slow` / `network` by rule, and the fast tier's time limit
+pytest_plugins = ("tiers", "temp_hygiene")  # tiers by rule; temp files under the basetemp
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
