@@ -75,36 +75,33 @@ class SourceReach:
         self._text: dict[int, str] = {}
         self.test_dir = test_dir
 
-    def text(self, obj: Any, namespace: dict[str, Any]) -> str:
+    def text(self, obj: Any) -> str:
         key = id(obj)
         if key in self._text:
             return self._text[key]
         self._text[key] = ""  # breaks cycles
-        if isinstance(obj, str):
-            self._text[key] = obj
-            return obj
         try:
             source = inspect.getsource(obj)
         except (OSError, TypeError):
             return ""
         parts = [source]
-        module_ns = getattr(inspect.getmodule(obj), "__dict__", namespace)
+        module_ns = getattr(inspect.getmodule(obj), "__dict__", {})
         for name in sorted(_names(source)):
             target = module_ns.get(name)
             if isinstance(target, str):
                 parts.append(target)
-            elif (inspect.isfunction(target) or inspect.isclass(target)) and _defined_in_tests(target, self.test_dir):
-                parts.append(self.text(target, module_ns))
+            elif ((inspect.isfunction(target) or inspect.isclass(target))
+                  and _defined_in_tests(target, self.test_dir)):
+                parts.append(self.text(target))
         self._text[key] = "\n".join(parts)
         return self._text[key]
 
     def of_item(self, item: pytest.Function) -> str:
-        namespace = item.module.__dict__ if item.module else {}
-        parts = [self.text(item.function, namespace)]
+        parts = [self.text(item.function)]
         for defs in item._fixtureinfo.name2fixturedefs.values():
             func = defs[-1].func
             if _defined_in_tests(func, self.test_dir):
-                parts.append(self.text(func, getattr(inspect.getmodule(func), "__dict__", {})))
+                parts.append(self.text(func))
         for name in item.fixturenames:  # fixture names are evidence too (standin_env)
             parts.append(name)
         return "\n".join(parts)
