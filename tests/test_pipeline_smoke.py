@@ -25,7 +25,6 @@ from longturn.algo.scoring import audit_gae
 from longturn.trajectories import TURN_SCHEMA, read_metadata
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.smoke
 
 
 def toy_params(model_dir: str) -> dict:

@@ -17,7 +17,6 @@ from longturn.training import run_training
 from longturn.trajectories import read_metadata
 from test_training import paths
 
-pytestmark = pytest.mark.smoke
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE_REPLIES = sum(m["role"] == "assistant" for m in DEMONSTRATION)
 
