@@ -17,7 +17,7 @@ that answers with an `Observation` carrying a frame, give image observations. Th
 given each prompt's frames and where they go; it needs a vision-language model (`vision/`).
 
 It is registered as `longturn.sequence.rollout:sequence_rollout`; `rollout.function` may name any
-function with the same signature and records (README: sequence mode).
+function with the same signature and records (docs/sequence-mode.md).
 """
 
 from __future__ import annotations
