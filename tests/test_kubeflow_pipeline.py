@@ -149,7 +149,7 @@ def test_params_compiled_in_are_the_file_without_its_cluster_section(tmp_path):
     _, prepare = c.named("prepare_model")
     compiled = prepare["inputs"]["parameters"]["params_yaml"]["runtimeValue"]["constant"]
     assert compiled == without_section(PROFILE_TEXT)
-    assert "kubeflow" not in compiled and "# GPU profile" in compiled  # comments kept
+    assert "\nkubeflow:" not in compiled and "# profile: gpu" in compiled  # comments kept
     expected = yaml.safe_load(PROFILE_TEXT)
     del expected["kubeflow"]
     assert yaml.safe_load(compiled) == expected

@@ -6,8 +6,9 @@ source, the fixtures it requests or the test-local helpers they call (followed t
 through names defined under tests/) start a stage or training subprocess, `dvc repro`/`dvc exp
 run`, kfp.local, torchrun, the SGLang stand-in, or call `run_training`; or when its module is in
 SLOW_MODULES (heavy work the source rule cannot see). `network` marks what needs a package
-index. The `--max-fast-call-s` option fails the run, naming each test, when a test outside
-`slow` took longer than that in its call phase: the tiers cannot drift unnoticed.
+index. The `--max-fast-call-s` option fails the run, naming each test, when a fast-tier test
+(neither `slow` nor `network`: an index's speed is not ours) took longer than that in its call
+phase: the tiers cannot drift unnoticed.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ def reasons(text: str, patterns: dict[str, re.Pattern[str]]) -> list[str]:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--max-fast-call-s", type=float, default=None,
-                     help="fail the run, naming the test, when a test outside `slow` takes "
+                     help="fail the run, naming the test, when a fast-tier test takes "
                           "longer than this many seconds in its call phase (CI: 30)")
 
 
@@ -146,8 +147,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
     report = yield
     limit = item.config.getoption("--max-fast-call-s")
-    if (limit is not None and report.when == "call" and item.get_closest_marker("slow") is None
-            and report.duration > limit):
+    fast_tier = not (item.get_closest_marker("slow") or item.get_closest_marker("network"))
+    if limit is not None and report.when == "call" and fast_tier and report.duration > limit:
         item.config.stash[_OVER_LIMIT].append((report.nodeid, report.duration))
     return report
 
