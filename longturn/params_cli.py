@@ -15,7 +15,7 @@ from typing import Sequence
 from longturn.atomic import write_text
 from longturn.errors import UserError
 from longturn.params_file import hand_edits, profile_path, render, written_profile
-from longturn.profiles import resolve_profile
+from longturn.profiles import leaves, resolve_profile
 
 PROFILES_DIR = "configs/profiles"
 EXAMPLES = """examples:
@@ -48,14 +48,6 @@ def _list(profiles_dir: Path) -> int:
 
 
 def _changed_keys(profile: Path, default: Path) -> int:
-    def leaves(data: dict, prefix: str = "") -> dict[str, object]:
-        out: dict[str, object] = {}
-        for key, value in data.items():
-            if isinstance(value, dict) and value and key != "kwargs":
-                out.update(leaves(value, f"{prefix}{key}."))
-            else:
-                out[f"{prefix}{key}"] = value
-        return out
     ours, base = leaves(resolve_profile(profile)), leaves(resolve_profile(default))
     return sum(1 for key, value in ours.items() if base.get(key, object()) != value)
 

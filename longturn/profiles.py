@@ -34,6 +34,17 @@ def merge(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def leaves(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Dotted key -> value for every leaf (`env.kwargs`, a whole value, counts as one leaf)."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value and key not in WHOLE:
+            out.update(leaves(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def _read(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ParamsError(f"profile file not found: {path}")

@@ -19,22 +19,12 @@ from ruamel.yaml import YAML
 from longturn.config import Params
 from longturn.params_cli import main as params_main
 from longturn.params_file import hand_edits, render
-from longturn.profiles import DEFAULT, EXTENDS, chain, resolve_profile
+from longturn.profiles import DEFAULT, EXTENDS, chain, leaves, resolve_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILES_DIR = ROOT / "configs" / "profiles"
 PROFILES = sorted(PROFILES_DIR.glob("*.yaml"))
 BIN = Path(sys.executable).parent
-
-
-def leaves(tree: dict, prefix: str = "") -> dict[str, object]:
-    out: dict[str, object] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict) and value and key != "kwargs":
-            out.update(leaves(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 @pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.stem)

@@ -6,7 +6,6 @@ image's Linux x86_64 platform, sdist-only pins built first), so GPU nodes on 3.1
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
 import sys
@@ -16,19 +15,12 @@ from pathlib import Path
 import pytest
 from packaging.specifiers import SpecifierSet
 
+from test_image import image_lock
+
 ROOT = Path(__file__).resolve().parents[1]
 VERSIONS = ["3.11", "3.12", "3.13", "3.14"]  # 3.15: contourpy==1.3.3 has no cp315 wheel
 PROJECT_FILES = ["pyproject.toml", "README.md", "longturn", "components", "pipeline"]
 CUDA_PREFIXES = ("nvidia-", "cuda-")  # torch's CUDA wheels on PyPI's Linux x86_64 build
-
-
-def image_lock():
-    """docker-image/image_lock.py, loaded by path (the folder is not a package)."""
-    path = ROOT / "docker-image" / "image_lock.py"
-    spec = importlib.util.spec_from_file_location("image_lock", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def project() -> dict:
