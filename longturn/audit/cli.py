@@ -74,8 +74,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
                      help="largest error that passes (default: %(default)g)")
 
     sql = sub.add_parser("sql", parents=[common],
-                         help="DuckDB SQL over the views `turns` (and `episodes` of an eval dir); "
-                              "on sequence files `turns` holds one row per episode")
+                         help="one read-only DuckDB SELECT over the views `turns` (and `episodes` "
+                              "of an eval dir); on sequence files `turns` holds one row per "
+                              "episode")
     sql.add_argument("query", metavar="QUERY", help="e.g. \"SELECT action, count(*) FROM turns "
                                                     "GROUP BY 1\"; columns: docs/design.md §4, "
                                                     "plus rank")

@@ -2,16 +2,18 @@
 
 Views: `turns` (every turn file, with a `rank` column from `part-RR.parquet`) and, for an
 evaluation dir, `episodes`. Files are checked before DuckDB sees them, so a damaged one is named.
+The views stay views (no copy of a large run); once they exist the connection is locked down to
+reading those files only, one SELECT per call (audit/read_only_sql.py).
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import duckdb
 import pandas as pd
 
 from longturn.audit.output import Output, table
+from longturn.audit.read_only_sql import (file_access_refused, lock_down, quote_literal,
+                                        require_one_select)
 from longturn.audit.run_files import Run, check_run, schema_of
 from longturn.errors import UserError
 
@@ -20,14 +22,10 @@ class QueryError(UserError):
     """DuckDB rejected the query (syntax, an unknown column or table)."""
 
 
-def _quote(path: Path) -> str:
-    return "'" + str(path).replace("'", "''") + "'"
-
-
 def connect(run: Run) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB with the run's views."""
+    """An in-memory DuckDB with the run's views, able to read those files and nothing else."""
     check_run(run, ())
-    files = ", ".join(_quote(f.path) for f in run.files)
+    files = ", ".join(quote_literal(f.path) for f in run.files)
     con = duckdb.connect(":memory:")
     con.execute(
         "CREATE VIEW turns AS SELECT * EXCLUDE (filename), "
@@ -36,18 +34,24 @@ def connect(run: Run) -> duckdb.DuckDBPyConnection:
         "hive_partitioning = false)")
     if run.episodes_file is not None:
         schema_of(run.episodes_file)
-        con.execute(f"CREATE VIEW episodes AS SELECT * FROM read_parquet({_quote(run.episodes_file)})")
+        episodes = quote_literal(run.episodes_file)
+        con.execute(f"CREATE VIEW episodes AS SELECT * FROM read_parquet({episodes})")
+    readable = [f.path for f in run.files]
+    lock_down(con, readable + ([run.episodes_file] if run.episodes_file is not None else []))
     return con
 
 
 def query(run: Run, sql: str) -> Output:
+    views = "turns" + (", episodes" if run.episodes_file else "")
     con = connect(run)
     try:
+        require_one_select(con, sql, views)
         frame: pd.DataFrame = con.execute(sql).df()
+    except duckdb.PermissionException as err:
+        raise file_access_refused(err, views) from None
     except duckdb.Error as err:
         first = str(err).strip().splitlines()[0]
-        raise QueryError(f"sql: {first} (views: turns"
-                         + (", episodes" if run.episodes_file else "") + ")") from None
+        raise QueryError(f"sql: {first} (views: {views})") from None
     finally:
         con.close()
     return Output(table(frame), frame)
