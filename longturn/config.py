@@ -13,7 +13,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from longturn import limits as L
 from longturn.errors import UserError
+from longturn.limits import at_most
+from longturn.param_sizes import size_problem
 
 
 class Section(BaseModel):
@@ -36,10 +39,10 @@ class ModelParams(Section):
 class SamplingSection(Section):
     """Sampling for generation; RL needs the untruncated distribution (top_k 0, top_p 1)."""
 
-    max_new_tokens: int = Field(64, ge=1)
+    max_new_tokens: int = at_most(L.CONTEXT_TOKENS, 64, ge=1)
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=0)
+    top_k: int = at_most(L.VOCABULARY, 0, ge=0)
 
 
 class SGLangParams(Section):
@@ -53,7 +56,7 @@ class SGLangParams(Section):
     python: str = "python3"            # interpreter whose environment has sglang installed
     host: str = "127.0.0.1"
     port: int = Field(30000, ge=1, le=65535)
-    tp_size: int = Field(1, ge=1)
+    tp_size: int = at_most(L.NODE_GPUS, 1, ge=1)
     mem_fraction_static: float | None = Field(None, gt=0.0, lt=1.0)
     extra_args: list[str] = Field(default_factory=list)  # more `sglang.launch_server` flags
     # Where each launched server writes its log (sglang-<port>-*.log, quoted in errors); None: the
@@ -70,7 +73,7 @@ class EngineParams(Section):
     # auto: this rank's GPU (LOCAL_RANK) when CUDA is available, else the CPU. Every model-holding
     # part of a stage (inference engine, scoring, critic, DeepSpeed engines) uses this device.
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    batch_size: int = Field(16, ge=1)
+    batch_size: int = at_most(L.BATCH_ROWS, 16, ge=1)
     # In-process engine on CUDA: replay each decode step as one captured CUDA graph (the loop is
     # launch-bound otherwise); falls back to eager steps, with a warning, where capture fails.
     cuda_graphs: bool = True
@@ -85,7 +88,7 @@ class EnvParams(Section):
     tasks: list[str] = Field(default_factory=lambda: ["goto"], min_length=1)
     kwargs: dict[str, Any] = Field(default_factory=dict)
     invalid_action_penalty: float = Field(0.1, ge=0.0)
-    max_turns: int | None = Field(None, ge=1)
+    max_turns: int | None = at_most(L.EPISODE_TURNS, None, ge=1)
     # true: each env slot steps in its own worker process (a hung or crashing env is killed and
     # restarted, its episode aborted); false: in this process (a raise still aborts the episode,
     # a hang blocks the stage)
@@ -93,7 +96,7 @@ class EnvParams(Section):
     # seconds a reset or step may take in a worker before it is killed (null: no limit)
     step_timeout_s: float | None = Field(60.0, gt=0)
     # env failures in a row one slot survives; one more stops the stage naming env, task and seed
-    max_retries: int = Field(3, ge=0)
+    max_retries: int = at_most(L.REPEATS, 3, ge=0)
 
     @model_validator(mode="after")
     def _timeout_needs_workers(self) -> "EnvParams":
@@ -106,19 +109,28 @@ class EnvParams(Section):
 class PromptParams(Section):
     """How a turn's prompt is assembled from instructions, the history window and the observation."""
 
-    history_turns: int = Field(1, ge=0)
+    history_turns: int = at_most(L.CONTEXT_TOKENS, 1, ge=0)
     history_content: Literal["output", "action"] = "output"
     invalid_in_history: Literal["default_action", "raw_output"] = "default_action"
-    max_prompt_tokens: int = Field(1024, ge=16)
+    max_prompt_tokens: int = at_most(L.CONTEXT_TOKENS, 1024, ge=16)
     demonstration: bool = True  # show the env's worked example exchanges before the history
+
+    @model_validator(mode="after")
+    def _history_fits_the_prompt(self) -> "PromptParams":
+        # every remembered turn takes a token of the prompt at least; the window is also allocated
+        if self.history_turns > self.max_prompt_tokens:
+            raise ValueError(f"prompt.history_turns ({self.history_turns:,}) is over "
+                             f"prompt.max_prompt_tokens ({self.max_prompt_tokens:,}): each turn "
+                             "of the history takes a token of the prompt at least")
+        return self
 
 
 class EvalParams(Section):
     """Zero-shot and final evaluation: episodes per task, lock-step envs, sampling."""
 
     tasks: list[str] | None = Field(None, min_length=1)  # null: env.tasks; [] is an error
-    episodes_per_task: int = Field(16, ge=1)
-    parallel_envs: int = Field(16, ge=1)
+    episodes_per_task: int = at_most(L.EPISODES, 16, ge=1)
+    parallel_envs: int = at_most(L.ENV_SLOTS, 16, ge=1)
     seed: int = Field(1000, ge=0)
     temperature: float | None = Field(None, ge=0.0)
 
@@ -126,7 +138,7 @@ class EvalParams(Section):
 class ValidationParams(Section):
     """Prompt validation: samples per task and the gate on the valid-action ratio."""
 
-    samples_per_task: int = Field(32, ge=1)
+    samples_per_task: int = at_most(L.EPISODES, 32, ge=1)
     min_valid_action_ratio: float = Field(0.2, ge=0.0, le=1.0)
     seed: int = Field(2000, ge=0)
 
@@ -141,10 +153,10 @@ class SequenceParams(Section):
     interaction: str | None = None     # its entry by name (null: the file's only one)
     function: str | None = None        # rollout by import path (null: the built-in one,
                                        # longturn.sequence.rollout:sequence_rollout)
-    max_assistant_turns: int = Field(4, ge=1)
-    max_user_turns: int = Field(2, ge=0)
-    max_tokens: int = Field(2048, ge=16)  # token budget of the whole sequence
-    max_tool_response_chars: int = Field(1000, ge=1)
+    max_assistant_turns: int = at_most(L.CONTEXT_TOKENS, 4, ge=1)  # each reply is a token at least
+    max_user_turns: int = at_most(L.CONTEXT_TOKENS, 2, ge=0)
+    max_tokens: int = at_most(L.CONTEXT_TOKENS, 2048, ge=16)  # token budget of the whole sequence
+    max_tool_response_chars: int = at_most(L.TOOL_RESPONSE_CHARS, 1000, ge=1)
     # the delta-tokenized ids against a full re-render of the messages: strict fails on any text
     # difference; ignore_strippable allows whitespace and stripped <think> spans; off skips it
     tokenization_check: Literal["strict", "ignore_strippable", "off"] = "strict"
@@ -162,8 +174,8 @@ class RolloutParams(Section):
     Sequence mode: n_envs whole episodes per rank and iteration (turns_per_env is not read)."""
 
     mode: Literal["turn", "sequence"] = "turn"
-    n_envs: int = Field(8, ge=1)
-    turns_per_env: int = Field(8, ge=1)
+    n_envs: int = at_most(L.ENV_SLOTS, 8, ge=1)
+    turns_per_env: int = at_most(L.EPISODE_TURNS, 8, ge=1)
     sequence: SequenceParams = SequenceParams()
 
 
@@ -183,7 +195,7 @@ class AlgoParams(Section):
     from one env seed to their end."""
 
     advantage: Literal["gae", "grpo", "gigpo"] = "gae"
-    group_size: int = Field(4, ge=2)  # episodes per env seed (critic-free estimators)
+    group_size: int = at_most(L.ENV_SLOTS, 4, ge=2)  # episodes per env seed (critic-free estimators)
     norm_std: bool = True  # divide by the group's std, not only subtract its mean
     step_weight: float = Field(1.0, ge=0.0)  # gigpo: weight of the anchor-state advantage
 
@@ -199,16 +211,16 @@ class PPOParams(Section):
     entropy_coef: float = Field(0.0, ge=0)
     kl_beta: float = Field(0.001, ge=0)
     kl_estimator: Literal["k1", "k2", "k3"] = "k1"
-    ppo_epochs: int = Field(1, ge=1)
-    mini_batch_size: int = Field(16, ge=1)
-    micro_batch_size: int = Field(8, ge=1)
+    ppo_epochs: int = at_most(L.REPEATS, 1, ge=1)
+    mini_batch_size: int = at_most(L.BATCH_ROWS, 16, ge=1)
+    micro_batch_size: int = at_most(L.BATCH_ROWS, 8, ge=1)
     grad_clip: float = Field(1.0, gt=0)
     zero_stage: int = Field(0, ge=0, le=3)
     bf16: bool | Literal["auto"] = "auto"  # bf16 autocast (fp32 master weights); auto: as dtype
     lora: bool = True
-    lora_r: int = Field(8, ge=1)
+    lora_r: int = at_most(L.HIDDEN_SIZE, 8, ge=1)
     lora_alpha: float = Field(16.0, gt=0)
-    lora_layers: int | None = Field(None, ge=1)
+    lora_layers: int | None = at_most(L.LAYERS, None, ge=1)
     share_prefix: bool = True
     # Actor, reference and critic share every frozen layer below the lowest trainable one (LoRA on
     # the top layers): run those once per micro-batch and branch. Off, or full fine-tuning: each
@@ -228,8 +240,8 @@ class PPOParams(Section):
 class WarmupParams(Section):
     """Critic warm-up with the actor frozen: collect once, then refit the critic several times."""
 
-    batches: int = Field(1, ge=1)
-    iterations: int = Field(2, ge=1)
+    batches: int = at_most(L.ITERATIONS, 1, ge=1)
+    iterations: int = at_most(L.ITERATIONS, 2, ge=1)
     sample_fraction: float = Field(1.0, gt=0, le=1.0)
     max_final_loss: float | None = Field(None, gt=0)
 
@@ -237,10 +249,10 @@ class WarmupParams(Section):
 class TrainParams(Section):
     """The train loop: iterations, checkpoints, Kubeflow segment length."""
 
-    iterations: int = Field(5, ge=1)
-    checkpoint_every: int = Field(1, ge=1)
-    keep_checkpoints: int = Field(2, ge=1)
-    iterations_per_task: int = Field(1, ge=1)
+    iterations: int = at_most(L.ITERATIONS, 5, ge=1)
+    checkpoint_every: int = at_most(L.ITERATIONS, 1, ge=1)
+    keep_checkpoints: int = at_most(L.ITERATIONS, 2, ge=1)
+    iterations_per_task: int = at_most(L.ITERATIONS, 1, ge=1)
     # What runs components/train.py under DVC: `python` (one rank), or e.g.
     # `torchrun --nproc_per_node 8` for one rank per GPU (each rank steps its own envs).
     launcher: str = Field("python", min_length=1)
@@ -260,7 +272,7 @@ class PodResources(Section):
     and DataLoader workers pass tensors through it; a pod's default is 64 MiB); it counts
     against the pod's memory."""
 
-    gpus: int = Field(0, ge=0)
+    gpus: int = at_most(L.NODE_GPUS, 0, ge=0)
     cpu: str = Field("1", pattern=KUBE_CPU)
     memory: str = Field("4Gi", pattern=KUBE_MEMORY)
     shm: str | None = Field(None, pattern=KUBE_MEMORY)
@@ -353,9 +365,30 @@ class Params(Section):
                              f"({self.rollout.n_envs}) must be a multiple of it")
         return self
 
+    @model_validator(mode="after")
+    def _sizes_fit(self) -> "Params":
+        problem = size_problem(self)
+        if problem:
+            raise ValueError(problem)
+        return self
+
 
 class ParamsError(UserError, ValueError):
     """Bad parameters; the message names the file and the dotted key."""
+
+
+def _why(loc: tuple[Any, ...]) -> str | None:
+    """The reason a bounded field gives for its bound (`limits.at_most`), found along `loc`."""
+    model: Any = Params
+    info = None
+    for part in loc:
+        fields = getattr(model, "model_fields", None)
+        if not fields or part not in fields:
+            return None
+        info = fields[part]
+        model = info.annotation
+    extra = getattr(info, "json_schema_extra", None)
+    return extra.get("why") if isinstance(extra, dict) else None
 
 
 def _describe(err: ValidationError, source: str) -> str:
@@ -364,10 +397,14 @@ def _describe(err: ValidationError, source: str) -> str:
         key = ".".join(str(p) for p in e["loc"]) or "<root>"
         if e["type"] == "extra_forbidden":
             lines.append(f"{source}: unknown key '{key}'")
+        elif e["type"] == "value_error":  # a rule across keys: its message names them
+            lines.append(f"{source}: {e['ctx']['error']}")
         else:
             got = e.get("input")
             shown = repr(got) if not isinstance(got, dict) else "a mapping"
-            lines.append(f"{source}: key '{key}': {e['msg']} (got {shown})")
+            why = _why(e["loc"]) if e["type"] == "less_than_equal" else None
+            lines.append(f"{source}: key '{key}': {e['msg']} (got {shown})"
+                         + (f"; the bound: {why}" if why else ""))
     return "\n".join(lines)
 
 
@@ -384,7 +421,7 @@ def parse_params(data: dict[str, Any] | None, source: str = "params") -> Params:
 
 
 def load_params(path: str | Path) -> Params:
-    """Read and validate a params YAML file."""
+    """Read and validate a params YAML file; an empty one is an error, not the defaults."""
     path = Path(path)
     if not path.is_file():
         raise ParamsError(f"params file not found: {path}")
@@ -392,4 +429,10 @@ def load_params(path: str | Path) -> Params:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
         raise ParamsError(f"{path}: not valid YAML: {err}") from None
+    if data is None:  # not the built-in defaults: a truncated or blanked file would run them
+        raise ParamsError(f"{path} is empty: write one with `longturn params default` "
+                          "(or `make params PROFILE=NAME`)")
+    if not isinstance(data, dict):
+        raise ParamsError(f"{path} holds a YAML {type(data).__name__}, not a mapping of sections "
+                          "(seed, model, env, ...): write one with `longturn params default`")
     return parse_params(data, str(path))
