@@ -1,8 +1,8 @@
 """Stage validate_prompts: budget-check prompts, sample answers, gate on the valid-action ratio
 (sequence mode: play whole episodes, gate on the budget and the valid-reply ratio).
 
-Below the gate it exits 1 after writing its report, and without the `passed` marker that
-critic_warmup and train depend on.
+Below the gate it writes its report, leaves out the `passed` marker that critic_warmup and train
+depend on, and exits 2 with one line naming each failing task (as every user error does).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from longturn.sequence.metrics import json_safe
 from longturn.sequence.validation import (render_sequence_report, sequence_gate_failures,
                                          validate_sequence_tasks)
 from longturn.trajectories import write_sequences, write_table
-from longturn.validation import PASSED_MARKER, PASSED_TEXT, gate_failures, validate_task
+from longturn.validation import (PASSED_MARKER, PASSED_TEXT, GateFailed, gate_failures,
+                                 validate_task)
 from longturn.validation_report import render_report
 
 log = logging.getLogger("validate_prompts")
@@ -65,10 +66,8 @@ def body(args, params) -> int:
     report = (render_sequence_report(results, failures, gate, settings, tokenizer) if sequence
               else render_report(results, failures, gate, settings))
     write_text(out / "report.md", report)
-    for failure in failures:
-        print(f"validate_prompts: gate failed: {failure}", file=sys.stderr)
     if failures:
-        return 1
+        raise GateFailed(failures, out / "report.md")
     write_text(out / PASSED_MARKER, PASSED_TEXT)  # last: the gate holds only when all is written
     return 0
 

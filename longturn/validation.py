@@ -14,6 +14,7 @@ constant: a validation rerun that passes again does not rerun training.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from longturn.agent.memory import HistoryEntry
@@ -23,11 +24,20 @@ from longturn.engines.base import Engine, SamplingParams
 from longturn.envs.actions import EMPTY, NO_ACTION, UNKNOWN
 from longturn.envs.base import TextEnv
 from longturn.envs.registry import translator_for
+from longturn.errors import UserError
 from longturn.reply_format import parse_reply
 
 PASSED_MARKER = "passed"
 PASSED_TEXT = "every task's valid-action ratio is at or above validation.min_valid_action_ratio\n"
 FAILURES = (NO_ACTION, UNKNOWN, EMPTY, "multiple_actions", "cut_by_length")
+
+
+class GateFailed(UserError):
+    """A task is below the gate. Like every other mistake a user fixes (a prompt, a setting, the
+    model), it is one line and exit 2; the report that explains it is already written."""
+
+    def __init__(self, failures: list[str], report: Path) -> None:
+        super().__init__(f"gate failed: {'; '.join(failures)}; see {report}")
 
 
 @dataclass

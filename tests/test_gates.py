@@ -1,5 +1,6 @@
-"""The two gates fail as a user sees it: exit code, the message, and nothing left behind that a
-later stage could take as valid. Under DVC, `dvc repro train` stops at a failing validation."""
+"""The two gates fail as a user sees it: exit code 2 and one line like every other user error,
+and nothing left behind that a later stage could take as valid. Under DVC, `dvc repro train`
+stops at a failing validation, and the stage's exit code and line come through."""
 
 from __future__ import annotations
 
@@ -28,12 +29,14 @@ def test_validation_gate_fails_without_a_passed_marker(tmp_path, tiny_model_dir,
     code = validate_prompts.main(["--params", params, "--model-dir", tiny_model_dir,
                                   "--out", str(out)])
 
-    assert code == 1
+    assert code == 2
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("validate_prompts:")]
     assert len(lines) == 1 and "Traceback" not in err
-    assert lines[0].startswith("validate_prompts: gate failed: task 'goto': valid-action ratio")
+    assert lines[0].startswith("validate_prompts: error: gate failed: task 'goto': "
+                               "valid-action ratio")
     assert "< validation.min_valid_action_ratio 1.00" in lines[0]
+    assert lines[0].endswith(f"; see {out / 'report.md'}")
     assert not (out / PASSED_MARKER).exists()  # the stale marker is gone, none was written
     assert json.loads((out / "metrics.json").read_text())["passed"] is False
     assert "Prompt validation: FAILED" in (out / "report.md").read_text()  # why, for reading
@@ -82,7 +85,12 @@ def test_dvc_repro_train_stops_at_a_failing_validation(tmp_path, tiny_model_dir)
 
     assert proc.returncode != 0
     out = proc.stdout + proc.stderr
-    assert "Running stage 'validate_prompts'" in out and "gate failed" in out
+    assert "Running stage 'validate_prompts'" in out
+    assert "python components/validate_prompts.py" in out and ", exited with 2" in out
+    lines = [line for line in out.splitlines() if line.startswith("validate_prompts:")]
+    assert len(lines) == 1 and "Traceback" not in out, out
+    assert lines[0].startswith("validate_prompts: error: gate failed: task 'goto': ")
+    assert "; task 'open': " in lines[0]  # every failing task, still one line
     for stage in ("critic_warmup", "train"):
         assert f"Running stage '{stage}'" not in out
     assert not (repo / "data/validation" / PASSED_MARKER).exists()
