@@ -66,10 +66,10 @@ def call(expression: str) -> str:
             % expression)
 
 
-def run(tokenizer, script_by_seed: dict[int, list[str]], **kw):
+def run(tokenizer, script_by_seed: dict[int, list[str]], max_new_tokens: int = 64, **kw):
     tasks = [task_record(seed) for seed in script_by_seed]
     script = {make_problem(seed).question: replies for seed, replies in script_by_seed.items()}
-    sampling = sampling_settings(max_new_tokens=64, temperature=1.0, seed=0)
+    sampling = sampling_settings(max_new_tokens=max_new_tokens, temperature=1.0, seed=0)
     return sequence_rollout(ScriptedEngine(tokenizer, script), tokenizer, sampling, tasks,
                             settings(**kw))
 
@@ -107,6 +107,52 @@ def test_malformed_tool_call_gives_an_error_result_and_the_episode_goes_on(token
     assert "exponents above 64" in messages[5]["content"]
     assert (rec["termination"], rec["reward"], rec["tool_errors"]) == ("done", 1.0, 1)
     assert rec["tokenization_check"] == "identical"
+
+
+def test_probe_tool_calls_are_error_messages_and_the_episode_goes_on(tokenizer):
+    # the probes that ended runs: JSON nested 1,000 deep (RecursionError) and a 5,000-digit
+    # integer (ValueError), each the whole reply, uncut
+    p = make_problem(1)
+    deep = '<tool_call>\n{"name": "calculator", "arguments": %s}\n</tool_call>' % (
+        "[" * 1000 + "]" * 1000)
+    digits = call("1").replace('"1"', "9" * 5000)
+    [rec] = run(tokenizer, {1: [deep, digits, f"ANSWER: {p.answer}"]}, max_new_tokens=6000,
+                max_tokens=16_384)
+    messages = json.loads(rec["messages"])
+    assert messages[2]["content"] == deep and messages[4]["content"] == digits
+    assert messages[3] == {"role": "tool", "name": "error", "content": "Error: the tool call "
+                           "nests objects and arrays 1,001 deep; the limit is 64"}
+    assert messages[5]["content"] == ("Error: a number in the tool call has 5,000 digits; the "
+                                      "limit is 100")
+    assert (rec["termination"], rec["reward"], rec["tool_calls"], rec["tool_errors"]) == (
+        "done", 1.0, 2, 2)
+
+
+def test_a_raising_parser_or_tool_box_is_an_error_message(tokenizer, monkeypatch):
+    # last guards in the rollout: whatever parsing or running a call raises is the model's to read
+    p = make_problem(1)
+
+    def parser_bug(text):  # breaks on the reply with a call, as a parser bug would
+        if "<tool_call>" in text:
+            raise RecursionError("maximum recursion depth exceeded")
+        return []
+
+    monkeypatch.setattr("longturn.sequence.rollout.parse_tool_calls", parser_bug)
+    [rec] = run(tokenizer, {1: [call("1+1"), f"ANSWER: {p.answer}"]})
+    messages = json.loads(rec["messages"])
+    assert messages[3]["content"] == "Error: the tool calls could not be read (RecursionError)"
+    assert (rec["termination"], rec["reward"], rec["tool_errors"]) == ("done", 1.0, 1)
+
+    def box_bug(self, instance_id, call):
+        raise MemoryError("the box broke\nsecond line")
+
+    monkeypatch.undo()
+    monkeypatch.setattr(ToolBox, "call", box_bug)
+    [rec] = run(tokenizer, {1: [call("1+1"), f"ANSWER: {p.answer}"]})
+    messages = json.loads(rec["messages"])
+    assert messages[3] == {"role": "tool", "name": "calculator", "content": "Error: the tool call "
+                           "failed: MemoryError: the box broke"}
+    assert (rec["termination"], rec["reward"], rec["tool_errors"]) == ("done", 1.0, 1)
 
 
 def test_wrong_answer_gets_one_revision_then_ends(tokenizer):

@@ -3,13 +3,18 @@ the arithmetic task: every mistake of the model is a message, never a crash or a
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from longturn.errors import SettingError
 from longturn.sequence.interactions import load_interactions
-from longturn.sequence.tool_calls import BadToolCall, ToolCall, parse_tool_calls
+from longturn.sequence.tool_calls import (MAX_CALL_CHARS, MAX_DEPTH, MAX_NUMBER_DIGITS, OPEN,
+                                           CLOSE, BadToolCall, ToolCall, bounds_problem,
+                                           parse_tool_calls)
 from longturn.sequence.tools import BaseTool, ToolBox, load_tools
 from longturn.tasks.arithmetic import (RevisionInteraction, final_answer, make_problem, reward,
                                        task_record)
@@ -154,3 +159,93 @@ def test_revision_interaction_asks_once_then_ends():
         == (True, "Correct.", 1.0)
     interaction.finalize("b")
     assert "b" not in interaction.instances
+
+
+# ---- hostile replies: bounded before decoding, linear scanning, nothing escapes ---------------
+
+def named_call(arguments_json: str) -> str:
+    return '<tool_call>{"name": "calculator", "arguments": %s}</tool_call>' % arguments_json
+
+
+@pytest.mark.parametrize("text, message", [
+    (named_call("[" * 1000 + "]" * 1000), "nests objects and arrays 1,001 deep; the limit is 64"),
+    (named_call('{"a": ' * 1000 + "1" + "}" * 1000), "1,001 deep"),
+    (named_call("[" * 1000), "1,001 deep"),  # unbalanced: the decoder would recurse just the same
+    (named_call('{"x": %s}' % ("9" * 5000)), "has 5,000 digits; the limit is 100"),
+    (named_call('{"x": 0.%s}' % ("1" * 101)), "has 101 digits"),
+    (named_call('{"x": "%s"}' % ("y" * MAX_CALL_CHARS)), "characters long; the limit is 32,768"),
+    (named_call(json.dumps("[" * 100)), 'the "arguments" string of tool \'calculator\' nests'),
+])
+def test_probe_calls_are_bad_calls_with_the_bound_they_broke(text, message):
+    [call] = parse_tool_calls(text)
+    assert isinstance(call, BadToolCall) and message in call.error
+
+
+def test_bounds_are_exact_and_ignore_what_is_inside_strings():
+    def nested(levels: int) -> str:  # the call object and its arguments are two more levels
+        return named_call('{"x": %s}' % ("[" * levels + "]" * levels))
+
+    assert parse_tool_calls(nested(MAX_DEPTH - 2))[0] == ToolCall(
+        "calculator", {"x": json.loads("[" * (MAX_DEPTH - 2) + "]" * (MAX_DEPTH - 2))})
+    assert "65 deep" in parse_tool_calls(nested(MAX_DEPTH - 1))[0].error
+    assert parse_tool_calls(named_call('{"x": %s}' % ("9" * MAX_NUMBER_DIGITS)))[0] == ToolCall(
+        "calculator", {"x": int("9" * MAX_NUMBER_DIGITS)})
+    # brackets, digits and escaped quotes inside a string are text, not nesting or numbers
+    text = '[[[[' * 100 + '\\"' + "7" * 5000 + '\\\\'
+    assert parse_tool_calls(named_call(json.dumps({"expression": text}))) == [
+        ToolCall("calculator", {"expression": text})]
+    assert bounds_problem('"unterminated \\" [[[' + "1" * 500) is None  # json.loads reports it
+
+
+def test_ten_thousand_unclosed_tags_are_one_bad_call_found_in_one_pass():
+    class CountingText(str):
+        """Counts the characters each `find` reads (from its start to the match's end)."""
+        read = 0
+
+        def find(self, sub, start=0, *rest):
+            at = super().find(sub, start, *rest)
+            CountingText.read += (len(self) if at == -1 else at + len(sub)) - start
+            return at
+
+    text = CountingText(named_call("{}") + " x " + OPEN * 10_000 + '{"name": "a"}')
+    calls = parse_tool_calls(text)
+    assert calls[0] == ToolCall("calculator", {}) and len(calls) == 2
+    assert isinstance(calls[1], BadToolCall) and "never closed" in calls[1].error
+    assert calls[1].raw == OPEN * 10_000 + '{"name": "a"}'
+    assert 0 < CountingText.read <= len(text)  # the tags are found by find, no character twice
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner,
+                                                               max_size=4),
+    max_leaves=12)
+FRAGMENTS = st.sampled_from([OPEN, CLOSE, "{", "}", "[", "]", '"', "\\", ":", ",", " ", "\n",
+                             '"name"', '"calculator"', '"arguments"', "1" * 120, "-1e5", "null",
+                             "[" * 70, "]" * 70, "\u2028", "\x00"])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.one_of(st.text(), st.lists(FRAGMENTS | st.text(max_size=5)).map("".join)))
+def test_no_text_makes_the_parser_raise(text):
+    assert all(isinstance(c, (ToolCall, BadToolCall)) for c in parse_tool_calls(text))
+
+
+@settings(max_examples=150, deadline=None)
+@given(JSON_VALUES, st.text(min_size=1, max_size=10), st.integers(0, 80), st.booleans())
+def test_random_json_in_tags_is_decoded_or_refused_with_a_reason(value, name, depth, as_string):
+    arguments = {"v": value}
+    for _ in range(depth):
+        arguments = {"v": [arguments]}
+    encoded = json.dumps({"name": name, "arguments": json.dumps(arguments) if as_string
+                          else arguments})
+    calls = parse_tool_calls(f"before {OPEN}{encoded}{CLOSE} after")
+    if CLOSE in encoded or OPEN in encoded:  # a name may hold the tags themselves
+        return
+    [call] = calls
+    if bounds_problem(encoded) is None and (not as_string or bounds_problem(json.dumps(arguments))
+                                            is None):
+        assert call == ToolCall(name, arguments)
+    else:
+        assert isinstance(call, BadToolCall) and "the limit is" in call.error

@@ -71,6 +71,9 @@ class ActionTranslator:
         self.default_action = default_action
         self._lookup = {normalise(k): v for k, v in synonyms.items()}
         self._lookup.update({normalise(a): a for a in actions})
+        # the longest name in words: a longer head cannot match, so translate never joins one
+        # (joining every head of a long reply was quadratic in its length)
+        self._max_words = max(len(key.split(" ")) for key in self._lookup)
 
     def translate(self, text: str) -> str | None:
         """The canonical action for `text` (exact name, synonym, or either followed by its object),
@@ -79,7 +82,7 @@ class ActionTranslator:
         if key in self._lookup:
             return self._lookup[key]
         words = key.split(" ")
-        for cut in range(len(words) - 1, 0, -1):  # longest head first: "pick up" before "pick"
+        for cut in range(min(len(words) - 1, self._max_words), 0, -1):  # "pick up" before "pick"
             head = " ".join(words[:cut])
             if head in self._lookup and words[cut] in ARGUMENT_WORDS:
                 return self._lookup[head]

@@ -3,7 +3,8 @@ active episode's next reply generated in one engine call.
 
 After each reply:
 - tool calls in it (Hermes format) are run through the ToolBox; their results, errors included,
-  are appended as `tool` messages and the model replies again;
+  are appended as `tool` messages and the model replies again (whatever parsing or running a
+  call raises is such an `Error: …` message too: model text never ends the run);
 - a reply without tool calls goes to the interaction, which scores it and either ends the episode
   (`time_limit` when it says the episode was cut by a time limit, else `done`) or answers as the
   user; without an interaction such a reply ends the episode;
@@ -23,6 +24,7 @@ function with the same signature and records (docs/sequence-mode.md).
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -35,12 +37,14 @@ from longturn.sequence.episode import (DONE, MAX_ASSISTANT_TURNS, MAX_USER_TURNS
                                        TOKEN_BUDGET, SequenceEpisode)
 from longturn.sequence.interactions import BaseInteraction
 from longturn.sequence.tokenization_check import check_tokenization
-from longturn.sequence.tool_calls import parse_tool_calls
-from longturn.sequence.tools import ToolBox
+from longturn.sequence.tool_calls import BadToolCall, ToolCall, parse_tool_calls
+from longturn.sequence.tools import ToolBox, ToolResult
 from longturn.vision.encoder import IMAGE_PLACEHOLDER
 
 if TYPE_CHECKING:
     from longturn.config import SequenceParams
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -78,13 +82,36 @@ def _tool_turn(ep: SequenceEpisode, tools: ToolBox, calls: list, limit: int
     """Run a reply's calls; the tool messages to append."""
     out = []
     for call in calls:
-        result = tools.call(ep.episode_id, call)
+        result = _run_call(ep.episode_id, tools, call)
         ep.tool_calls += 1
         ep.tool_errors += result.error is not None
         ep.reward(result.reward, result.metrics)
         text = result.text if len(result.text) <= limit else result.text[:limit] + " …(cut)"
         out.append({"role": "tool", "name": result.name or "error", "content": text})
     return out
+
+
+def _read_calls(content: str) -> list[ToolCall | BadToolCall]:
+    """The reply's tool calls. The parser never raises by design; should it ever, the reply is
+    one bad call: the model reads an `Error:` message and the episode goes on."""
+    try:
+        return parse_tool_calls(content)
+    except Exception as err:  # model text must not end the run
+        log.warning("reading the tool calls of a reply raised", exc_info=True)
+        return [BadToolCall(content, f"the tool calls could not be read ({type(err).__name__})")]
+
+
+def _run_call(instance_id: str, tools: ToolBox, call: ToolCall | BadToolCall) -> ToolResult:
+    """One call's result; whatever the tool box or the tool raises becomes an `Error:` result
+    (ToolBox.call catches a tool's own exceptions; this is the last guard, for anything else)."""
+    try:
+        return tools.call(instance_id, call)
+    except Exception as err:  # a tool's bug must not end the run; it is logged in full
+        name = call.name if isinstance(call, ToolCall) else ""
+        log.warning("tool call %r raised", name, exc_info=True)
+        first_line = (str(err).splitlines() or [""])[0]
+        return ToolResult(name, f"Error: the tool call failed: {type(err).__name__}: "
+                          f"{first_line}", error="tool_exception")
 
 
 def _user_message(text: str | Observation) -> tuple[dict[str, Any], list]:
@@ -101,7 +128,7 @@ def _after_reply(ep: SequenceEpisode, content: str, s: SequenceSettings
                  ) -> tuple[list[dict], list] | None:
     """Decide what follows a reply: the messages to append and their frames, or None when the
     episode ended."""
-    calls = parse_tool_calls(content) if s.tools is not None else []
+    calls = _read_calls(content) if s.tools is not None else []
     if calls:
         messages = _tool_turn(ep, s.tools, calls, s.max_tool_response_chars)
         if ep.assistant_turns >= s.max_assistant_turns:
