@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 from longturn.atomic import disk_error
 from longturn.config import Params, load_params
 from longturn.errors import UserError
+from longturn.preflight import preflight
 
 
 def parser(description: str) -> argparse.ArgumentParser:
@@ -33,11 +34,13 @@ def setup_logging() -> None:
 
 def run(stage: str, body: Callable[[argparse.Namespace, Params], int | None],
         arg_parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> int:
-    """Parse args, validate params, run the stage; a bad input is one line on stderr, exit 2."""
+    """Parse args, validate params and what they name (before any model loads), run the stage;
+    a bad input is one line on stderr, exit 2."""
     args = arg_parser.parse_args(argv)
     setup_logging()
     try:
         params = load_params(args.params)
+        preflight(params, getattr(args, "model_dir", None))  # names and the model's context
         return int(body(args, params) or 0)
     except Exception as err:  # noqa: BLE001 - sorted below; unknown errors are re-raised
         line = one_line(err, getattr(args, "out", None) or ".")

@@ -23,7 +23,7 @@ def row_positions(p: Params) -> Factor:
     """The most positions one sample row can take: prompt and reply of a turn, or a sequence."""
     if p.rollout.mode == "sequence":
         return "rollout.sequence.max_tokens", p.rollout.sequence.max_tokens
-    return ("(prompt.max_prompt_tokens + engine.sampling.max_new_tokens)",
+    return ("prompt.max_prompt_tokens + engine.sampling.max_new_tokens",
             p.prompt.max_prompt_tokens + p.engine.sampling.max_new_tokens)
 
 
@@ -40,13 +40,18 @@ def iteration_rows(p: Params) -> list[Factor] | None:
     return [("rollout.n_envs", r.n_envs), ("env.max_turns", p.env.max_turns)]
 
 
+def _factor(key: str, value: int, in_product: bool) -> str:
+    return f"({key}) ({value:,})" if in_product and " + " in key else f"{key} ({value:,})"
+
+
 def over(factors: list[Factor], limit: Limit) -> str | None:
     """'a (2) × b (3) = 6 is over 5: why' when the product exceeds the limit."""
     size = math.prod(value for _, value in factors)
     if size <= limit.value:
         return None
-    named = " × ".join(f"{key} ({value:,})" for key, value in factors)
-    return f"{named} = {size:,} is over {limit.value:,}: {limit.why}"
+    named = " × ".join(_factor(key, value, len(factors) > 1) for key, value in factors)
+    product = f" = {size:,}" if len(factors) > 1 else ""
+    return f"{named}{product} is over {limit.value:,}: {limit.why}"
 
 
 def size_problem(p: Params) -> str | None:

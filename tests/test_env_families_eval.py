@@ -21,7 +21,7 @@ def test_zero_shot_eval_on_each_family(tmp_path, tiny_model_dir, name, task, kwa
     params = toy_params(tiny_model_dir)
     params["env"] = {"name": name, "tasks": [task], "kwargs": kwargs,
                      "invalid_action_penalty": 0.1, "max_turns": 3}
-    params["prompt"].update(max_prompt_tokens=4096)
+    params["prompt"].update(max_prompt_tokens=4000)  # + the reply within the model's 4,096
     params["eval"].update(tasks=[task], episodes_per_task=2, parallel_envs=2)
     path = write_params(tmp_path / "params.yaml", params)
     out = tmp_path / "eval"

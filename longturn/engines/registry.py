@@ -28,13 +28,17 @@ def _sglang(model_dir: str, params: Params) -> Engine:
 ENGINES: dict[str, Callable[[str, Params], Engine]] = {"hf": _hf, "sglang": _sglang}
 
 
+def engine_factory(name: str) -> Callable[[str, Params], Engine]:
+    """The factory of `engine.name`; a SettingError naming the choices (checked before any load)."""
+    try:
+        return ENGINES[name]
+    except KeyError:
+        raise SettingError(f"engine.name {name!r} is not one of {sorted(ENGINES)}") from None
+
+
 def make_engine(model_dir: str, params: Params) -> Engine:
     """The engine named by `engine.name`, serving the weights in `model_dir`."""
-    try:
-        factory = ENGINES[params.engine.name]
-    except KeyError:
-        raise SettingError(f"engine.name {params.engine.name!r} is not one of {sorted(ENGINES)}") from None
-    return factory(model_dir, params)
+    return engine_factory(params.engine.name)(model_dir, params)
 
 
 def sampling_from_params(params: Params, seed: int, temperature: float | None = None) -> SamplingParams:

@@ -32,6 +32,19 @@ def resolve_factory(name: str) -> Callable[..., Any]:
     return import_object(module_name, attr, f"env {name!r}")
 
 
+def declared_tasks(name: str) -> tuple[str, ...] | None:
+    """The task names env `name` declares: a `TASKS` sequence of strings on its factory or in the
+    factory's module, as the built-in families have. None: a plugin that declares none checks its
+    task when it is built. Imports the module only, so a stage can refuse an unknown task before
+    it loads a model or starts a worker."""
+    factory = resolve_factory(name)
+    for owner in (factory, inspect.getmodule(factory)):
+        found = getattr(owner, "TASKS", None)
+        if isinstance(found, (list, tuple)) and all(isinstance(t, str) for t in found):
+            return tuple(found)
+    return None
+
+
 def _is_gym_class(obj: Any) -> bool:
     gym = sys.modules.get("gymnasium")  # a gymnasium env's module has imported it already
     return gym is not None and isinstance(obj, type) and issubclass(obj, gym.Env)

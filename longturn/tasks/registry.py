@@ -23,17 +23,18 @@ BUILTIN = {"arithmetic": "longturn.tasks.arithmetic:TASK",
 _METHODS = ("record", "reward", "success")
 
 
-def load_task(name: str) -> Any:
-    """The task called `name` (built-in) or at `package.module:OBJECT`."""
+def load_task(name: str, key: str = "env.tasks") -> Any:
+    """The task called `name` (built-in) or at `package.module:OBJECT`; errors name `key`, the
+    setting that lists it (env.tasks or eval.tasks)."""
     path = BUILTIN.get(name, name)
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
-        raise SettingError(f"env.tasks: {name!r} is neither a built-in sequence task "
+        raise SettingError(f"{key}: {name!r} is neither a built-in sequence task "
                            f"({', '.join(sorted(BUILTIN))}) nor an import path "
                            "'package.module:OBJECT'")
-    task = import_object(module_name, attr, f"env.tasks {name!r}")
+    task = import_object(module_name, attr, f"{key} {name!r}")
     missing = [m for m in _METHODS if not callable(getattr(task, m, None))]
     if missing:
-        raise SettingError(f"env.tasks {name!r}: the task object lacks {', '.join(missing)} "
+        raise SettingError(f"{key} {name!r}: the task object lacks {', '.join(missing)} "
                            "(longturn/tasks/registry.py says what a task provides)")
     return task

@@ -1,0 +1,154 @@
+"""Sizes and counts in params.yaml have upper bounds, alone and multiplied together; an empty or
+non-mapping params file is refused (issue 21: such values used to die in the allocator)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from longturn import limits
+from longturn.config import Params, ParamsError, load_params, parse_params
+
+
+def bounded_fields(model: Any = Params, prefix: str = "") -> dict[str, int]:
+    """Every key of Params with an upper bound, dotted, and the bound."""
+    found: dict[str, int] = {}
+    for name, info in model.model_fields.items():
+        key = f"{prefix}{name}"
+        if isinstance(info.annotation, type) and hasattr(info.annotation, "model_fields"):
+            found.update(bounded_fields(info.annotation, f"{key}."))
+        for meta in info.metadata:
+            if getattr(meta, "le", None) is not None:
+                found[key] = meta.le
+    return found
+
+
+def nested(key: str, value: Any) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    node = data
+    *parents, leaf = key.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+    return data
+
+
+# Every size or count a run allocates or loops over: none may be unbounded.
+SIZES_AND_COUNTS = {
+    "engine.sampling.max_new_tokens", "engine.sampling.top_k", "engine.batch_size",
+    "engine.sglang.tp_size", "env.max_turns", "env.max_retries", "prompt.history_turns",
+    "prompt.max_prompt_tokens", "eval.episodes_per_task", "eval.parallel_envs",
+    "validation.samples_per_task", "rollout.n_envs", "rollout.turns_per_env",
+    "rollout.sequence.max_assistant_turns", "rollout.sequence.max_user_turns",
+    "rollout.sequence.max_tokens", "rollout.sequence.max_tool_response_chars",
+    "algo.group_size", "ppo.ppo_epochs", "ppo.mini_batch_size", "ppo.micro_batch_size",
+    "ppo.lora_r", "ppo.lora_layers", "warmup.batches", "warmup.iterations", "train.iterations",
+    "train.checkpoint_every", "train.keep_checkpoints", "train.iterations_per_task",
+}
+
+
+def test_every_size_and_count_has_a_bound():
+    missing = SIZES_AND_COUNTS - set(bounded_fields())
+    assert not missing
+
+
+@pytest.mark.parametrize("key, bound", sorted(
+    (k, b) for k, b in bounded_fields().items() if k in SIZES_AND_COUNTS))
+def test_one_over_the_bound_is_refused_naming_key_and_bound(key, bound):
+    with pytest.raises(ParamsError) as err:
+        parse_params(nested(key, bound + 1), "p.yaml")
+    message = str(err.value)
+    assert message.startswith(f"p.yaml: key '{key}'")
+    assert f"less than or equal to {bound}" in message and "; the bound: " in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("key, value", [
+    ("engine.sampling.max_new_tokens", 1_000_000_000_000),
+    ("train.iterations", 10**30),
+    ("eval.episodes_per_task", 10**30),
+])
+def test_the_probe_values_are_refused(key, value):
+    with pytest.raises(ParamsError, match=rf"key '{key}'.*less than or equal to"):
+        parse_params(nested(key, value), "p.yaml")
+
+
+def test_bound_values_are_accepted_where_nothing_else_multiplies_them():
+    params = parse_params({"train": {"iterations": limits.ITERATIONS.value},
+                           "eval": {"episodes_per_task": limits.EPISODES.value}})
+    assert params.train.iterations == 10**6 and params.eval.episodes_per_task == 10**7
+
+
+def refused(data: dict[str, Any]) -> str:
+    with pytest.raises(ParamsError) as err:
+        parse_params(data, "p.yaml")
+    assert "\n" not in str(err.value)
+    return str(err.value)
+
+
+def test_a_history_longer_than_the_prompt_budget_is_refused():
+    message = refused({"prompt": {"history_turns": 300, "max_prompt_tokens": 256}})
+    assert "prompt.history_turns (300)" in message and "prompt.max_prompt_tokens (256)" in message
+
+
+def test_a_turn_longer_than_any_context_is_refused():
+    message = refused({"prompt": {"max_prompt_tokens": 2**17},
+                       "engine": {"sampling": {"max_new_tokens": 1}}})
+    assert "prompt.max_prompt_tokens + engine.sampling.max_new_tokens (131,073)" in message
+    assert "131,072" in message
+
+
+@pytest.mark.parametrize("key", ["engine.batch_size", "ppo.micro_batch_size"])
+def test_a_forward_that_no_gpu_holds_is_refused(key):
+    data = nested(key, 4096)
+    data.setdefault("prompt", {})["max_prompt_tokens"] = 4096
+    if key == "ppo.micro_batch_size":
+        data["ppo"]["mini_batch_size"] = 4096
+    message = refused(data)
+    assert f"{key} (4,096) × (prompt.max_prompt_tokens + engine.sampling.max_new_tokens)" in message
+    assert f"over {limits.FORWARD_TOKENS.value:,}" in message
+
+
+def test_an_iteration_no_rank_holds_is_refused_naming_every_factor():
+    message = refused({"rollout": {"n_envs": 64, "turns_per_env": 4000},
+                       "prompt": {"max_prompt_tokens": 1024},
+                       "engine": {"sampling": {"max_new_tokens": 64}}})
+    for factor in ("rollout.n_envs (64)", "rollout.turns_per_env (4,000)", "warmup.batches (1)"):
+        assert factor in message
+    assert f"= {64 * 4000 * 1088:,} is over {limits.HELD_TOKENS.value:,}" in message
+
+
+def test_the_warm_up_keeps_all_its_batches():
+    ok = {"rollout": {"n_envs": 64, "turns_per_env": 64}}
+    assert parse_params(ok).warmup.batches == 1
+    message = refused({**ok, "warmup": {"batches": 4000}})
+    assert "warmup.batches (4,000)" in message
+
+
+def test_sequence_mode_sizes_rows_by_the_sequence_budget():
+    message = refused({"rollout": {"mode": "sequence", "n_envs": 4096,
+                                   "sequence": {"max_tokens": 2**17}}})
+    assert "rollout.n_envs (4,096) × rollout.sequence.max_tokens (131,072)" in message
+
+
+def test_critic_free_iterations_are_sized_by_the_episode_limit():
+    data = {"algo": {"advantage": "grpo", "group_size": 4},
+            "rollout": {"n_envs": 4096, "turns_per_env": 1}, "env": {"max_turns": 100}}
+    assert "rollout.n_envs (4,096) × env.max_turns (100)" in refused(data)
+    data["env"]["max_turns"] = None  # the env's own limit: unknown here, not refused
+    assert parse_params(data).rollout.n_envs == 4096
+
+
+@pytest.mark.parametrize("text, says", [
+    ("", "is empty"), ("null\n", "is empty"), ("# only a comment\n", "is empty"),
+    ("- seed\n", "holds a YAML list, not a mapping"), ("3\n", "holds a YAML int, not a mapping"),
+    ("params\n", "holds a YAML str, not a mapping"),
+])
+def test_an_empty_or_non_mapping_params_file_is_refused_naming_it(tmp_path, text, says):
+    path = tmp_path / "params.yaml"
+    path.write_text(text)
+    with pytest.raises(ParamsError) as err:
+        load_params(path)
+    assert str(err.value).startswith(f"{path} {says}")
+    assert "longturn params default" in str(err.value)
