@@ -66,6 +66,15 @@ def test_gae_tiny() -> None:
     assert "results agree" in out
 
 
+def test_parse_speed_tiny() -> None:
+    out = run_bench("parse_speed.py", "--tiny")
+    rows = re.findall(r"^  (\S.*?)\s+([\d.]+) ms\s+([\d.]+) ms\s+([\d.]+)x$", out, re.MULTILINE)
+    assert len(rows) == 9, out  # 4 reply shapes, 5 tool-call shapes, both sizes side by side
+    assert {"many ACTION tags", "unclosed <tool_call> tags", "calls nested 400 deep"} <= {
+        name for name, *_ in rows}
+    assert number(r"slowest reply at 2 kB: ([\d.]+) ms", out) >= 0
+
+
 def test_tiny_model_is_reused_and_foreign_dirs_are_refused(tiny_dir: str, tmp_path: Path) -> None:
     tiny = load_bench("tiny_model.py")
     before = (Path(tiny_dir) / "model.safetensors").stat().st_mtime_ns
