@@ -157,3 +157,42 @@ def test_cuda_graph_replay_equals_eager_steps(tiny_model_dir) -> None:
             assert x.logprobs == pytest.approx(y.logprobs, abs=1e-4)
     assert graphs._decoder.use_graphs and all(s.graph is not None
                                               for s in graphs._decoder.slots.values())
+
+
+def test_a_kept_prefix_is_reused_until_the_weights_change(tiny_model_dir, monkeypatch) -> None:
+    """The shared prefix runs once across calls and row counts, with the results of an engine that
+    runs it every time; loading weights runs it again."""
+    import longturn.engines.static_decoder as static_decoder
+    passes = []
+    forward = static_decoder.forward_tokens
+
+    def counting(decoder, ids, *args):
+        passes.append(tuple(ids.shape)) if ids.shape[0] == 1 and ids.shape[1] > 1 else None
+        return forward(decoder, ids, *args)
+
+    prompts = PREFIX_BATCHES["tails"]
+    seeded = sampling_settings(max_new_tokens=8, temperature=1.0, seed=3)
+    batches = (prompts, prompts[:2], prompts)
+    rerun = HFEngine(tiny_model_dir, dtype="float32")
+    fresh = []
+    for rows in batches:
+        rerun._decoder.slots.clear()  # fresh buffers: the prefix runs again
+        rerun._decoder.prefixes.clear()
+        fresh.append(rerun.generate(rows, seeded))
+    engine = HFEngine(tiny_model_dir, dtype="float32")
+    monkeypatch.setattr(static_decoder, "forward_tokens", counting)
+    calls = [engine.generate(rows, seeded) for rows in batches]
+    assert len(passes) == 1
+    for call, want in zip(calls, fresh):
+        assert [c.token_ids for c in call] == [c.token_ids for c in want]
+        assert [c.logprobs for c in call] == [c.logprobs for c in want]
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.mul_(1.5)
+    engine.load_weights(model.state_dict())
+    after = engine.generate(prompts, seeded)
+    assert len(passes) == 2
+    expected = forward_logprobs(model.eval(), prompts, [c.token_ids for c in after])
+    for completion, ref in zip(after, expected):
+        assert completion.logprobs == pytest.approx(ref, abs=1e-4)

@@ -10,14 +10,15 @@ run each model whole.
 from __future__ import annotations
 
 import logging
-from contextlib import AbstractContextManager, nullcontext
-from typing import Any, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch import nn
 
 from longturn.algo.critic import ValueModel, packed_response_values, packed_state_values
 from longturn.engines.decoder_stack import decoder_of
+from longturn.engines.prefix_memo import PrefixMemo
 from longturn.algo.trunk import Branch, TrunkState, run_branch, run_trunk
 from longturn.engines.logprobs import PackedBatch, response_logits, token_logprobs
 from longturn.errors import UserError
@@ -117,6 +118,22 @@ class ModelSet:
         self.actor_decoder, self.ref_decoder = parts[0], parts[-1]
         self.critic_decoder = parts[1] if critic is not None else None
         self.depth = shared_trunk_depth(parts) if share_trunk and self.split else 0
+        self.trunk_prefixes = PrefixMemo()  # the frozen trunk's prefix passes: the whole run
+        self._branch_prefixes: PrefixMemo | None = None  # inside `scoring()` only
+
+    @contextmanager
+    def scoring(self) -> Iterator[None]:
+        """A no-grad pass over many batches with fixed weights: each branch's prefix pass runs
+        once and is reused, then forgotten (the next optimizer step changes the branches)."""
+        self._branch_prefixes = PrefixMemo()
+        try:
+            yield
+        finally:
+            self._branch_prefixes = None
+
+    def forget_prefixes(self) -> None:
+        """Drop every kept prefix pass (weights were loaded)."""
+        self.trunk_prefixes.clear()
 
     def reference(self) -> AbstractContextManager:
         """Context in which the reference branch runs."""
@@ -131,7 +148,7 @@ class ModelSet:
         """The shared trunk of this batch (empty when nothing is shared); no grad."""
         if not self.split:
             return TrunkState(0)
-        return run_trunk(self.actor_decoder, batch, self.depth)
+        return run_trunk(self.actor_decoder, batch, self.depth, self.trunk_prefixes)
 
     def actor_logits(self, batch: PackedBatch, trunk: TrunkState) -> torch.Tensor:
         """Raw logits [B, R, V] predicting each response token (grad follows grad mode)."""
@@ -150,7 +167,8 @@ class ModelSet:
             if not self.split:
                 return _logprobs(response_logits(model, batch), None, batch, temperature)
             decoder = self.ref_decoder if reference else self.actor_decoder
-            hidden = run_branch(Branch(decoder), trunk, batch)
+            hidden = run_branch(Branch(decoder, role="reference" if reference else "actor"),
+                                trunk, batch, memo=self._branch_prefixes)
             return _logprobs(_response_columns(hidden, batch), _lm_head(model), batch,
                              temperature)
 
@@ -164,7 +182,8 @@ class ModelSet:
         self._need_critic()
         if not self.split:
             return packed_response_values(self.critic, batch)
-        hidden = run_branch(Branch(self.critic_decoder), trunk, batch, self.checkpoint)
+        hidden = run_branch(Branch(self.critic_decoder, role="critic"), trunk, batch,
+                            self.checkpoint, self._branch_prefixes)
         values = self.critic.head_values(_response_columns(hidden, batch))
         return values.masked_fill(~batch.response_mask, 0.0)
 
@@ -173,5 +192,6 @@ class ModelSet:
         self._need_critic()
         if not self.split:
             return packed_state_values(self.critic, batch)
-        hidden = run_branch(Branch(self.critic_decoder), trunk, batch)
+        hidden = run_branch(Branch(self.critic_decoder, role="critic"), trunk, batch,
+                            memo=self._branch_prefixes)
         return self.critic.head_values(hidden[:, -1])

@@ -77,23 +77,24 @@ def score_batch(models: ModelSet, prompts: list[list[int]], responses: list[list
     model); with images no prompt prefix is shared."""
     out, size, device = Scored(), max(1, settings.mini_batch_size), _device(models)
     share_prefix = settings.share_prefix and not has_images(images)
-    for start in range(0, len(prompts), size):
-        chunk = responses[start : start + size]
-        lengths = [len(r) for r in chunk]
-        batch = pack_prompt_response(prompts[start : start + size], chunk, pad_id, device,
-                                     share_prefix)
-        frames = images[start : start + size] if images else None
-        with autocast(settings.bf16, device), models.images(batch, frames):
-            trunk = models.trunk(batch)
-            if logprobs:
-                old, raw = models.policy_logprobs(batch, trunk, settings.temperature)
-                ref, _ = models.policy_logprobs(batch, trunk, settings.temperature, True)
-                out.old += _rows(old, lengths)
-                out.raw += _rows(raw, lengths)
-                out.ref += _rows(ref, lengths)
-            if values:
-                out.values += _rows(models.values(batch, trunk), lengths)
-        _advance(bar, len(chunk))
+    with models.scoring():  # each branch's prefix pass once for the whole call
+        for start in range(0, len(prompts), size):
+            chunk = responses[start : start + size]
+            lengths = [len(r) for r in chunk]
+            batch = pack_prompt_response(prompts[start : start + size], chunk, pad_id, device,
+                                         share_prefix)
+            frames = images[start : start + size] if images else None
+            with autocast(settings.bf16, device), models.images(batch, frames):
+                trunk = models.trunk(batch)
+                if logprobs:
+                    old, raw = models.policy_logprobs(batch, trunk, settings.temperature)
+                    ref, _ = models.policy_logprobs(batch, trunk, settings.temperature, True)
+                    out.old += _rows(old, lengths)
+                    out.raw += _rows(raw, lengths)
+                    out.ref += _rows(ref, lengths)
+                if values:
+                    out.values += _rows(models.values(batch, trunk), lengths)
+            _advance(bar, len(chunk))
     return out
 
 
@@ -104,16 +105,17 @@ def bootstrap_values(models: ModelSet, rows: list[Row], settings: ScoringSetting
     index = [i for i, r in enumerate(rows) if r.get("bootstrap_prompt_ids")]
     out: dict[int, float] = {}
     size, device = max(1, settings.mini_batch_size), _device(models)
-    for start in range(0, len(index), size):
-        part = index[start : start + size]
-        prompts = [list(rows[i]["bootstrap_prompt_ids"]) for i in part]
-        frames = [rows[i].get("bootstrap_images") or [] for i in part]
-        batch = pack_prompt_response(prompts, [[] for _ in part], pad_id, device,
-                                     settings.share_prefix and not has_images(frames))
-        with autocast(settings.bf16, device), models.images(batch, frames):
-            v = models.state_values(batch, models.trunk(batch))
-        out.update(zip(part, v.float().cpu().tolist()))
-        _advance(bar, len(part))
+    with models.scoring():
+        for start in range(0, len(index), size):
+            part = index[start : start + size]
+            prompts = [list(rows[i]["bootstrap_prompt_ids"]) for i in part]
+            frames = [rows[i].get("bootstrap_images") or [] for i in part]
+            batch = pack_prompt_response(prompts, [[] for _ in part], pad_id, device,
+                                         settings.share_prefix and not has_images(frames))
+            with autocast(settings.bf16, device), models.images(batch, frames):
+                v = models.state_values(batch, models.trunk(batch))
+            out.update(zip(part, v.float().cpu().tolist()))
+            _advance(bar, len(part))
     return out
 
 

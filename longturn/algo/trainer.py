@@ -345,6 +345,7 @@ class PPOTrainer:
         if path is None or critic_path is None:
             raise FileNotFoundError(f"no complete trainer checkpoint under {src}")
         self.updates = int(state.get("longturn_updates", 0))
+        self.models.forget_prefixes()
         load_rng_states(src / f"rng_rank{self.rank}.pt")
         return dict(state.get("longturn_user", {}))
 

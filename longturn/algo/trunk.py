@@ -25,6 +25,7 @@ from transformers import DynamicCache
 
 from longturn.engines.decoder_stack import (PassInputs, ReadOnlyPrefixCache, pass_inputs,
                                          prefix_inputs, run_layers)
+from longturn.engines.prefix_memo import PrefixMemo
 from longturn.engines.logprobs import PackedBatch
 
 
@@ -35,6 +36,7 @@ class Branch:
 
     decoder: nn.Module
     context: Callable[[], AbstractContextManager] = nullcontext
+    role: str = "actor"  # names its memoised prefix passes (the reference shares the actor's modules)
 
 
 @dataclass
@@ -54,19 +56,27 @@ def _suffix_inputs(decoder: nn.Module, embeds: torch.Tensor, batch: PackedBatch,
     return pass_inputs(decoder, embeds, batch.attention_mask, batch.position_ids, cache)
 
 
-def run_trunk(decoder: nn.Module, batch: PackedBatch, depth: int) -> TrunkState:
-    """Embedding and layers[:depth] of `decoder` over the batch (and its shared prefix)."""
+def run_trunk(decoder: nn.Module, batch: PackedBatch, depth: int,
+              memo: PrefixMemo | None = None) -> TrunkState:
+    """Embedding and layers[:depth] of `decoder` over the batch (and its shared prefix, whose
+    pass `memo` keeps across batches: the trunk is frozen)."""
     state = TrunkState(depth)
     if depth == 0:
         return state
     with torch.no_grad():
         cache = None
         if batch.prefix_ids is not None:
-            embeds = decoder.embed_tokens(batch.prefix_ids)
-            state.prefix = prefix_inputs(decoder, embeds)
-            recorded = DynamicCache()
-            state.prefix_hidden = run_layers(decoder, 0, depth, embeds, state.prefix, recorded)
-            state.prefix_layers = list(recorded.layers[:depth])
+            def prefix_pass() -> tuple[torch.Tensor, PassInputs, list[Any]]:
+                embeds = decoder.embed_tokens(batch.prefix_ids)
+                inputs = prefix_inputs(decoder, embeds)
+                recorded = DynamicCache()
+                hidden = run_layers(decoder, 0, depth, embeds, inputs, recorded)
+                return hidden, inputs, list(recorded.layers[:depth])
+
+            modules = [decoder.embed_tokens, *decoder.layers[:depth]]
+            parts = (prefix_pass() if memo is None
+                     else memo.get("trunk", batch.prefix_ids, modules, prefix_pass))
+            state.prefix_hidden, state.prefix, state.prefix_layers = parts
             cache = ReadOnlyPrefixCache(state.prefix_layers)
         embeds = decoder.embed_tokens(batch.input_ids)
         state.suffix = _suffix_inputs(decoder, embeds, batch, cache)
@@ -75,9 +85,10 @@ def run_trunk(decoder: nn.Module, batch: PackedBatch, depth: int) -> TrunkState:
 
 
 def run_branch(branch: Branch, trunk: TrunkState, batch: PackedBatch,
-               checkpoint: bool = False) -> torch.Tensor:
+               checkpoint: bool = False, memo: PrefixMemo | None = None) -> torch.Tensor:
     """Normed last hidden states [B, T, H] of one model over the non-prefix columns; grad follows
-    torch's grad mode (only this branch's layers can carry it)."""
+    torch's grad mode (only this branch's layers can carry it). Without grad, `memo` keeps this
+    branch's prefix pass for the next batch (it must not outlive the weights: see ModelSet)."""
     decoder, depth = branch.decoder, trunk.depth
     with branch.context():
         cache, prefix_hidden, prefix = None, trunk.prefix_hidden, trunk.prefix
@@ -85,9 +96,18 @@ def run_branch(branch: Branch, trunk: TrunkState, batch: PackedBatch,
             if prefix_hidden is None:
                 prefix_hidden = decoder.embed_tokens(batch.prefix_ids)
                 prefix = prefix_inputs(decoder, prefix_hidden)
-            recorded = DynamicCache()
-            run_layers(decoder, depth, None, prefix_hidden, prefix, recorded)
-            cache = ReadOnlyPrefixCache(trunk.prefix_layers + list(recorded.layers[depth:]))
+
+            def prefix_pass() -> list[Any]:
+                recorded = DynamicCache()
+                run_layers(decoder, depth, None, prefix_hidden, prefix, recorded)
+                return list(recorded.layers[depth:])
+
+            if memo is None or torch.is_grad_enabled():
+                top = prefix_pass()
+            else:
+                modules = [*decoder.layers[depth:]] + ([decoder.embed_tokens] if depth == 0 else [])
+                top = memo.get(branch.role, batch.prefix_ids, modules, prefix_pass)
+            cache = ReadOnlyPrefixCache(trunk.prefix_layers + top)
         hidden, suffix = trunk.hidden, trunk.suffix
         if hidden is None:
             hidden = decoder.embed_tokens(batch.input_ids)

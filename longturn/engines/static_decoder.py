@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from longturn.engines.prefix_memo import weights_version
 from longturn.engines.base import SamplingParams
 from longturn.engines.decode_state import DecodeState, check_interval
 from longturn.engines.prefix import left_pad
@@ -68,6 +69,9 @@ class StaticDecoder:
         heads = config.num_attention_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         self.slots: OrderedDict[tuple, DecodeSlot] = OrderedDict()
+        # Per prefix capacity: the prefix buffers every slot of that capacity shares, and what
+        # they hold (tokens, weights version), so an unchanged prefix is not run again.
+        self.prefixes: dict[int, tuple[KVBuffers, tuple | None]] = {}
 
     # ------------------------------------------------------------------ buffers and graphs
 
@@ -79,8 +83,11 @@ class StaticDecoder:
             return self.slots[key]
         while len(self.slots) >= KEEP_GRAPHS:
             self.slots.popitem(last=False)
+        shared = self.prefixes.get(key[1], (None, None))[0]
         kv = KVBuffers.allocate(len(self.decoder.layers), rows, self.kv_heads, self.head_dim,
-                                key[1], key[2], self.device)
+                                key[1], key[2], self.device, shared)
+        if shared is None:
+            self.prefixes[key[1]] = (kv, None)
         state = DecodeState(rows, sampling.max_new_tokens, self.stop_ids, self.device)
         slot = DecodeSlot(kv, state, self._longs(rows), self._longs(rows), self._longs(1), sampling)
         if self.use_graphs:
@@ -145,13 +152,19 @@ class StaticDecoder:
         """Prefix once, then the tails in row chunks; returns the logits of each prompt's last
         token and leaves position / column pointing at the first generated token."""
         kv = slot.kv
-        kv.prefix_valid.zero_()
         kv.row_valid.zero_()
-        if prefix:
-            ids = torch.tensor([prefix], dtype=torch.long, device=self.device)
-            columns = torch.arange(len(prefix), device=self.device)
-            forward_tokens(self.decoder, ids, columns[None], columns,
-                           torch.ones_like(ids, dtype=torch.bool), kv.prefix_as_rows())
+        capacity = kv.prefix_valid.shape[0]
+        buffers, held = self.prefixes[capacity]
+        holds = (tuple(prefix), weights_version([self.decoder]))
+        if held != holds:  # the same tokens through the same weights are kept, not run again
+            self.prefixes[capacity] = (buffers, None)  # until the pass below completes
+            kv.prefix_valid.zero_()
+            if prefix:
+                ids = torch.tensor([prefix], dtype=torch.long, device=self.device)
+                columns = torch.arange(len(prefix), device=self.device)
+                forward_tokens(self.decoder, ids, columns[None], columns,
+                               torch.ones_like(ids, dtype=torch.bool), kv.prefix_as_rows())
+            self.prefixes[capacity] = (buffers, holds)
         ids, mask = left_pad(tails, self.pad_id, self.device)
         positions = len(prefix) + (mask.cumsum(-1) - 1).clamp(min=0)
         columns = torch.arange(ids.shape[1], device=self.device)

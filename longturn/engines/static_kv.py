@@ -38,13 +38,20 @@ class KVBuffers:
 
     @classmethod
     def allocate(cls, layers: int, rows: int, kv_heads: int, head_dim: int, prefix: int,
-                 width: int, device: torch.device) -> "KVBuffers":
+                 width: int, device: torch.device,
+                 shared: "KVBuffers | None" = None) -> "KVBuffers":
+        """Zeroed buffers; with `shared`, its prefix buffers are used (not copied) instead of
+        new ones, so batches of other row counts reuse a prefix already written."""
         def zeros(*shape: int) -> torch.Tensor:
             return torch.zeros(*shape, dtype=torch.float32, device=device)
 
-        return cls([zeros(kv_heads, prefix, head_dim) for _ in range(layers)],
-                   [zeros(kv_heads, prefix, head_dim) for _ in range(layers)],
-                   torch.zeros(prefix, dtype=torch.bool, device=device),
+        if shared is not None:
+            prefix_k, prefix_v, prefix_valid = shared.prefix_k, shared.prefix_v, shared.prefix_valid
+        else:
+            prefix_k = [zeros(kv_heads, prefix, head_dim) for _ in range(layers)]
+            prefix_v = [zeros(kv_heads, prefix, head_dim) for _ in range(layers)]
+            prefix_valid = torch.zeros(prefix, dtype=torch.bool, device=device)
+        return cls(prefix_k, prefix_v, prefix_valid,
                    [zeros(rows, kv_heads, width, head_dim) for _ in range(layers)],
                    [zeros(rows, kv_heads, width, head_dim) for _ in range(layers)],
                    torch.zeros(rows, width, dtype=torch.bool, device=device))
