@@ -9,12 +9,11 @@ any work.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Any
 
 from longturn.limits import CONTEXT_TOKENS, FORWARD_TOKENS, HELD_TOKENS, Limit
 
-if TYPE_CHECKING:
-    from longturn.config import Params
+Params = Any  # a longturn.config.Params; not imported, since config imports this module
 
 Factor = tuple[str, int]  # a key (or a sum of keys) and its value
 
