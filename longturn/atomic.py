@@ -117,6 +117,16 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def fsync_file(path: str | Path) -> None:
+    """Flush a file (or a dir, after a rename into it) to the disk: a journal entry that was
+    renamed into place survives a power cut, not only a kill."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_text(path: str | Path, text: str) -> Path:
     with atomic_file(path) as tmp:
         tmp.write_text(text)

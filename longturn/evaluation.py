@@ -3,24 +3,35 @@
 Seeds are `eval.seed + i` for episode i of every task, so zero-shot and final evaluations play the
 same episodes (a paired comparison). Episodes aborted by a failing env are counted apart
 (`aborted_episodes`, `termination/<reason>`), never as failures.
+
+Episodes go to a journal as they finish (`eval_journal.py`): a rerun of a killed evaluation plays
+only the episodes missing from it, and the outputs are assembled from it, so they are the same
+files an uninterrupted run writes: episodes in job order (task, then seed), turns in lock-step
+order.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 from typing import Any
+
+import pyarrow as pa
 
 from longturn.atomic import write_json
 from longturn.config import Params
 from longturn.engines.base import Engine
+from longturn.eval_journal import EvalJournal
+from longturn.eval_key import evaluation_key
 from longturn.envs.termination import count, reason_of
 from longturn.models import load_tokenizer
 from longturn.rollout import AgentSettings, EpisodeJob, env_factory_from_params, play_episodes
 from longturn.engines.registry import make_engine, sampling_from_params
 from longturn.sequence.evaluation import evaluate_sequences
 from longturn.stats import standard_error, wilson_interval
-from longturn.trajectories import write_episodes, write_turns
+from longturn.trajectories import (TURN_SCHEMA, file_metadata, write_arrow, write_episodes,
+                                   write_turns)
 
 log = logging.getLogger(__name__)
 
@@ -72,12 +83,14 @@ def metrics_by_task(episodes: list[dict[str, Any]], tasks: list[str]) -> dict[st
 
 
 def evaluate(engine: Engine, tokenizer: Any, params: Params, out_dir: str | Path,
-             policy_version: str, run_id: str = "eval", progress: bool = True) -> dict[str, Any]:
-    """Play the eval episodes with `engine` and write turns/episodes Parquet and metrics.json
-    (sequence mode: longturn/sequence/evaluation.py)."""
+             policy_version: str, run_id: str = "eval", progress: bool = True,
+             model_dir: str | Path | None = None) -> dict[str, Any]:
+    """Play the eval episodes with `engine` (on the weights in `model_dir`, which keys the
+    journal) and write turns/episodes Parquet and metrics.json, resuming from the journal of an
+    evaluation that died (sequence mode: longturn/sequence/evaluation.py)."""
     if params.rollout.mode == "sequence":
         return evaluate_sequences(engine, tokenizer, params, out_dir, policy_version, run_id,
-                                  progress)
+                                  progress, model_dir)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     e = params.eval
@@ -85,30 +98,43 @@ def evaluate(engine: Engine, tokenizer: Any, params: Params, out_dir: str | Path
     jobs = eval_jobs(tasks, e.episodes_per_task, e.seed)
     sampling = sampling_from_params(params, seed=e.seed, temperature=e.temperature)
     extra = {"run_id": run_id, "policy_version": policy_version, "iteration": 0}
-    turns, episodes = play_episodes(
-        engine, tokenizer, env_factory_from_params(params), jobs, e.parallel_envs, sampling,
-        AgentSettings.from_params(params), extra=extra, progress=progress)
-    for ep in episodes:
-        ep.update(run_id=run_id, policy_version=policy_version)
     meta = {"policy_version": policy_version, "sampling": sampling.__dict__,
             "env": params.env.model_dump(), "prompt": params.prompt.model_dump()}
+    journal = EvalJournal.open(out, evaluation_key(params, policy_version, run_id, model_dir),
+                               TURN_SCHEMA, file_metadata(meta),
+                               flush_every=math.ceil(e.parallel_envs / 8))
+    if len(journal.finished) < len(jobs):
+        play_episodes(engine, tokenizer, env_factory_from_params(params), jobs, e.parallel_envs,
+                      sampling, AgentSettings.from_params(params), extra=extra,
+                      progress=progress, on_episode=journal.add,
+                      finished={i: ep["length"] for i, ep in journal.finished.items()})
+        journal.flush()
+    episodes = journal.episodes([job.episode_id for job in jobs])
+    turns = journal.turns().sort_by([("step", "ascending"), ("env_index", "ascending")])
     metrics = metrics_by_task(episodes, tasks)
     write_outputs(out, metrics, episodes, turns, meta)
+    journal.remove()
     overall = metrics["overall"]
     log.info("eval %s: success %.3f (%d of %d episodes completed, %d aborted; %d turns)",
              policy_version, overall["success_rate"], overall["completed_episodes"],
-             overall["episodes"], overall["aborted_episodes"], len(turns))
+             overall["episodes"], overall["aborted_episodes"], turns.num_rows)
     return metrics
 
 
 def write_outputs(out: Path, metrics: dict[str, Any], episodes: list[dict[str, Any]],
-                  turns: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+                  turns: pa.Table | list[dict[str, Any]], meta: dict[str, Any]) -> None:
     """metrics.json, episodes.parquet, turns.parquet: smallest first, and each tried even when
     one before it failed (a full disk), so a finished evaluation keeps what could be written; the
-    first error is raised after the last write."""
+    first error is raised after the last write. `turns`: a table in its final schema, or rows."""
+    def write_turn_file() -> None:
+        if isinstance(turns, pa.Table):
+            write_arrow(turns, out / "turns.parquet", file_metadata(meta))
+        else:
+            write_turns(turns, out / "turns.parquet", meta)
+
     writes = [(lambda: write_json(out / "metrics.json", metrics)),
               (lambda: write_episodes(episodes, out / "episodes.parquet", meta)),
-              (lambda: write_turns(turns, out / "turns.parquet", meta))]
+              write_turn_file]
     first: Exception | None = None
     for write in writes:
         try:
@@ -126,6 +152,6 @@ def evaluate_model(model_dir: str | Path, params: Params, out_dir: str | Path,
     engine = make_engine(str(model_dir), params)
     try:
         return evaluate(engine, load_tokenizer(model_dir), params, out_dir, policy_version,
-                        progress=progress)
+                        progress=progress, model_dir=model_dir)
     finally:
         engine.close()

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from longturn.atomic import atomic_file
+from longturn.atomic import atomic_file, fsync_file, named_disk_errors
 from longturn.errors import TrajectoryFileError
 
 SCHEMA_VERSION = "1"
@@ -158,14 +158,29 @@ def write_table(rows: Iterable[dict[str, Any]], path: str | Path, schema: pa.Sch
 
     With a schema, missing keys become nulls and extra keys are dropped; without, it is inferred.
     """
+    return write_arrow(rows_table(rows, schema), path, file_metadata(metadata))
+
+
+def rows_table(rows: Iterable[dict[str, Any]], schema: pa.Schema | None) -> pa.Table:
+    """Rows as an Arrow table: with a schema, missing keys are nulls and extra keys dropped."""
     rows = list(rows)
     if schema is None:
-        table = pa.Table.from_pylist(rows)
-    else:
-        table = pa.table({name: [r.get(name) for r in rows] for name in schema.names}, schema=schema)
-    table = table.replace_schema_metadata(file_metadata(metadata))
+        return pa.Table.from_pylist(rows)
+    return pa.table({name: [r.get(name) for r in rows] for name in schema.names}, schema=schema)
+
+
+def write_arrow(table: pa.Table, path: str | Path, metadata: dict[bytes, bytes],
+                durable: bool = False) -> Path:
+    """A table to Parquet atomically with this file metadata (`file_metadata`); `durable`:
+    flushed to the disk before the rename, so a power cut cannot leave a named empty file."""
+    table = table.replace_schema_metadata(metadata)
     with atomic_file(path) as tmp:
         pq.write_table(table, tmp, compression="zstd")
+        if durable:
+            fsync_file(tmp)
+    if durable:
+        with named_disk_errors(path):
+            fsync_file(Path(path).parent)
     return Path(path)
 
 

@@ -22,7 +22,9 @@ from components import zero_shot_eval
 from longturn.audit.cli import main
 from longturn.config import parse_params
 from longturn.dvc_remote import find_repo_root
+from longturn.eval_journal import PARTIAL, EvalJournal
 from longturn.training import TrainPaths, run_training
+from longturn.trajectories import TURN_SCHEMA
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -231,6 +233,21 @@ def test_an_evaluation_dir(eval_run, capsys):
     assert rows == [{"n": len(episodes)}]
     code, _, err = audit(capsys, "gae", str(eval_run))
     assert code == 2 and "turns.parquet" in err and "gamma_step" in err
+
+
+def test_an_evaluation_that_died_is_read_from_its_journal(eval_run, tmp_path, capsys):
+    """Killed after two episodes: the audit reads the journal's parts (a part whose episode
+    file was never written does not count)."""
+    turns = pq.read_table(eval_run / "turns.parquet").to_pylist()
+    episodes = pq.read_table(eval_run / "episodes.parquet").to_pylist()
+    journal = EvalJournal.open(tmp_path, {"key": "k"}, TURN_SCHEMA, {})
+    for episode in episodes[:2]:
+        journal.add(episode, [t for t in turns if t["episode_id"] == episode["episode_id"]])
+    (tmp_path / PARTIAL / "part-00002.turns.parquet").write_bytes(b"killed before its episodes")
+    data = audit_json(capsys, "summary", str(tmp_path))
+    assert data["kind"] == "eval" and data["files"] == 2
+    assert data["overall"]["ended"] == 2
+    assert data["overall"]["turns"] == sum(e["length"] for e in episodes[:2])
 
 
 def run_module(*args: str) -> subprocess.CompletedProcess[str]:

@@ -361,7 +361,8 @@ def test_full_disk_keeps_the_finished_evaluation(tiny_model_dir, tmp_path, capsy
         "write elsewhere, then rerun (outputs already written are kept)"]
     assert json.loads((out / "metrics.json").read_text())["overall"]["episodes"] == 2
     assert len(pd.read_parquet(out / "episodes.parquet")) == 2
-    assert sorted(p.name for p in out.iterdir()) == ["episodes.parquet", "metrics.json"]
+    # the journal stays until every output is written: a rerun assembles them without playing
+    assert sorted(p.name for p in out.iterdir()) == ["episodes.parquet", "metrics.json", "partial"]
 
 
 def test_read_only_disk_is_one_line_and_no_gate_marker(tiny_model_dir, tmp_path, capsys,

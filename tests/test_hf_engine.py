@@ -127,6 +127,21 @@ def test_seed_reproducible_and_independent_of_micro_batches(tiny_model_dir, engi
     assert [c.token_ids for c in micro.generate(PROMPTS, sampling)] == first
 
 
+def test_a_prompt_with_its_own_seed_samples_the_same_whatever_shares_its_call(engine32) -> None:
+    """Evaluation episodes carry their own seeds: what a prompt draws must not depend on the
+    other prompts of the call or on its index (a resumed evaluation batches them otherwise)."""
+    seeds = (11, 22, 33, 44)
+    together = engine32.generate(PROMPTS, sampling_settings(max_new_tokens=16, seed=seeds))
+    alone = engine32.generate([PROMPTS[2]], sampling_settings(max_new_tokens=16, seed=(33,)))
+    shuffled = engine32.generate([PROMPTS[3], PROMPTS[2]],
+                                 sampling_settings(max_new_tokens=16, seed=(44, 33)))
+    assert alone[0].token_ids == shuffled[1].token_ids == together[2].token_ids
+    assert shuffled[0].token_ids == together[3].token_ids
+    assert engine32.generate(PROMPTS, sampling_settings(max_new_tokens=16, seed=1)) != together
+    with pytest.raises(ValueError, match="2 sampling seeds for 4 prompts"):
+        engine32.generate(PROMPTS, sampling_settings(max_new_tokens=4, seed=(1, 2)))
+
+
 def test_identical_prompts_get_different_samples(engine32) -> None:
     out = engine32.generate([PROMPTS[0]] * 4, sampling_settings(max_new_tokens=8, seed=5))
     assert len({tuple(c.token_ids) for c in out}) == 4

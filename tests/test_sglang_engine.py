@@ -52,6 +52,8 @@ def test_request_body_maps_top_k_and_seeds_each_prompt():
     assert first["top_k"] == -1 and first["temperature"] == 0.7 and first["max_new_tokens"] == 5
     assert first["stop_token_ids"] == [2, 7] and first["no_stop_trim"] is True
     assert (first["sampling_seed"], second["sampling_seed"]) == (row_seed(11, 0), row_seed(11, 1))
+    own = request_body([[1, 2], [3]], sampling, {2}, seed=(5, 9))["sampling_params"]
+    assert [p["sampling_seed"] for p in own] == [5, 9]  # evaluation episodes' own seeds
     unseeded = request_body([[1]], sampling_settings(top_k=20), {2},
                             seed=None)["sampling_params"][0]
     assert "sampling_seed" not in unseeded and unseeded["top_k"] == 20

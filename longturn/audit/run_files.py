@@ -1,8 +1,9 @@
 """Find and read the turn files of a run dir, turning every unreadable input into one named line.
 
 A run dir is a train output (`trajectories/iteration=NNNN/part-RR.parquet`), its `trajectories/`
-folder, one `iteration=NNNN` folder, an evaluation output (`turns.parquet`, `episodes.parquet`), or
-a single Parquet file. Every file's footer and columns are checked before anything is computed, so
+folder, one `iteration=NNNN` folder, an evaluation output (`turns.parquet`, `episodes.parquet`;
+before the evaluation has finished, the episodes in its journal `partial/`), or a single Parquet
+file. Every file's footer and columns are checked before anything is computed, so
 a truncated copy or a foreign file is reported by name instead of as a pyarrow traceback.
 Sequence-mode files (one row per episode) sit at the same paths; audit/sequences.py reads them.
 """
@@ -57,6 +58,14 @@ def _parts_under(folder: Path) -> list[Path]:
     return sorted(folder.glob("iteration=*/part-*.parquet"))
 
 
+def _journal_parts(root: Path) -> list[Path]:
+    """The turn files of an evaluation that has not finished (its journal, `partial/`, or the
+    journal dir itself): parts whose episode file is written, the ones a rerun keeps."""
+    journal = root / "partial" if (root / "partial").is_dir() else root
+    return [p for p in sorted(journal.glob("part-*.turns.parquet"))
+            if p.with_name(p.name.replace(".turns.", ".episodes.")).is_file()]
+
+
 def open_run(path: str | Path) -> Run:
     """The run at `path`; raises RunDirError naming the path when it holds no turn files."""
     root = Path(path)
@@ -71,6 +80,9 @@ def open_run(path: str | Path) -> Run:
         episodes = root / "episodes.parquet"
         return Run(root, "eval", (TurnFile(root / "turns.parquet", 0),),
                    episodes if episodes.is_file() else None)
+    journaled = _journal_parts(root)
+    if journaled:
+        return Run(root, "eval", tuple(TurnFile(p, 0) for p in journaled))
     trajectories = root / "trajectories"
     parts = _parts_under(trajectories if trajectories.is_dir() else root)
     if not parts:

@@ -20,7 +20,7 @@ class SamplingParams:
     temperature: float
     top_p: float
     top_k: int
-    seed: int | None
+    seed: int | tuple[int, ...] | None  # the call's seed, or one per prompt (None: random)
 
     @classmethod
     def from_config(cls, section: SamplingSection, seed: int | None,

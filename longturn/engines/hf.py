@@ -24,7 +24,8 @@ its index in the call, not on the batch size or on which prompts share its batch
 still differ across batch layouts (or prefix sharing on vs off) when padding or the split prefill
 changes the logits in the last bits (bf16 mostly) and that flips a draw that sat on a boundary.
 Without a seed, row seeds are drawn from torch's global RNG, so `torch.manual_seed` makes whole
-runs reproducible.
+runs reproducible. A call may also carry one seed per prompt (`sampling.seed` a tuple): evaluation
+episodes do, so an episode samples the same whatever shares its batch.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from longturn.engines.decoder_stack import decoder_of
 from longturn.engines.base import Completion, SamplingParams
 from longturn.engines.generic_decoder import GenericDecoder
 from longturn.engines.prefix import left_pad  # noqa: F401  (re-exported)
-from longturn.engines.row_seeds import row_seed
+from longturn.engines.row_seeds import prompt_seeds
 from longturn.engines.static_decoder import StaticDecoder
 from longturn.engines.stop_tokens import end_of_turn_ids
 from longturn.vision import feed
@@ -154,12 +155,13 @@ class HFEngine:
         seed = sampling.seed
         if seed is None:
             seed = int(torch.randint(0, 2**62, ()).item())
+        per_prompt = prompt_seeds(seed, len(prompt_ids))
         order = sorted(range(len(prompt_ids)), key=lambda i: -len(prompt_ids[i]))
         size = self.batch_size or max(len(order), 1)
         results: list[Completion | None] = [None] * len(prompt_ids)
         for start in range(0, len(order), size):
             chunk = order[start : start + size]
-            seeds = torch.tensor([row_seed(seed, i) for i in chunk], dtype=torch.long)
+            seeds = torch.tensor([per_prompt[i] for i in chunk], dtype=torch.long)
             prompts = [prompt_ids[i] for i in chunk]
             with self._images([images[i] for i in chunk] if images else None, prompts):
                 state = self._decoder.decode(prompts, sampling, seeds)

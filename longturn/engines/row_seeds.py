@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+from typing import Sequence
+
 _MASK64 = (1 << 64) - 1
 
 
@@ -14,3 +17,20 @@ def row_seed(seed: int, index: int) -> int:
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
     return (z ^ (z >> 31)) & ((1 << 63) - 1)
+
+
+def keyed_seed(seed: int, key: str) -> int:
+    """The seed of one named stream (an evaluation episode) under a run's seed: a function of the
+    two alone, so the stream does not change with what else was played before or beside it."""
+    digest = hashlib.sha256(key.encode()).digest()
+    return row_seed(seed, int.from_bytes(digest[:8], "little"))
+
+
+def prompt_seeds(seed: int | Sequence[int], count: int) -> list[int]:
+    """Each prompt's seed in a call of `count` prompts: `row_seed(seed, i)`, or `seed[i]` when
+    the caller gave one seed per prompt (episodes that carry their own streams)."""
+    if not isinstance(seed, (list, tuple)):
+        return [row_seed(int(seed), i) for i in range(count)]
+    if len(seed) != count:
+        raise ValueError(f"{len(seed)} sampling seeds for {count} prompts: give one per prompt")
+    return [int(s) & ((1 << 63) - 1) for s in seed]

@@ -22,7 +22,7 @@ import requests
 from longturn.config import SGLangParams
 from longturn.errors import SettingError
 from longturn.engines.base import Completion, SamplingParams
-from longturn.engines.row_seeds import row_seed
+from longturn.engines.row_seeds import prompt_seeds
 from longturn.engines.sglang_server import SGLangError, SGLangServer, launch_command
 from longturn.engines.stop_tokens import end_of_turn_ids
 
@@ -30,14 +30,17 @@ TOP_K_ALL = -1  # SGLang's "no top-k"; longturn says 0
 
 
 def request_body(prompt_ids: list[list[int]], sampling: SamplingParams, stop_ids: set[int],
-                 seed: int | None) -> dict[str, Any]:
-    """The `/generate` JSON for a batch: one sampling dict per prompt, each with its own seed."""
+                 seed: int | tuple[int, ...] | None) -> dict[str, Any]:
+    """The `/generate` JSON for a batch: one sampling dict per prompt, each with its own seed
+    (derived from `seed` and the prompt's index, or taken from `seed` when it has one per prompt)."""
+    seeds = None if seed is None else prompt_seeds(seed, len(prompt_ids))
+
     def params_for(index: int) -> dict[str, Any]:
         params = {"max_new_tokens": sampling.max_new_tokens, "temperature": sampling.temperature,
                   "top_p": sampling.top_p, "top_k": sampling.top_k or TOP_K_ALL,
                   "stop_token_ids": sorted(stop_ids), "no_stop_trim": True}
-        if seed is not None:
-            params["sampling_seed"] = row_seed(seed, index)
+        if seeds is not None:
+            params["sampling_seed"] = seeds[index]
         return params
 
     return {"input_ids": [list(map(int, p)) for p in prompt_ids],

@@ -19,9 +19,11 @@ from longturn.atomic import write_json
 from longturn.config import Params
 from longturn.engines.base import Engine
 from longturn.engines.registry import sampling_from_params
+from longturn.eval_journal import EvalJournal
+from longturn.eval_key import evaluation_key
 from longturn.sequence.metrics import json_safe, sequence_metrics
 from longturn.sequence.setup import SequenceRun
-from longturn.trajectories import write_episodes, write_sequences
+from longturn.trajectories import SEQUENCE_SCHEMA, file_metadata, write_arrow, write_episodes
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +51,14 @@ def summary(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def evaluate_sequences(engine: Engine, tokenizer: Any, params: Params, out_dir: str | Path,
-                       policy_version: str, run_id: str = "eval",
-                       progress: bool = True) -> dict[str, Any]:
-    """Play the eval episodes of every task with `engine`; write and return the metrics."""
+                       policy_version: str, run_id: str = "eval", progress: bool = True,
+                       model_dir: str | Path | None = None) -> dict[str, Any]:
+    """Play the eval episodes of every task with `engine`; write and return the metrics.
+
+    Episodes are played `eval.parallel_envs` at a time, each chunk a call of its own (its draws
+    depend on its episodes only), and each finished chunk goes to the journal
+    (longturn/eval_journal.py): a rerun plays only the chunks missing from it, and the outputs,
+    in job order, are assembled from it as an uninterrupted run would write them."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     e = params.eval
@@ -59,21 +66,33 @@ def evaluate_sequences(engine: Engine, tokenizer: Any, params: Params, out_dir: 
     run = SequenceRun.from_params(params, tasks, progress)
     sampling = sampling_from_params(params, seed=e.seed, temperature=e.temperature)
     jobs = [(task, e.seed + i) for task in tasks for i in range(e.episodes_per_task)]
-    records: list[dict[str, Any]] = []
-    for start in range(0, len(jobs), e.parallel_envs):  # parallel_envs episodes at a time
-        chunk = jobs[start:start + e.parallel_envs]
-        played = run.play(engine, tokenizer, sampling, [run.record(t, s) for t, s in chunk],
-                          [f"eval-{t}-{s}" for t, s in chunk])
-        records += played
-    for record in records:
-        record.update(run_id=run_id, policy_version=policy_version, iteration=0)
-    metrics = {"overall": summary(records),
-               "tasks": {t: summary([r for r in records if r["task"] == t]) for t in tasks}}
+    ids = [f"eval-{t}-{s}" for t, s in jobs]
     meta = {"policy_version": policy_version, "sampling": sampling.__dict__,
             "sequence": params.rollout.sequence.model_dump()}
+    journal = EvalJournal.open(out, evaluation_key(params, policy_version, run_id, model_dir),
+                               SEQUENCE_SCHEMA, file_metadata({"mode": "sequence", **meta}),
+                               flush_every=e.parallel_envs)
+    for start in range(0, len(jobs), e.parallel_envs):  # parallel_envs episodes at a time
+        chunk = jobs[start:start + e.parallel_envs]
+        if all(i in journal.finished for i in ids[start:start + e.parallel_envs]):
+            continue
+        played = run.play(engine, tokenizer, sampling, [run.record(t, s) for t, s in chunk],
+                          ids[start:start + e.parallel_envs])
+        for record in played:
+            record.update(run_id=run_id, policy_version=policy_version, iteration=0)
+            journal.add(episode_row(record), [record])
+        journal.flush()
+    position = {episode_id: i for i, episode_id in enumerate(ids)}
+    table = journal.turns()
+    played = table["episode_id"].to_pylist()
+    table = table.take(sorted(range(table.num_rows), key=lambda r: position[played[r]]))
+    records = table.to_pylist()
+    metrics = {"overall": summary(records),
+               "tasks": {t: summary([r for r in records if r["task"] == t]) for t in tasks}}
     write_json(out / "metrics.json", metrics)
-    write_episodes([episode_row(r) for r in records], out / "episodes.parquet", meta)
-    write_sequences(records, out / "turns.parquet", meta)
+    write_episodes(journal.episodes(ids), out / "episodes.parquet", meta)
+    write_arrow(table, out / "turns.parquet", file_metadata({"mode": "sequence", **meta}))
+    journal.remove()
     o = metrics["overall"]
     log.info("eval %s: success %d/%d, replies %.1f per episode, tool calls %.1f (%s valid); "
              "ended: %s", policy_version, o["successes"], o["episodes"],
