@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -35,11 +35,18 @@ from longturn.vision.feed import has_images
 Schedule = Iterator[tuple[np.ndarray, list[np.ndarray]]]
 
 
-def schedule(n: int, mini_batch_size: int, micro_batch_size: int, rng: np.random.Generator) -> Schedule:
-    """Shuffled mini-batches (near-equal, each <= mini_batch_size) and their micro-batches."""
+def schedule(n: int, mini_batch_size: int, micro_batch_size: int, rng: np.random.Generator,
+             lengths: Sequence[int] | None = None) -> Schedule:
+    """Shuffled mini-batches (near-equal, each <= mini_batch_size) and their micro-batches.
+
+    With `lengths` (tokens per row) a mini-batch is cut into micro-batches in length order:
+    the optimizer step sums the same rows' gradients, but rows of like length share a padded
+    micro-batch, so far fewer padding columns run forward and backward."""
     perm = rng.permutation(n)
     for mini in np.array_split(perm, math.ceil(n / mini_batch_size)):
-        yield mini, np.array_split(mini, math.ceil(len(mini) / micro_batch_size))
+        rows = mini if lengths is None else mini[np.argsort([lengths[i] for i in mini],
+                                                            kind="stable")]
+        yield mini, np.array_split(rows, math.ceil(len(mini) / micro_batch_size))
 
 
 class UpdateStats:

@@ -74,7 +74,11 @@ def score_batch(models: ModelSet, prompts: list[list[int]], responses: list[list
     """Old / untempered / reference logprobs (when `logprobs`) and values (when `values`) of
     every row, a mini-batch at a time; per mini-batch the shared trunk runs once (ModelSet).
     `images[i]`: row i's frames and where they go (sequence mode with a vision-language
-    model); with images no prompt prefix is shared."""
+    model); with images no prompt prefix is shared. Rows are batched in length order (less
+    padding) and returned in input order."""
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(responses[i]))
+    prompts, responses = [prompts[i] for i in order], [responses[i] for i in order]
+    images = [images[i] for i in order] if images else images
     out, size, device = Scored(), max(1, settings.mini_batch_size), _device(models)
     share_prefix = settings.share_prefix and not has_images(images)
     with models.scoring():  # each branch's prefix pass once for the whole call
@@ -95,7 +99,18 @@ def score_batch(models: ModelSet, prompts: list[list[int]], responses: list[list
                 if values:
                     out.values += _rows(models.values(batch, trunk), lengths)
             _advance(bar, len(chunk))
-    return out
+    return Scored(*(_unsorted(column, order) for column in
+                    (out.old, out.raw, out.ref, out.values)))
+
+
+def _unsorted(column: list[np.ndarray], order: list[int]) -> list[np.ndarray]:
+    """A column computed in `order` put back in input order (empty stays empty)."""
+    if not column:
+        return column
+    back: list[np.ndarray] = [column[0]] * len(order)
+    for position, index in enumerate(order):
+        back[index] = column[position]
+    return back
 
 
 def bootstrap_values(models: ModelSet, rows: list[Row], settings: ScoringSettings,

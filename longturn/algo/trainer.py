@@ -258,10 +258,12 @@ class PPOTrainer:
         bar = tqdm(total=steps, desc="update", unit="mini-batch", disable=not self.progress,
                    leave=False)
         engines = Engines(self.actor_engine, self.critic_engine)
+        lengths = [len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids)]
         epochs = 0
         for _ in range(s.ppo_epochs):
             epoch_stats = UpdateStats()
-            for mini, micros in schedule(len(batch), s.mini_batch_size, s.micro_batch_size, rng):
+            for mini, micros in schedule(len(batch), s.mini_batch_size, s.micro_batch_size, rng,
+                                         lengths):
                 minibatch_step(self.models, engines, batch, mini, micros, s, self.pad_id,
                                epoch_stats, train_actor)
                 bar.update(1)
@@ -272,8 +274,7 @@ class PPOTrainer:
         bar.close()
         self.updates += 1
         seconds = time.perf_counter() - start
-        tokens = epochs * sum(len(p) + len(r) for p, r in
-                              zip(batch.prompt_ids, batch.response_ids))
+        tokens = epochs * sum(lengths)
         metrics = stats.summary()
         metrics.update(batch_stats(batch, self.tokenizer))
         metrics.update(seconds=seconds, tokens_per_s=tokens / max(seconds, 1e-9),
