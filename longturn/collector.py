@@ -61,7 +61,11 @@ class FixedTurnCollector:
         self.episode_counts = [0] * n_envs
         # reasons of episodes whose reset failed, not yet carried by a row (`aborted_resets`)
         self.unreported: list[list[str]] = [[] for _ in range(n_envs)]
-        self._start_next(range(n_envs))
+        try:
+            self._start_next(range(n_envs))
+        except BaseException:  # an env that never starts stops the stage: leave no worker behind
+            self.close()
+            raise
 
     def _start_next(self, indices: Iterable[int]) -> None:
         """New episodes in these slots (start_episodes); after a failed reset a slot tries the

@@ -154,12 +154,13 @@ def run_training(params: Params, paths: TrainPaths, progress: bool = True,
     trainer = PPOTrainer(paths.base, critic_dir(params, paths.critic), trainer_settings(params),
                          gae_params(params), tokenizer, progress=progress)
     collector = make_collector(params, rank, run_id)
-    store = CheckpointStore(paths.checkpoints, params.train.keep_checkpoints)
-    start, history = _resume(store, trainer, collector)
-    _drop_unfinished(paths.trajectories, start)
-    metrics_log = MetricsLog(paths.live, history, enabled=is_main_process())
-    engine = make_engine(str(paths.base), params)
+    engine = None
     try:
+        store = CheckpointStore(paths.checkpoints, params.train.keep_checkpoints)
+        start, history = _resume(store, trainer, collector)
+        _drop_unfinished(paths.trajectories, start)
+        metrics_log = MetricsLog(paths.live, history, enabled=is_main_process())
+        engine = make_engine(str(paths.base), params)
         if start > 0:  # resumed: the engine starts from the base weights, the actor has moved
             push_weights(trainer, engine, paths)
         saved = True
@@ -192,8 +193,18 @@ def run_training(params: Params, paths: TrainPaths, progress: bool = True,
             _log_iteration(iteration, metrics)
         trainer.export_actor(paths.final)
     finally:
-        engine.close()
+        if engine is not None:
+            engine.close()
+        _close_envs(collector)
     return history
+
+
+def _close_envs(collector: Collector) -> None:
+    """Stop the env worker processes when the loop ends, an error included (a stage that stops
+    on a full disk or an env that keeps failing leaves none running)."""
+    close = getattr(collector, "close", None)  # sequence mode holds no env processes
+    if close is not None:
+        close()
 
 
 def push_weights(trainer: PPOTrainer, engine: Any, paths: TrainPaths) -> None:

@@ -9,13 +9,16 @@
 
 The protocol is verl's: `create` when an episode starts, `execute` per call (result text, a step
 reward, metrics), `calc_reward` at the end, `release` after. `ToolBox` dispatches parsed calls
-and turns every mistake of the model (unknown tool, bad JSON, arguments that break the schema)
-and every exception a tool raises into an error message as the tool's result.
+and turns every mistake of the model (unknown tool, bad JSON, arguments that break the schema),
+every exception a tool raises and every return value that breaks the protocol (text not a str,
+a reward that is not a finite number) into an error message as the tool's result.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,6 +102,32 @@ def load_tools(path: str | Path) -> list[BaseTool]:
     return tools
 
 
+def _not_a_reward(value: Any) -> bool:
+    """Whether a tool's reward would break training: not a number, or NaN or infinite."""
+    if isinstance(value, (str, bytes)):
+        return True
+    try:
+        return not math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return True
+
+
+def _broken_result(returned: Any) -> str | None:
+    """What is wrong with `execute`'s return value, or None when it keeps the protocol: (text,
+    finite reward, metrics mapping or None). A dict's repr is no tool result, a NaN reward
+    would reach every advantage of the batch."""
+    if not (isinstance(returned, (tuple, list)) and len(returned) == 3):
+        return f"a {type(returned).__name__}, not (text, reward, metrics)"
+    text, reward, metrics = returned
+    if not isinstance(text, str):
+        return f"a {type(text).__name__} as its text, not a str"
+    if _not_a_reward(reward):
+        return f"the reward {reward!r}, not a finite number"
+    if metrics is not None and not isinstance(metrics, Mapping):
+        return f"metrics of type {type(metrics).__name__}, not a mapping"
+    return None
+
+
 class ToolBox:
     """The tools of a run, dispatching one episode's calls by name."""
 
@@ -131,16 +160,36 @@ class ToolBox:
             return ToolResult(call.name, f"Error: bad arguments for {call.name}: {where}: "
                               f"{problems[0].message}", error="bad_arguments")
         try:
-            text, reward, metrics = tool.execute(instance_id, call.arguments)
+            returned = tool.execute(instance_id, call.arguments)
         except Exception as err:  # a tool's own bug must not end the run; it is logged in full
             log.warning("tool %s raised on %r", call.name, call.arguments, exc_info=True)
             return ToolResult(call.name, f"Error: {call.name} failed: {type(err).__name__}: "
                               f"{err}", error="tool_exception")
-        return ToolResult(call.name, str(text), float(reward), dict(metrics or {}))
+        problem = _broken_result(returned)
+        if problem is not None:
+            log.warning("tool %s broke its contract on %r: it returned %s", call.name,
+                        call.arguments, problem)
+            return ToolResult(call.name, f"Error: {call.name} returned {problem}",
+                              error="bad_result")
+        text, reward, metrics = returned
+        return ToolResult(call.name, text, float(reward), dict(metrics or {}))
 
     def rewards(self, instance_id: str, **kwargs: Any) -> dict[str, float]:
-        return {name: float(t.calc_reward(instance_id, **kwargs))
-                for name, t in self.tools.items()}
+        """Each tool's episode reward; one that raises or is not a finite number counts 0 (and
+        is logged), so a plug-in's bug never puts a NaN into the advantages."""
+        out = {}
+        for name, tool in self.tools.items():
+            try:
+                value = tool.calc_reward(instance_id, **kwargs)
+            except Exception:  # noqa: BLE001 - a tool's bug, logged in full
+                log.warning("tool %s raised in calc_reward", name, exc_info=True)
+                value = 0.0
+            if _not_a_reward(value):
+                log.warning("tool %s: calc_reward gave %r, not a finite number; counted 0",
+                            name, value)
+                value = 0.0
+            out[name] = float(value)
+        return out
 
     def release(self, instance_id: str) -> None:
         for tool in self.tools.values():
