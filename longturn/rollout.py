@@ -350,7 +350,8 @@ def play_episodes(
     turn, so the same jobs, params and seed give the same episodes. Jobs in `finished` (episode
     id → turns) are not played but keep their slot for as many lock-steps, so every other job
     gets the slot and steps it gets in an uninterrupted run. `on_episode(episode, turns)` is
-    called as each episode ends (an evaluation's journal).
+    called as each episode ends (an evaluation's journal); the turn rows then go only there, not
+    into the returned list as well (an evaluation's rows need not be held twice).
     """
     extra = extra or {}
     bar = tqdm(total=len(jobs), desc="episodes", unit="ep", disable=not progress)
@@ -368,7 +369,8 @@ def play_episodes(
             for index, row in zip(order, rows):
                 done = row.pop("done")
                 row.update(extra, step=step, segment_end=None)  # no segments in evaluation
-                turns.append(row)
+                if on_episode is None:
+                    turns.append(row)
                 episode_rows.setdefault(row["episode_id"], []).append(row)
                 if done:
                     played = episode_rows.pop(row["episode_id"])

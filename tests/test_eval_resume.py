@@ -59,14 +59,20 @@ def test_a_resumed_queue_plays_the_rest_in_the_same_slots_steps_and_draws(
                                    "kwargs": {"length": 4, "raise_on_reset": [1003]}}})
     jobs = eval_jobs(["corridor"], 9, 1000)
 
-    def play(finished=None):
-        ended = []
-        turns, _ = play_episodes(SeededEngine(tokenizer), tokenizer,
-                                 env_factory_from_params(params), jobs, 3,
-                                 sampling_settings(seed=7), AgentSettings.from_params(params),
-                                 progress=False, finished=finished,
-                                 on_episode=lambda e, t: ended.append(e))
-        return pd.DataFrame(turns), ended
+    def play(finished=None, parallel=3):
+        ended, turns = [], []
+
+        def on_episode(episode, rows):
+            ended.append(episode)
+            turns.extend(rows)
+
+        returned, _ = play_episodes(SeededEngine(tokenizer), tokenizer,
+                                    env_factory_from_params(params), jobs, parallel,
+                                    sampling_settings(seed=7), AgentSettings.from_params(params),
+                                    progress=False, finished=finished, on_episode=on_episode)
+        assert returned == []  # the rows went to on_episode only
+        by_step = pd.DataFrame(turns).sort_values(["step", "env_index"])
+        return by_step.reset_index(drop=True), ended
 
     full, ended = play()
     lengths = {e["episode_id"]: e["length"] for e in ended}
@@ -77,6 +83,12 @@ def test_a_resumed_queue_plays_the_rest_in_the_same_slots_steps_and_draws(
     expected = full[~full["episode_id"].isin(done)].reset_index(drop=True)
     pd.testing.assert_frame_equal(rest.drop(columns="observation"),
                                   expected.drop(columns="observation"))
+    # an episode's draws are its own: other neighbours and other steps, the same actions
+    by_episode = ["episode_id", "turn"]
+    paired, _ = play(parallel=2)
+    assert not paired["step"].equals(full["step"])
+    assert paired.sort_values(by_episode)["action"].tolist() == \
+        full.sort_values(by_episode)["action"].tolist()
 
 
 def outputs(out: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
