@@ -32,7 +32,7 @@ TOP_K_ALL = -1  # SGLang's "no top-k"; longturn says 0
 def request_body(prompt_ids: list[list[int]], sampling: SamplingParams, stop_ids: set[int],
                  seed: int | tuple[int, ...] | None) -> dict[str, Any]:
     """The `/generate` JSON for a batch: one sampling dict per prompt, each with its own seed
-    (derived from `seed` and the prompt's index, or taken from `seed` when it has one per prompt)."""
+    (from `seed` and the prompt's index, or taken from `seed` when it holds one per prompt)."""
     seeds = None if seed is None else prompt_seeds(seed, len(prompt_ids))
 
     def params_for(index: int) -> dict[str, Any]:
