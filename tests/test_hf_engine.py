@@ -9,6 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from longturn.engines.hf import HFEngine
+from longturn.engines.static_decoder import prefill_chunks
 from longturn.engines.row_seeds import row_seed
 from longturn.engines.sampler import filter_logits, sample_tokens
 from longturn.engines.shared_prefix import shared_prefix_length
@@ -255,9 +256,15 @@ def test_prefix_pass_runs_once_at_batch_size_one(tiny_model_dir, fast_path) -> N
     plain = HFEngine(tiny_model_dir, dtype="float32", fast_path=fast_path, prefix_sharing=False)
     assert shared.decoder_name == ("static" if fast_path else "generic")
     batch = PREFIX_BATCHES["nested"]
-    assert prefill_shapes(shared, batch) == [(1, 39), (4, 24)]
-    assert prefill_shapes(plain, batch) == [(4, 63)]
-    assert prefill_shapes(shared, PROMPTS) == [(4, 41)]  # no common prefix: as before
+    tails = [(1, 24), (1, 8), (1, 2), (1, 1)] if fast_path else [(4, 24)]  # static: by width
+    assert prefill_shapes(shared, batch) == [(1, 39)] + tails
+    if not fast_path:
+        assert prefill_shapes(plain, batch) == [(4, 63)]
+        assert prefill_shapes(shared, PROMPTS) == [(4, 41)]  # no common prefix: as before
+    else:  # rows of like width are prefilled together (static_decoder.prefill_chunks)
+        widths = sorted((len(p) for p in PROMPTS), reverse=True)
+        expected = [(stop - start, widths[start]) for start, stop in prefill_chunks(widths)]
+        assert prefill_shapes(shared, PROMPTS) == expected  # no common prefix: no prefix pass
 
 
 @pytest.mark.parametrize("name", sorted(PREFIX_BATCHES))

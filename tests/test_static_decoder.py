@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen3
 
 from longturn.engines.hf import HFEngine
 from longturn.engines.logprobs import forward_logprobs
+from longturn.engines.shared_prefix import shared_prefix_length
 from settings_from_params import sampling_settings
 from test_hf_engine import PREFIX_BATCHES, PROMPTS, make_prompts
 
@@ -167,10 +168,11 @@ def test_a_kept_prefix_is_reused_until_the_weights_change(tiny_model_dir, monkey
     forward = static_decoder.forward_tokens
 
     def counting(decoder, ids, *args):
-        passes.append(tuple(ids.shape)) if ids.shape[0] == 1 and ids.shape[1] > 1 else None
+        passes.append(tuple(ids.shape)) if tuple(ids.shape) == (1, cut) else None
         return forward(decoder, ids, *args)
 
     prompts = PREFIX_BATCHES["tails"]
+    cut = shared_prefix_length(prompts)
     seeded = sampling_settings(max_new_tokens=8, temperature=1.0, seed=3)
     batches = (prompts, prompts[:2], prompts)
     rerun = HFEngine(tiny_model_dir, dtype="float32")
@@ -196,3 +198,10 @@ def test_a_kept_prefix_is_reused_until_the_weights_change(tiny_model_dir, monkey
     expected = forward_logprobs(model.eval(), prompts, [c.token_ids for c in after])
     for completion, ref in zip(after, expected):
         assert completion.logprobs == pytest.approx(ref, abs=1e-4)
+
+
+def test_prefill_chunks_group_rows_of_like_width() -> None:
+    from longturn.engines.static_decoder import prefill_chunks
+    assert prefill_chunks([100, 95, 90, 50, 48, 1]) == [(0, 3), (3, 5), (5, 6)]
+    assert prefill_chunks([5] * 130) == [(0, 64), (64, 128), (128, 130)]
+    assert prefill_chunks([]) == []

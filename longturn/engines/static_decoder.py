@@ -28,6 +28,7 @@ from longturn.profiling import DECODE_STEP, mark
 log = logging.getLogger(__name__)
 PREFIX_BUCKET, WIDTH_BUCKET = 64, 32  # buffer sizes are rounded up to these (graph reuse)
 PREFILL_ROWS = 64  # prompt tails are prefilled this many rows at a time (bounded memory)
+PREFILL_FILL = 0.85  # ... and with rows at least this fraction of their chunk's widest tail
 KEEP_GRAPHS = 2
 
 
@@ -39,6 +40,22 @@ def row_bucket(rows: int) -> int:
     """Rows a captured graph is built for: a power of two up to 64, then a multiple of 64, so an
     evaluation whose active envs drain one by one reuses a handful of graphs."""
     return 1 << (rows - 1).bit_length() if rows <= 64 else _round_up(rows, 64)
+
+
+def prefill_chunks(widths: list[int]) -> list[tuple[int, int]]:
+    """Row ranges [start, stop) to prefill together: consecutive rows, at most PREFILL_ROWS, and
+    a new range where a row is under PREFILL_FILL of its range's widest, so little of the pass is
+    padding (prompts come sorted by length, so ranges of like widths are consecutive)."""
+    chunks: list[tuple[int, int]] = []
+    start, widest = 0, 0
+    for row, width in enumerate(widths):
+        widest = max(widest, width)
+        if row > start and (row - start == PREFILL_ROWS or width < PREFILL_FILL * widest):
+            chunks.append((start, row))
+            start, widest = row, width
+    if widths:
+        chunks.append((start, len(widths)))
+    return chunks
 
 
 @dataclass
@@ -169,10 +186,11 @@ class StaticDecoder:
         positions = len(prefix) + (mask.cumsum(-1) - 1).clamp(min=0)
         columns = torch.arange(ids.shape[1], device=self.device)
         logits = []
-        for start in range(0, len(tails), PREFILL_ROWS):
-            stop = start + PREFILL_ROWS
-            hidden = forward_tokens(self.decoder, ids[start:stop], positions[start:stop], columns,
-                                    mask[start:stop].bool(), kv.rows(start, stop))
+        for start, stop in prefill_chunks([len(t) for t in tails]):
+            cut = ids.shape[1] - max(len(t) for t in tails[start:stop])  # the chunk's own padding
+            hidden = forward_tokens(self.decoder, ids[start:stop, cut:],
+                                    positions[start:stop, cut:], columns[cut:],
+                                    mask[start:stop, cut:].bool(), kv.rows(start, stop))
             logits.append(self.lm_head(hidden))
         slot.position.copy_(positions[:, -1] + 1)
         slot.column.fill_(ids.shape[1])
