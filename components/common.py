@@ -16,7 +16,6 @@ from typing import Callable, Sequence
 from longturn.atomic import disk_error
 from longturn.config import Params, load_params
 from longturn.errors import UserError
-from longturn.preflight import preflight
 
 
 def parser(description: str) -> argparse.ArgumentParser:
@@ -32,15 +31,22 @@ def setup_logging() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+Checks = Callable[[Params, "str | None"], None]
+
+
 def run(stage: str, body: Callable[[argparse.Namespace, Params], int | None],
-        arg_parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> int:
-    """Parse args, validate params and what they name (before any model loads), run the stage;
-    a bad input is one line on stderr, exit 2."""
+        arg_parser: argparse.ArgumentParser, argv: Sequence[str] | None = None,
+        checks: Checks | None = None) -> int:
+    """Parse args, validate params and, with `checks` (`longturn.preflight.preflight` for the
+    stages that play envs), what they name and the model's context before any model loads; run
+    the stage; a bad input is one line on stderr, exit 2. Stages that play no env pass no
+    checks, so they do not import (and DVC does not rerun them for) the env and engine code."""
     args = arg_parser.parse_args(argv)
     setup_logging()
     try:
         params = load_params(args.params)
-        preflight(params, getattr(args, "model_dir", None))  # names and the model's context
+        if checks is not None:
+            checks(params, getattr(args, "model_dir", None))
         return int(body(args, params) or 0)
     except Exception as err:  # noqa: BLE001 - sorted below; unknown errors are re-raised
         line = one_line(err, getattr(args, "out", None) or ".")

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from components.common import parser, run
+from longturn.preflight import preflight
 from longturn.atomic import write_json
 from longturn.models import check_model_dir
 from longturn.warmup import run_critic_warmup
@@ -28,7 +29,7 @@ def main(argv=None) -> int:
     p.add_argument("--live", default="data/critic/live", help="DVCLive dir of the loss curve")
     p.add_argument("--work", default="data/critic/batches", help="Parquet of each warm-up update")
     p.add_argument("--metrics", default="data/critic/metrics.json")
-    return run("critic_warmup", body, p, argv)
+    return run("critic_warmup", body, p, argv, checks=preflight)
 
 
 if __name__ == "__main__":

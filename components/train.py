@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from components.common import parser, run
+from longturn.preflight import preflight
 from longturn.algo.group_advantages import needs_critic
 from longturn.models import check_model_dir
 from longturn.profiling import IterationProfiler
@@ -48,7 +49,7 @@ def main(argv=None) -> int:
                    help="run this iteration under torch.profiler (if this run reaches it)")
     p.add_argument("--profile-out", default="data/train/profile",
                    help="where the profiled iteration's trace.json.gz and phases.json go")
-    return run("train", body, p, argv)
+    return run("train", body, p, argv, checks=preflight)
 
 
 if __name__ == "__main__":

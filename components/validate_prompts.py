@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from components.common import parser, run
+from longturn.preflight import preflight
 from longturn.atomic import write_json, write_text
 from longturn.engines.registry import make_engine, sampling_from_params
 from longturn.envs.registry import make_env
@@ -76,7 +77,7 @@ def main(argv=None) -> int:
     p = parser(__doc__)
     p.add_argument("--model-dir", default="data/models/base")
     p.add_argument("--out", default="data/validation")
-    return run("validate_prompts", body, p, argv)
+    return run("validate_prompts", body, p, argv, checks=preflight)
 
 
 if __name__ == "__main__":

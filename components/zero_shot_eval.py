@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from components.common import parser, run
+from longturn.preflight import preflight
 from longturn.evaluation import evaluate_model
 from longturn.models import check_model_dir
 
@@ -19,7 +20,7 @@ def main(argv=None) -> int:
     p.add_argument("--model-dir", default="data/models/base")
     p.add_argument("--out", default="data/eval/zero_shot")
     p.add_argument("--policy-version", default="base", help="label stored in every row")
-    return run("zero_shot_eval", body, p, argv)
+    return run("zero_shot_eval", body, p, argv, checks=preflight)
 
 
 if __name__ == "__main__":

@@ -118,7 +118,8 @@ def test_model_context_reads_only_what_config_json_states(tmp_path):
 
 
 def test_every_stage_runs_the_checks_before_its_body(no_work, tmp_path, capsys):
-    """common.run: the stage body is never reached; the line names the keys and the model."""
+    """common.run with the checks (the stages that play envs pass them): the stage body is never
+    reached; the line names the keys and the model."""
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(params))
@@ -131,7 +132,8 @@ def test_every_stage_runs_the_checks_before_its_body(no_work, tmp_path, capsys):
     def body(args, params):
         raise AssertionError("the stage body ran")
 
-    assert run("some_stage", body, p, ["--params", str(path), "--model-dir", str(model)]) == 2
+    argv = ["--params", str(path), "--model-dir", str(model)]
+    assert run("some_stage", body, p, argv, checks=preflight) == 2
     err = capsys.readouterr().err.strip().splitlines()
     row = params["prompt"]["max_prompt_tokens"] + params["engine"]["sampling"]["max_new_tokens"]
     assert err == [f"some_stage: error: prompt.max_prompt_tokens + engine.sampling.max_new_tokens "
