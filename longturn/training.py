@@ -28,8 +28,9 @@ from longturn.engines.registry import make_engine, sampling_from_params
 from longturn.metrics import MetricsLog, PhaseClock
 from longturn.models import load_tokenizer
 from longturn.profiling import IterationProfiler
-from longturn.wiring import (Collector, batch_metrics, critic_dir, file_metadata, gae_params,
-                             make_collector, run_fingerprint, score_and_write, trainer_settings)
+from longturn.wiring import (Collector, batch_metrics, close_collector, critic_dir, file_metadata,
+                             gae_params, make_collector, run_fingerprint, score_and_write,
+                             trainer_settings)
 
 log = logging.getLogger(__name__)
 
@@ -195,16 +196,8 @@ def run_training(params: Params, paths: TrainPaths, progress: bool = True,
     finally:
         if engine is not None:
             engine.close()
-        _close_envs(collector)
+        close_collector(collector)
     return history
-
-
-def _close_envs(collector: Collector) -> None:
-    """Stop the env worker processes when the loop ends, an error included (a stage that stops
-    on a full disk or an env that keeps failing leaves none running)."""
-    close = getattr(collector, "close", None)  # sequence mode holds no env processes
-    if close is not None:
-        close()
 
 
 def push_weights(trainer: PPOTrainer, engine: Any, paths: TrainPaths) -> None:

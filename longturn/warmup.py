@@ -30,8 +30,8 @@ from longturn.metrics import MetricsLog
 from longturn.models import load_tokenizer
 from longturn.trajectories import write_turns
 from longturn.checkpoints import iteration_dir
-from longturn.wiring import (file_metadata, gae_params, make_collector, score_and_write,
-                             trainer_settings)
+from longturn.wiring import (close_collector, file_metadata, gae_params, make_collector,
+                             score_and_write, trainer_settings)
 
 log = logging.getLogger(__name__)
 
@@ -44,13 +44,17 @@ def collect_frozen(params: Params, base: Path, rank: int, progress: bool) -> lis
     """warmup.batches batches from the base policy (fixed-turn, or sequence-mode episodes)."""
     tokenizer = load_tokenizer(base)
     engine = make_engine(str(base), params)
-    collector = make_collector(params, rank, "warmup")
-    sampling = sampling_from_params(params, seed=params.seed + 7919)
-    rows: list[dict] = []
-    try:
-        for batch in range(params.warmup.batches):
-            rows += collector.collect(engine, tokenizer, sampling, batch,
-                                      {"run_id": "warmup", "policy_version": "base"}, progress)
+    try:  # both closed on any exit: a failed batch must not leave env workers or the engine up
+        collector = make_collector(params, rank, "warmup")
+        try:
+            sampling = sampling_from_params(params, seed=params.seed + 7919)
+            rows: list[dict] = []
+            for batch in range(params.warmup.batches):
+                rows += collector.collect(engine, tokenizer, sampling, batch,
+                                          {"run_id": "warmup", "policy_version": "base"},
+                                          progress)
+        finally:
+            close_collector(collector)
     finally:
         engine.close()
     return rows

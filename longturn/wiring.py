@@ -74,6 +74,14 @@ def make_collector(params: Params, rank: int, run_id: str) -> Collector:
                               r.turns_per_env, agent, params.seed, rank=rank, run_id=run_id)
 
 
+def close_collector(collector: Collector) -> None:
+    """Stop a collector's env worker processes once a stage is done with it, an error included
+    (a stage that stops on a full disk or an env that keeps failing leaves none running)."""
+    close = getattr(collector, "close", None)  # sequence mode holds no env processes
+    if close is not None:
+        close()
+
+
 def critic_dir(params: Params, warm: Path) -> Path | None:
     """The warm critic dir the estimator trains on, or None when it needs none."""
     return warm if needs_critic(params.algo.advantage) else None
