@@ -131,7 +131,7 @@ class EvalParams(Section):
     tasks: list[str] | None = Field(None, min_length=1)  # null: env.tasks; [] is an error
     episodes_per_task: int = at_most(L.EPISODES, 16, ge=1)
     parallel_envs: int = at_most(L.ENV_SLOTS, 16, ge=1)
-    seed: int = Field(1000, ge=0)
+    seed: int = at_most(L.SEED, 1000, ge=0)  # episode i of a task resets with seed + i
     temperature: float | None = Field(None, ge=0.0)
 
 
@@ -140,7 +140,7 @@ class ValidationParams(Section):
 
     samples_per_task: int = at_most(L.EPISODES, 32, ge=1)
     min_valid_action_ratio: float = Field(0.2, ge=0.0, le=1.0)
-    seed: int = Field(2000, ge=0)
+    seed: int = at_most(L.SEED, 2000, ge=0)  # sample i of a task resets with seed + i
 
 
 class SequenceParams(Section):
@@ -336,7 +336,7 @@ class KubeflowParams(Section):
 class Params(Section):
     """The whole params.yaml."""
 
-    seed: int = Field(0, ge=0)
+    seed: int = at_most(L.SEED, 0, ge=0)
     model: ModelParams = ModelParams()
     env: EnvParams = EnvParams()
     prompt: PromptParams = PromptParams()

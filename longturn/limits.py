@@ -46,6 +46,13 @@ ITERATIONS = Limit(10**6, "10^6 iterations (months of compute at seconds each)")
 EPISODES = Limit(10**7, "10^7 episodes per task (every episode's rows are kept)")
 # Turns of one episode (Crafter's own limit is 10,000).
 EPISODE_TURNS = Limit(10**6, "10^6 turns in one episode")
+# Seeds (seed, eval.seed, validation.seed): env resets take `eval.seed + i` for episode i < 10^7
+# of a task, and a reset seed must be below 2^32 (numpy RandomState's range; torch.manual_seed
+# refuses 2^64), so a seed leaves 10^7 of room under 2^32. The collectors hash `seed` into 32-bit
+# reset seeds and sampling seeds are folded to 63 bits, so no other sum of a seed can overflow.
+SEED = Limit(2**32 - 1 - EPISODES.value,
+             f"{2**32 - 1 - EPISODES.value:,}, so seed + episode index (< 10^7) stays below "
+             "2^32, numpy RandomState's range that env resets are seeded from")
 # Passes over one batch, and env failures in a row: PPO uses 1-10 epochs; a slot that failed
 # 1,000 times in a row will not recover.
 REPEATS = Limit(1000, "1,000 repeats")

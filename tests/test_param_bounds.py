@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 
 from longturn import limits
@@ -152,3 +153,28 @@ def test_an_empty_or_non_mapping_params_file_is_refused_naming_it(tmp_path, text
         load_params(path)
     assert str(err.value).startswith(f"{path} {says}")
     assert "longturn params default" in str(err.value)
+
+
+SEED_KEYS = ("seed", "eval.seed", "validation.seed")
+
+
+def test_every_seed_has_a_bound():
+    assert set(SEED_KEYS) <= set(bounded_fields())
+
+
+@pytest.mark.parametrize("key", SEED_KEYS)
+@pytest.mark.parametrize("value", [2**32, 2**64])
+def test_a_seed_past_what_env_resets_and_torch_take_is_refused(key, value):
+    message = refused(nested(key, value))
+    assert message.startswith(f"p.yaml: key '{key}'") and "numpy RandomState" in message
+
+
+def test_the_highest_seeds_leave_every_episode_a_reset_seed_below_2_to_the_32():
+    top, most = limits.SEED.value, limits.EPISODES.value
+    params = parse_params({"seed": top, "eval": {"seed": top, "episodes_per_task": most},
+                           "validation": {"seed": top, "samples_per_task": most}})
+    for last in (params.eval.seed + params.eval.episodes_per_task - 1,
+                 params.validation.seed + params.validation.samples_per_task - 1):
+        np.random.RandomState(last)  # the last episode's reset seed is one RandomState takes
+    with pytest.raises(ValueError):
+        np.random.RandomState(top + most + 1)  # and the room left is all there is
