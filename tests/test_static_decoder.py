@@ -205,3 +205,33 @@ def test_prefill_chunks_group_rows_of_like_width() -> None:
     assert prefill_chunks([100, 95, 90, 50, 48, 1]) == [(0, 3), (3, 5), (5, 6)]
     assert prefill_chunks([5] * 130) == [(0, 64), (64, 128), (128, 130)]
     assert prefill_chunks([]) == []
+
+
+def test_cpu_decode_drops_stopped_rows_without_changing_results(tiny_model_dir,
+                                                                 monkeypatch) -> None:
+    """On the CPU, rows that have stopped leave the decode batch; the others sample and score
+    what they would have in the whole batch."""
+    import longturn.engines.static_decoder as static_decoder
+    seeded = sampling_settings(max_new_tokens=10, temperature=1.0, seed=5)
+    free = HFEngine(tiny_model_dir, dtype="float32").generate(PROMPTS, seeded)
+    stops = [c.token_ids[i + 1] for i, c in enumerate(free)]  # rows stop at steps 2, 3, 4, 5
+    rows_per_step = []
+    forward = static_decoder.forward_tokens
+
+    def counting(decoder, ids, *args):
+        rows_per_step.append(ids.shape[0]) if ids.shape[1] == 1 else None
+        return forward(decoder, ids, *args)
+
+    monkeypatch.setattr(static_decoder, "forward_tokens", counting)
+    results = {}
+    for drop_at in (static_decoder.DROP_AT, 0.0):  # 0: no row is ever dropped
+        monkeypatch.setattr(static_decoder, "DROP_AT", drop_at)
+        rows_per_step.clear()
+        engine = HFEngine(tiny_model_dir, dtype="float32", stop_token_ids=stops)
+        results[drop_at] = (engine.generate(PROMPTS, seeded), list(rows_per_step))
+    (dropped, shrinking), (kept, constant) = results.values()
+    assert min(shrinking) < len(PROMPTS) and set(constant) == {len(PROMPTS)}
+    assert [c.token_ids for c in dropped] == [c.token_ids for c in kept]
+    assert [c.finish_reason for c in dropped] == [c.finish_reason for c in kept]
+    for a, b in zip(dropped, kept):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)

@@ -38,14 +38,24 @@ class DecodeState:
         self.step.zero_()
         self.steps = 0
 
-    def record(self, logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
-        """Sample this step's token of every row from raw logits [B, V], store it with its
-        untempered logprob, advance the step; returns the tokens [B]."""
-        chosen = sample_tokens(logits, sampling, self.seeds, self.step)
-        column = self.step.view(1)
-        self.tokens.index_copy_(1, column, chosen[:, None])
-        self.logprobs.index_copy_(1, column, token_logprobs(logits, chosen)[:, None])
-        self.finished |= torch.isin(chosen, self.stop_ids)
+    def record(self, logits: torch.Tensor, sampling: SamplingParams,
+               rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Sample this step's token of every row (or of `rows` only, whose logits [len(rows), V]
+        these are) from raw logits, store it with its untempered logprob, advance the step;
+        returns the tokens. A row's draw depends only on its seed and the step, so sampling a
+        subset gives each of its rows what the whole batch would."""
+        if rows is None:
+            chosen = sample_tokens(logits, sampling, self.seeds, self.step)
+            column = self.step.view(1)
+            self.tokens.index_copy_(1, column, chosen[:, None])
+            self.logprobs.index_copy_(1, column, token_logprobs(logits, chosen)[:, None])
+            self.finished |= torch.isin(chosen, self.stop_ids)
+        else:
+            chosen = sample_tokens(logits, sampling, self.seeds[rows], self.step)
+            at = (rows, self.step.expand_as(rows))
+            self.tokens.index_put_(at, chosen)
+            self.logprobs.index_put_(at, token_logprobs(logits, chosen))
+            self.finished.index_put_((rows,), self.finished[rows] | torch.isin(chosen, self.stop_ids))
         self.step += 1
         return chosen
 

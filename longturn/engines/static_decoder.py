@@ -30,6 +30,7 @@ PREFIX_BUCKET, WIDTH_BUCKET = 64, 32  # buffer sizes are rounded up to these (gr
 PREFILL_ROWS = 64  # prompt tails are prefilled this many rows at a time (bounded memory)
 PREFILL_FILL = 0.85  # ... and with rows at least this fraction of their chunk's widest tail
 KEEP_GRAPHS = 2
+DROP_AT = 0.75  # CPU: stopped rows leave the batch once at most this share of it still decodes
 
 
 def _round_up(n: int, bucket: int) -> int:
@@ -153,6 +154,8 @@ class StaticDecoder:
         slot.state.reset(seeds.to(self.device))
         slot.token.copy_(slot.state.record(logits, sampling))
         slot.state.steps = 1
+        if slot.graph is None and self.device.type == "cpu":
+            return self._decode_dropping_rows(slot)
         every = check_interval(self.device)
         for step in range(1, sampling.max_new_tokens):
             with mark(DECODE_STEP):  # the step and, every few steps, the stop check
@@ -164,6 +167,32 @@ class StaticDecoder:
                 if (step + 1) % every == 0 and slot.state.all_finished():
                     break
         return slot.state
+
+    def _decode_dropping_rows(self, slot: DecodeSlot) -> DecodeState:
+        """The CPU's decode loop: a step costs in proportion to its rows, and the host reads the
+        stop flags every step anyway, so once a quarter of the rows have stopped they are
+        dropped (their K/V copied out) and the rest decode on; a row samples what it would
+        have in the whole batch (its draws depend on its seed and the step only)."""
+        state, sampling = slot.state, slot.sampling
+        kv, token, position = slot.kv, slot.token, slot.position
+        rows = torch.arange(len(token), device=self.device)  # each decoding row's batch index
+        for step in range(1, sampling.max_new_tokens):
+            with mark(DECODE_STEP):
+                live = ~state.finished[rows]
+                alive = int(live.sum())
+                if alive == 0:
+                    break
+                if alive <= DROP_AT * len(rows):
+                    keep = live.nonzero().squeeze(1)
+                    kv, token, position, rows = kv.keep_rows(keep), token[keep], position[keep], rows[keep]
+                hidden = forward_tokens(self.decoder, token[:, None], position[:, None],
+                                        slot.column, torch.ones_like(token[:, None], dtype=torch.bool),
+                                        kv)
+                token = state.record(self.lm_head(hidden), sampling, rows)
+                position = position + 1
+                slot.column.add_(1)
+                state.steps = step + 1
+        return state
 
     def _prefill(self, slot: DecodeSlot, prefix: list[int], tails: list[list[int]]) -> torch.Tensor:
         """Prefix once, then the tails in row chunks; returns the logits of each prompt's last

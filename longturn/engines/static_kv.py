@@ -67,6 +67,13 @@ class KVBuffers:
                          [k[start:stop] for k in self.row_k], [v[start:stop] for v in self.row_v],
                          self.row_valid[start:stop])
 
+    def keep_rows(self, keep: torch.Tensor) -> "KVBuffers":
+        """Copies of the rows at `keep` (the prefix stays shared): a smaller batch to decode on."""
+        return KVBuffers(self.prefix_k, self.prefix_v, self.prefix_valid,
+                         [k.index_select(0, keep) for k in self.row_k],
+                         [v.index_select(0, keep) for v in self.row_v],
+                         self.row_valid.index_select(0, keep))
+
     def prefix_as_rows(self) -> "KVBuffers":
         """The prefix buffers seen as one row with no prefix of its own (the prefix pass)."""
         empty = [k[:, :0] for k in self.prefix_k]
