@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Sequence
 
 from longturn.atomic import write_text
+from longturn.config import load_params
 from longturn.errors import UserError
 from longturn.params_file import hand_edits, profile_path, render, written_profile
+from longturn.preflight import preflight
 from longturn.profiles import leaves, resolve_profile
 
 PROFILES_DIR = "configs/profiles"
@@ -22,7 +24,7 @@ EXAMPLES = """examples:
   longturn params --list
   longturn params gpu1                 # params.yaml from configs/profiles/gpu1.yaml
   longturn params default              # back to the CPU default
-  longturn params --check              # is params.yaml what its profile writes?
+  longturn params --check              # is params.yaml what its profile writes? its names known?
   longturn params tools --out /tmp/tools-params.yaml"""
 
 
@@ -35,7 +37,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--dir", default=PROFILES_DIR, help=f"profiles folder (default: {PROFILES_DIR})")
     p.add_argument("--force", action="store_true", help="overwrite --out even with hand edits")
     p.add_argument("--check", action="store_true",
-                   help="write nothing; exit 1 unless --out is exactly what its profile writes")
+                   help="write nothing; exit 1 unless --out is exactly what its profile writes, "
+                        "2 if a name in it (env, task, engine, plugin) is unknown")
     p.add_argument("--list", action="store_true", help="the profiles, with their first line")
     return p
 
@@ -52,14 +55,27 @@ def _changed_keys(profile: Path, default: Path) -> int:
     return sum(1 for key, value in ours.items() if base.get(key, object()) != value)
 
 
+def _check(out: Path, profiles_dir: Path) -> int:
+    """1 when `out` is not exactly a written profile; else the names every stage checks before
+    work (env, tasks, engine, sequence plugins), so a bad name fails here, not minutes into a
+    DVC run (a UserError: exit 2)."""
+    if not out.is_file():
+        raise UserError(f"{out}: no such file; write one with `longturn params NAME`")
+    reason = hand_edits(out, profiles_dir)
+    if reason:
+        print(reason)
+        return 1
+    preflight(load_params(out), None)
+    print(f"{out}: exactly profile {written_profile(out.read_text())!r}; its names check out")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     profiles_dir, out = Path(args.dir), Path(args.out)
     if args.list:
         return _list(profiles_dir)
     if args.check:
-        reason = hand_edits(out, profiles_dir)
-        print(reason or f"{out}: exactly profile {written_profile(out.read_text())!r}")
-        return 1 if reason else 0
+        return _check(out, profiles_dir)
     source = profile_path(args.profile, profiles_dir)
     text = render(source)
     reason = hand_edits(out, profiles_dir)

@@ -103,6 +103,30 @@ def test_an_overlay_value_that_does_not_validate_names_file_and_key(tmp_path, ca
     assert "bad.yaml" in err and "rollout.n_envs" in err
 
 
+@pytest.mark.parametrize("overlay, key", [
+    ("env:\n  tasks: [no-such-task]\n", "env.tasks"),
+    ("env:\n  name: no_such_env\n", "env.name"),
+])
+def test_check_refuses_a_written_profile_whose_names_a_stage_would_refuse(
+        tmp_path, capsys, overlay, key):
+    shutil.copy(PROFILES_DIR / DEFAULT, tmp_path / DEFAULT)
+    (tmp_path / "typo.yaml").write_text(overlay)
+    args = ["--out", str(tmp_path / "p.yaml"), "--dir", str(tmp_path)]
+    assert params_main(["typo", *args]) == 0  # written: the values validate, the names are unchecked
+    capsys.readouterr()
+    assert params_main(["typo", "--check", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("longturn params: error: ") and key in err and "\n" not in err
+    assert params_main(["default", "--force", *args]) == 0
+    assert params_main(["--check", *args]) == 0
+    assert "names check out" in capsys.readouterr().out
+
+
+def test_check_of_a_missing_file_is_one_line(tmp_path, capsys):
+    assert params_main(["--check", "--out", str(tmp_path / "none.yaml")]) == 2
+    assert "none.yaml: no such file" in capsys.readouterr().err
+
+
 def test_dvc_params_diff_shows_the_switch(tmp_path):
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
            "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
