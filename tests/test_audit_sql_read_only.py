@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pyarrow as pa
@@ -20,6 +21,8 @@ import pytest
 
 from longturn.audit.cli import main
 from longturn.audit.run_files import open_run
+from longturn.audit import sql as audit_sql
+from longturn.audit.read_only_sql import lock_down
 from longturn.audit.sql import connect
 
 LONGTURN = Path(sys.executable).parent / "longturn"
@@ -101,9 +104,9 @@ def test_files_outside_the_run_cannot_be_read(runs, capsys):
         assert "reading files other than the run's Parquet" in err and "hunter2" not in err, sql
 
 
-def test_the_configuration_is_locked_after_the_views_exist(runs):
+def test_the_configuration_is_locked_after_the_views_exist(runs, tmp_path):
     train, _ = runs
-    con = connect(open_run(train))
+    con = connect(open_run(train), tmp_path)
     try:
         with pytest.raises(Exception, match="locked"):
             con.execute("SET enable_external_access = true")
@@ -112,6 +115,36 @@ def test_the_configuration_is_locked_after_the_views_exist(runs):
     finally:
         con.close()
     assert not (train.parent / "direct.csv").exists()
+
+
+def test_a_query_larger_than_memory_spills_to_a_temp_dir_that_is_removed(
+        runs, capsys, tmp_path, monkeypatch):
+    """DuckDB spills to `.tmp` in the current directory by default: a query must not write there
+    (a file named `.tmp` in the way made the default spill fail), and the spill dir must be gone
+    after the query."""
+    train, _ = runs
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    (cwd / ".tmp").write_text("the user's own file\n")
+    monkeypatch.chdir(cwd)
+    spill_dirs = []
+
+    def small_memory(con, readable, spill_dir):  # a 50 MB limit makes a 1.5M-row sort spill
+        spill_dirs.append(spill_dir)
+        con.execute("SET memory_limit = '50MB'")
+        con.execute("SET threads = 1")
+        lock_down(con, readable, spill_dir)
+
+    monkeypatch.setattr(audit_sql, "lock_down", small_memory)
+    sql = ("SELECT count(*) AS n, max(h) AS top FROM (SELECT md5(i::VARCHAR) AS h "
+           "FROM range(1500000) t(i) ORDER BY h)")
+    assert rows(capsys, sql, train)[0]["n"] == 1500000
+    assert [p.name for p in cwd.iterdir()] == [".tmp"]
+    assert (cwd / ".tmp").read_text() == "the user's own file\n"
+    assert len(spill_dirs) == 1 and not spill_dirs[0].exists()
+    assert spill_dirs[0].parent == Path(tempfile.gettempdir())
+    setting = rows(capsys, "SELECT current_setting('temp_directory') AS d", train)[0]["d"]
+    assert Path(setting).name.startswith("longturn-audit-sql-") and not Path(setting).exists()
 
 
 def test_ordinary_analytics_still_work(runs, capsys):

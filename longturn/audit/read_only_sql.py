@@ -46,11 +46,14 @@ def quote_literal(path: Path | str) -> str:
     return "'" + str(path).replace("'", "''") + "'"
 
 
-def lock_down(con: duckdb.DuckDBPyConnection, readable: Iterable[Path]) -> None:
+def lock_down(con: duckdb.DuckDBPyConnection, readable: Iterable[Path], spill_dir: Path) -> None:
     """Call after the views exist: from now on only `readable` files can be read, nothing is
-    written, no extension is installed or loaded, and no `SET` can undo this."""
+    written, no extension is installed or loaded, and no `SET` can undo this. A query larger than
+    memory spills to `spill_dir` (DuckDB's default is `.tmp` in the current directory); it is set
+    first, as DuckDB refuses to move it once external access is off."""
     paths = ", ".join(quote_literal(p) for p in readable)
-    for setting in (f"SET allowed_paths = [{paths}]",
+    for setting in (f"SET temp_directory = {quote_literal(spill_dir)}",
+                    f"SET allowed_paths = [{paths}]",
                     "SET enable_external_access = false",
                     "SET autoinstall_known_extensions = false",
                     "SET autoload_known_extensions = false",

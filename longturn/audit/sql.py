@@ -8,6 +8,9 @@ reading those files only, one SELECT per call (audit/read_only_sql.py).
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import duckdb
 import pandas as pd
 
@@ -22,8 +25,9 @@ class QueryError(UserError):
     """DuckDB rejected the query (syntax, an unknown column or table)."""
 
 
-def connect(run: Run) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB with the run's views, able to read those files and nothing else."""
+def connect(run: Run, spill_dir: Path) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB with the run's views, able to read those files and nothing else; what
+    does not fit in memory spills to `spill_dir`."""
     check_run(run, ())
     files = ", ".join(quote_literal(f.path) for f in run.files)
     con = duckdb.connect(":memory:")
@@ -37,21 +41,24 @@ def connect(run: Run) -> duckdb.DuckDBPyConnection:
         episodes = quote_literal(run.episodes_file)
         con.execute(f"CREATE VIEW episodes AS SELECT * FROM read_parquet({episodes})")
     readable = [f.path for f in run.files]
-    lock_down(con, readable + ([run.episodes_file] if run.episodes_file is not None else []))
+    lock_down(con, readable + ([run.episodes_file] if run.episodes_file is not None else []),
+              spill_dir)
     return con
 
 
 def query(run: Run, sql: str) -> Output:
     views = "turns" + (", episodes" if run.episodes_file else "")
-    con = connect(run)
-    try:
-        require_one_select(con, sql, views)
-        frame: pd.DataFrame = con.execute(sql).df()
-    except duckdb.PermissionException as err:
-        raise file_access_refused(err, views) from None
-    except duckdb.Error as err:
-        first = str(err).strip().splitlines()[0]
-        raise QueryError(f"sql: {first} (views: {views})") from None
-    finally:
-        con.close()
+    # a fresh spill dir per query, removed after it: no `.tmp` left in the user's directory
+    with tempfile.TemporaryDirectory(prefix="longturn-audit-sql-") as spill:
+        con = connect(run, Path(spill))
+        try:
+            require_one_select(con, sql, views)
+            frame: pd.DataFrame = con.execute(sql).df()
+        except duckdb.PermissionException as err:
+            raise file_access_refused(err, views) from None
+        except duckdb.Error as err:
+            first = str(err).strip().splitlines()[0]
+            raise QueryError(f"sql: {first} (views: {views})") from None
+        finally:
+            con.close()
     return Output(table(frame), frame)
