@@ -113,6 +113,13 @@ def test_prefix_cache_tiny(tiny_dir: str) -> None:
     assert out.count("-> ok") == 2  # greedy and seeded float32 checks
 
 
+def test_cpu_engine_cuts_tiny(tiny_dir: str) -> None:
+    out = run_bench("cpu_engine_cuts.py", "--tiny", "--tiny-dir", tiny_dir)
+    for name in ("before", "+ kept prefix", "+ chunked prefill", "+ dropped rows", "all three"):
+        assert number(rf"{re.escape(name)}\s*:\s*[\d.]+ s per call\s+x\s*([\d.]+)", out) > 0
+    assert out.count("(same tokens)") == 5
+
+
 def test_rollout_throughput_tiny(tiny_dir: str) -> None:
     out = run_bench("rollout_throughput.py", "--tiny", "--tiny-dir", tiny_dir)
     assert number(r"ratio batched / one-at-a-time: ([\d.]+)x", out) > 0
