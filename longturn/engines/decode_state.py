@@ -1,8 +1,8 @@
 """What a decode loop keeps on the device, and how it turns into Completions at the end.
 
-Every row keeps decoding until the whole batch has stopped (or max_new_tokens): rows are never
-dropped mid-loop, so shapes stay fixed (a CUDA graph can replay the step) and nothing is read
-back per token. Sampled ids and their logprobs go into [B, N] buffers at the step's column; the
+On a GPU every row keeps decoding until the whole batch has stopped (or max_new_tokens): rows
+are never dropped mid-loop, so shapes stay fixed (a CUDA graph can replay the step) and nothing is
+read back per token. The CPU loop decodes a shrinking subset of the rows (`record(..., rows)`). Sampled ids and their logprobs go into [B, N] buffers at the step's column; the
 host reads "has every row stopped?" only every few steps, and the buffers once at the end, where
 each row is cut after its first end-of-turn token.
 """

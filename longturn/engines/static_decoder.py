@@ -1,10 +1,11 @@
 """The in-process engine's fast path: static KV buffers, cascade attention over a shared prefix,
 batched counter-based sampling, and (on CUDA) each decode step replayed as one CUDA graph.
 
-A batch is decoded in three moves: the shared prefix once at batch size 1, the prompt tails in
-row chunks (both eager), then `max_new_tokens − 1` decode steps that each run the whole model,
-sample, record and advance every counter on the device. The host only asks "has every row
-stopped?" every few steps. On CUDA the step is captured once per buffer shape (sizes rounded up
+A batch is decoded in three moves: the shared prefix once at batch size 1 (kept for the next
+call while the tokens and weights are the same), the prompt tails in row chunks of like width
+(both eager), then `max_new_tokens − 1` decode steps that each run the whole model, sample,
+record and advance every counter on the device. The host only asks "has every row stopped?"
+every few steps; on the CPU it asks every step and drops the stopped rows. On CUDA the step is captured once per buffer shape (sizes rounded up
 so consecutive batches reuse it) and replayed; capture problems fall back to eager steps with a
 warning, never to different results.
 """
