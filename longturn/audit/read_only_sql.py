@@ -73,7 +73,7 @@ def require_one_select(con: duckdb.DuckDBPyConnection, sql: str, views: str) -> 
                             f"{allowed}")
     kind = statements[0].type
     if kind != StatementType.SELECT:
-        what = _WHAT.get(kind, f"{kind.name} statements")
+        what = _WHAT.get(kind, f"a {kind.name} statement")
         raise SqlNotAllowed(f"sql: {what} is not allowed; {allowed}")
 
 
