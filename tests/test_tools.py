@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from longturn.errors import SettingError
 from longturn.sequence.interactions import load_interactions
-from longturn.sequence.tool_calls import (MAX_CALL_CHARS, MAX_DEPTH, MAX_NUMBER_DIGITS, OPEN,
-                                           CLOSE, BadToolCall, ToolCall, bounds_problem,
+from longturn.sequence.tool_calls import (MAX_CALL_CHARS, MAX_CALLS, MAX_DEPTH, MAX_NUMBER_DIGITS,
+                                           OPEN, CLOSE, BadToolCall, ToolCall, bounds_problem,
                                            parse_tool_calls)
 from longturn.sequence.tools import BaseTool, ToolBox, load_tools
 from longturn.tasks.arithmetic import (RevisionInteraction, final_answer, make_problem, reward,
@@ -175,6 +175,10 @@ def named_call(arguments_json: str) -> str:
     (named_call('{"x": 0.%s}' % ("1" * 101)), "has 101 digits"),
     (named_call('{"x": "%s"}' % ("y" * MAX_CALL_CHARS)), "characters long; the limit is 32,768"),
     (named_call(json.dumps("[" * 100)), 'the "arguments" string of tool \'calculator\' nests'),
+    (named_call('{"x": NaN}'), "'NaN' is not a finite JSON number"),
+    (named_call('{"x": -Infinity}'), "'-Infinity' is not a finite JSON number"),
+    (named_call('{"x": 1e999999}'), "'1e999999' is not a finite JSON number"),
+    (named_call(json.dumps('{"x": 1e400}')), "'1e400' is not a finite JSON number"),
 ])
 def test_probe_calls_are_bad_calls_with_the_bound_they_broke(text, message):
     [call] = parse_tool_calls(text)
@@ -195,6 +199,13 @@ def test_bounds_are_exact_and_ignore_what_is_inside_strings():
     assert parse_tool_calls(named_call(json.dumps({"expression": text}))) == [
         ToolCall("calculator", {"expression": text})]
     assert bounds_problem('"unterminated \\" [[[' + "1" * 500) is None  # json.loads reports it
+
+
+def test_a_reply_runs_at_most_max_calls_and_says_so():
+    calls = parse_tool_calls(named_call('{"expression": "1+1"}') * (MAX_CALLS + 5))
+    assert len(calls) == MAX_CALLS + 1
+    assert all(isinstance(c, ToolCall) for c in calls[:MAX_CALLS])
+    assert f"at most {MAX_CALLS} tool calls" in calls[-1].error
 
 
 def test_ten_thousand_unclosed_tags_are_one_bad_call_found_in_one_pass():

@@ -14,6 +14,7 @@ nesting depth and number lengths are checked by linear scans before `json.loads`
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -28,6 +29,27 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 MAX_CALL_CHARS = 32_768  # characters between <tool_call> and </tool_call>
 MAX_DEPTH = 64  # objects and arrays inside one another
 MAX_NUMBER_DIGITS = 100  # consecutive digits of a number (outside strings)
+MAX_CALLS = 16  # tool calls one reply may make; more are one BadToolCall, not run
+
+
+class _NotFinite(ValueError):
+    """NaN, Infinity or a number too large for a float: JSON has no such number."""
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NotFinite(text)
+    return value
+
+
+def _no_constant(text: str) -> float:
+    raise _NotFinite(text)
+
+
+def _decode(raw: str) -> Any:
+    """json.loads that refuses NaN, Infinity and floats that overflow (a tool would get them)."""
+    return json.loads(raw, parse_float=_finite, parse_constant=_no_constant)
 
 # A JSON string, or an unterminated one up to the end: possessive, so a match never gives back
 # what it took and every character is read once. Strings are cut out before brackets and digits
@@ -70,7 +92,9 @@ def _one_call(raw: str) -> ToolCall | BadToolCall:
     if problem is not None:
         return BadToolCall(raw, problem)
     try:
-        data = json.loads(raw)
+        data = _decode(raw)
+    except _NotFinite as err:
+        return BadToolCall(raw, f"{str(err)[:20]!r} is not a finite JSON number")
     except json.JSONDecodeError as err:
         return BadToolCall(raw, f"the tool call is not valid JSON ({err.msg} at character "
                                 f"{err.pos})")
@@ -85,7 +109,9 @@ def _one_call(raw: str) -> ToolCall | BadToolCall:
         if problem is not None:
             return BadToolCall(raw, problem)
         try:
-            arguments = json.loads(arguments)
+            arguments = _decode(arguments)
+        except _NotFinite as err:
+            return BadToolCall(raw, f"{str(err)[:20]!r} is not a finite JSON number")
         except (ValueError, RecursionError):
             pass  # still a string: refused just below
     if not isinstance(arguments, dict):
@@ -102,6 +128,10 @@ def parse_tool_calls(text: str) -> list[ToolCall | BadToolCall]:
     calls: list[ToolCall | BadToolCall] = []
     pos = 0
     while (start := text.find(OPEN, pos)) != -1:
+        if len(calls) == MAX_CALLS:
+            calls.append(BadToolCall(text[start:], f"a reply may make at most {MAX_CALLS} tool "
+                                                   "calls; the rest were not run"))
+            break
         body = start + len(OPEN)
         end = text.find(CLOSE, body)
         if end == -1:
