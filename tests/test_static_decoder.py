@@ -235,3 +235,22 @@ def test_cpu_decode_drops_stopped_rows_without_changing_results(tiny_model_dir,
     assert [c.finish_reason for c in dropped] == [c.finish_reason for c in kept]
     for a, b in zip(dropped, kept):
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+
+
+@pytest.mark.parametrize("prefix", [0, 40])
+def test_fused_prefill_attention_equals_the_cascade(prefix) -> None:
+    """The CPU prefill's fused kernel and the cascade compute the same softmax over prefix and
+    own columns (padding, causality and each row's own valid columns included)."""
+    from longturn.engines.static_kv import (KVBuffers, cascade_attention, fused_attention,
+                                            visibility)
+    torch.manual_seed(0)
+    kv = KVBuffers.allocate(1, 3, 2, 16, prefix, 24, torch.device("cpu"))
+    for tensor in (*kv.prefix_k, *kv.prefix_v, *kv.row_k, *kv.row_v):
+        tensor.normal_()
+    kv.prefix_valid[: max(prefix - 5, 0)] = True
+    kv.row_valid[0, 2:12] = kv.row_valid[1, 7:12] = kv.row_valid[2, 11:12] = True  # left padded
+    columns = torch.arange(4, 12)
+    q = torch.randn(3, 4, len(columns), 16)
+    visible = visibility(kv, columns)
+    torch.testing.assert_close(fused_attention(q, 0, kv, visible, 0.25),
+                               cascade_attention(q, 0, kv, visible, 0.25), atol=1e-5, rtol=1e-5)
