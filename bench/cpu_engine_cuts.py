@@ -1,9 +1,10 @@
 """What each of the in-process engine's CPU cuts buys, side by side on one batch of real prompts.
 
 Why: on a 2-core CPU, generation is most of an evaluation and a third of a training iteration.
-Three cuts target it: the shared prefix's K/V kept across calls while the weights stand (an
+Four cuts target it: the shared prefix's K/V kept across calls while the weights stand (an
 evaluation plays every turn with the same system prompt), prompt tails prefilled in chunks of
-like width (less padding), and stopped rows dropped from the decode batch. This times one
+like width (less padding), prefill attention by torch's fused kernel, and stopped rows dropped
+from the decode batch. This times one
 engine with none of them ("before"), each alone, and all of them, alternating the variants
 round by round so a neighbour's load hits them alike, and checks they all sample the same tokens.
 
@@ -11,7 +12,8 @@ How: --calls seeded generate() calls per round on the same --rows prompts (the c
 turn-0 prompts of params.yaml's env, so tails vary less than in later turns, where history makes
 them uneven), up to --new-tokens each; the median seconds per call of each variant over --rounds
 rounds, and its speed-up over "before". Toggles: kept prefix off = the held prefix forgotten
-before every call; chunked prefill off = `PREFILL_FILL` 0 (one chunk); dropping off = `DROP_AT` 0.
+before every call; chunked prefill off = `PREFILL_FILL` 0 (one chunk); fused attention off =
+`static_kv.FUSED_PREFILL` False (the cascade's products); dropping off = `DROP_AT` 0.
 
     .venv/bin/python bench/cpu_engine_cuts.py [--rows 16] [--calls 4] [--rounds 3]
         [--model-dir data/models/base] [--dtype float32] [--threads N] [--tiny [--tiny-dir DIR]]
@@ -33,6 +35,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import longturn.engines.static_decoder as static_decoder  # noqa: E402
+import longturn.engines.static_kv as static_kv  # noqa: E402
 from agent_prompts import collector_prompts  # noqa: E402
 from longturn.config import load_params  # noqa: E402
 from longturn.engines.base import SamplingParams  # noqa: E402
@@ -43,14 +46,15 @@ from tiny_model import add_tiny_args, fill_defaults, resolve_model_dir  # noqa: 
 
 FULL = {"rows": 16, "calls": 4, "rounds": 3, "new_tokens": 48}
 TINY = {"rows": 4, "calls": 2, "rounds": 1, "new_tokens": 8}
-CUTS = ("kept prefix", "chunked prefill", "dropped rows")
-VARIANTS = {"before": (), **{f"+ {cut}": (cut,) for cut in CUTS}, "all three": CUTS}
+CUTS = ("kept prefix", "chunked prefill", "fused prefill attention", "dropped rows")
+VARIANTS = {"before": (), **{f"+ {cut}": (cut,) for cut in CUTS}, "all four": CUTS}
 
 
 @contextmanager
 def cuts_on(engine: HFEngine, cuts: tuple[str, ...]) -> Iterator[None]:
     """The engine with only `cuts` in effect."""
-    saved = static_decoder.PREFILL_FILL, static_decoder.DROP_AT
+    saved = static_decoder.PREFILL_FILL, static_decoder.DROP_AT, static_kv.FUSED_PREFILL
+    static_kv.FUSED_PREFILL = "fused prefill attention" in cuts
     if "chunked prefill" not in cuts:
         static_decoder.PREFILL_FILL = 0.0
     if "dropped rows" not in cuts:
@@ -58,7 +62,7 @@ def cuts_on(engine: HFEngine, cuts: tuple[str, ...]) -> Iterator[None]:
     try:
         yield
     finally:
-        static_decoder.PREFILL_FILL, static_decoder.DROP_AT = saved
+        static_decoder.PREFILL_FILL, static_decoder.DROP_AT, static_kv.FUSED_PREFILL = saved
 
 
 def forget_prefix(engine: HFEngine) -> None:
@@ -118,7 +122,7 @@ def main() -> None:
     for name, times in seconds.items():
         median = statistics.median(times)
         same = "same tokens" if outputs[name] == outputs["before"] else "OTHER TOKENS"
-        print(f"  {name:20s}: {median:7.3f} s per call   x{before / median:5.2f}   ({same})")
+        print(f"  {name:25s}: {median:7.3f} s per call   x{before / median:5.2f}   ({same})")
 
 
 if __name__ == "__main__":

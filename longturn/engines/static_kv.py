@@ -26,6 +26,9 @@ from torch import nn
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 
+FUSED_PREFILL = True  # CPU prefill attention by the fused kernel (`fused_attention`)
+
+
 @dataclass
 class KVBuffers:
     """K/V of one batch: the shared prefix once, then every row's own columns."""
@@ -153,7 +156,8 @@ def attention_block(attn: nn.Module, x: torch.Tensor, rotary: tuple[torch.Tensor
     kv.row_k[layer].index_copy_(2, columns, k.float())
     kv.row_v[layer].index_copy_(2, columns, v.float())
     kv.row_valid.index_copy_(1, columns, new_valid)
-    attend = fused_attention if width_t > 1 and x.device.type == "cpu" else cascade_attention
+    fused = FUSED_PREFILL and width_t > 1 and x.device.type == "cpu"
+    attend = fused_attention if fused else cascade_attention
     out = attend(q.float(), layer, kv, visibility(kv, columns), attn.scaling)
     out = out.to(x.dtype).transpose(1, 2).reshape(rows, width_t, -1)
     return attn.o_proj(out)
