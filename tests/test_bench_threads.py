@@ -16,13 +16,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 CORES = len(os.sched_getaffinity(0))
-THREADED = ["engine_throughput.py", "gae.py", "gpu_memory.py", "iteration_cost.py",
-            "ppo_update.py", "prefix_cache.py", "rollout_throughput.py", "turn_cost.py"]
+THREADED = ["cpu_engine_cuts.py", "engine_throughput.py", "gae.py", "gpu_memory.py",
+            "iteration_cost.py", "ppo_update.py", "prefix_cache.py", "rollout_throughput.py",
+            "turn_cost.py"]
 NOT_THREADED = {  # why --threads makes no sense there
     "agent_prompts.py": "renders prompts, no torch compute",
     "compare_estimators.py": "runs DVC experiments in child stages (torch's own default there)",
     "gpu_campaign.py": "runs the other benches and stages as child processes",
     "tiny_model.py": "builds a 3M-parameter model once",
+    "parse_speed.py": "times pure-Python parsers, no torch compute",
     "cpu_threads.py": "the option itself",
 }
 

@@ -36,7 +36,7 @@ class Branch:
 
     decoder: nn.Module
     context: Callable[[], AbstractContextManager] = nullcontext
-    role: str = "actor"  # names its memoised prefix passes (the reference shares the actor's modules)
+    role: str = "actor"  # names its kept prefix passes (the reference runs the actor's modules)
 
 
 @dataclass

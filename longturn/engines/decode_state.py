@@ -1,10 +1,11 @@
 """What a decode loop keeps on the device, and how it turns into Completions at the end.
 
-On a GPU every row keeps decoding until the whole batch has stopped (or max_new_tokens): rows
-are never dropped mid-loop, so shapes stay fixed (a CUDA graph can replay the step) and nothing is
-read back per token. The CPU loop decodes a shrinking subset of the rows (`record(..., rows)`). Sampled ids and their logprobs go into [B, N] buffers at the step's column; the
-host reads "has every row stopped?" only every few steps, and the buffers once at the end, where
-each row is cut after its first end-of-turn token.
+On a GPU every row keeps decoding until the whole batch has stopped (or max_new_tokens): rows are
+never dropped mid-loop, so shapes stay fixed (a CUDA graph can replay the step) and nothing is read
+back per token. The CPU loop decodes a shrinking subset of the rows (`record(..., rows)`). Sampled
+ids and their logprobs go into [B, N] buffers at the step's column; the host reads "has every row
+stopped?" only every few steps, and the buffers once at the end, where each row is cut after its
+first end-of-turn token.
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ class DecodeState:
             at = (rows, self.step.expand_as(rows))
             self.tokens.index_put_(at, chosen)
             self.logprobs.index_put_(at, token_logprobs(logits, chosen))
-            self.finished.index_put_((rows,), self.finished[rows] | torch.isin(chosen, self.stop_ids))
+            stopped = self.finished[rows] | torch.isin(chosen, self.stop_ids)
+            self.finished.index_put_((rows,), stopped)
         self.step += 1
         return chosen
 

@@ -5,9 +5,9 @@ A batch is decoded in three moves: the shared prefix once at batch size 1 (kept 
 call while the tokens and weights are the same), the prompt tails in row chunks of like width
 (both eager), then `max_new_tokens − 1` decode steps that each run the whole model, sample,
 record and advance every counter on the device. The host only asks "has every row stopped?"
-every few steps; on the CPU it asks every step and drops the stopped rows. On CUDA the step is captured once per buffer shape (sizes rounded up
-so consecutive batches reuse it) and replayed; capture problems fall back to eager steps with a
-warning, never to different results.
+every few steps; on the CPU it asks every step and drops the stopped rows. On CUDA the step is
+captured once per buffer shape (sizes rounded up so consecutive batches reuse it) and replayed;
+capture problems fall back to eager steps with a warning, never to different results.
 """
 
 from __future__ import annotations
@@ -185,10 +185,11 @@ class StaticDecoder:
                     break
                 if alive <= DROP_AT * len(rows):
                     keep = live.nonzero().squeeze(1)
-                    kv, token, position, rows = kv.keep_rows(keep), token[keep], position[keep], rows[keep]
+                    kv, rows = kv.keep_rows(keep), rows[keep]
+                    token, position = token[keep], position[keep]
+                new = torch.ones_like(token[:, None], dtype=torch.bool)
                 hidden = forward_tokens(self.decoder, token[:, None], position[:, None],
-                                        slot.column, torch.ones_like(token[:, None], dtype=torch.bool),
-                                        kv)
+                                        slot.column, new, kv)
                 token = state.record(self.lm_head(hidden), sampling, rows)
                 position = position + 1
                 slot.column.add_(1)
