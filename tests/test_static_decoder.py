@@ -185,6 +185,8 @@ def test_a_kept_prefix_is_reused_until_the_weights_change(tiny_model_dir, monkey
     monkeypatch.setattr(static_decoder, "forward_tokens", counting)
     calls = [engine.generate(rows, seeded) for rows in batches]
     assert len(passes) == 1
+    held = [buffers for buffers, _ in engine._decoder.prefixes.values()]
+    assert held and all(not b.row_k for b in held)  # no slot's row buffers kept alive by it
     for call, want in zip(calls, fresh):
         assert [c.token_ids for c in call] == [c.token_ids for c in want]
         assert [c.logprobs for c in call] == [c.logprobs for c in want]

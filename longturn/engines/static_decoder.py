@@ -106,7 +106,7 @@ class StaticDecoder:
         kv = KVBuffers.allocate(len(self.decoder.layers), rows, self.kv_heads, self.head_dim,
                                 key[1], key[2], self.device, shared)
         if shared is None:
-            self.prefixes[key[1]] = (kv, None)
+            self.prefixes[key[1]] = (kv.prefix_only(), None)
         state = DecodeState(rows, sampling.max_new_tokens, self.stop_ids, self.device)
         slot = DecodeSlot(kv, state, self._longs(rows), self._longs(rows), self._longs(1), sampling)
         if self.use_graphs:

@@ -71,6 +71,12 @@ class KVBuffers:
                          [k[start:stop] for k in self.row_k], [v[start:stop] for v in self.row_v],
                          self.row_valid[start:stop])
 
+    def prefix_only(self) -> "KVBuffers":
+        """The prefix buffers with no rows: what other slots share, without keeping this slot's
+        row buffers alive once the slot is dropped."""
+        return KVBuffers(self.prefix_k, self.prefix_v, self.prefix_valid, [], [],
+                         self.row_valid[:0])
+
     def keep_rows(self, keep: torch.Tensor) -> "KVBuffers":
         """Copies of the rows at `keep` (the prefix stays shared): a smaller batch to decode on."""
         return KVBuffers(self.prefix_k, self.prefix_v, self.prefix_valid,
