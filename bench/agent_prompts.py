@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from longturn.config import Params
-from longturn.wiring import make_collector
+from longturn.params.config import Params
+from longturn.run.wiring import make_collector
 
 
 def collector_prompts(params: Params, tokenizer: Any, n: int, first_seed: int = 0,

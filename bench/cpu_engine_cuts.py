@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import longturn.engines.static_decoder as static_decoder  # noqa: E402
 import longturn.engines.static_kv as static_kv  # noqa: E402
 from agent_prompts import collector_prompts  # noqa: E402
-from longturn.config import load_params  # noqa: E402
+from longturn.params.config import load_params  # noqa: E402
 from longturn.engines.base import SamplingParams  # noqa: E402
 from longturn.engines.hf import HFEngine  # noqa: E402
 from longturn.engines.shared_prefix import shared_prefix_length  # noqa: E402

@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from agent_prompts import collector_prompts, cycled  # noqa: E402
-from longturn.config import load_params  # noqa: E402
+from longturn.params.config import load_params  # noqa: E402
 from longturn.device import resolve_device  # noqa: E402
 from longturn.engines.base import SamplingParams  # noqa: E402
 from longturn.engines.hf import HFEngine  # noqa: E402

@@ -53,8 +53,8 @@ import yaml  # noqa: E402
 from campaign import archive, environment, profile_report, results, summary, trace  # noqa: E402
 from campaign.gpu_sampler import GPUSampler  # noqa: E402
 from campaign.stages import Stage, learning_stages, log_tail, run_stage  # noqa: E402
-from longturn.profiles import resolve_profile  # noqa: E402
-from longturn.config import parse_params  # noqa: E402
+from longturn.params.profiles import resolve_profile  # noqa: E402
+from longturn.params.config import parse_params  # noqa: E402
 
 PROFILES = ROOT / "configs" / "profiles"
 # The profiles sized for one GPU within the lease budget (their headers give the sizing); the

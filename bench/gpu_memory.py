@@ -62,12 +62,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from agent_prompts import collector_prompts  # noqa: E402
 from cpu_threads import add_threads_arg, use_threads  # noqa: E402
 from longturn.algo.trainer import PPOTrainer, TrainerSettings  # noqa: E402
-from longturn.config import Params  # noqa: E402
-from longturn.profiles import load_profile  # noqa: E402
+from longturn.params.config import Params  # noqa: E402
+from longturn.params.profiles import load_profile  # noqa: E402
 from longturn.device import resolve_device  # noqa: E402
-from longturn.models import load_tokenizer  # noqa: E402
+from longturn.run.models import load_tokenizer  # noqa: E402
 from longturn.engines.shared_prefix import shared_prefix_length  # noqa: E402
-from longturn.wiring import gae_params, trainer_settings  # noqa: E402
+from longturn.run.wiring import gae_params, trainer_settings  # noqa: E402
 from longturn.trajectories import write_turns  # noqa: E402
 from tiny_model import (TinyModelError, add_tiny_args, ensure_tiny_model,  # noqa: E402
                         fill_defaults, smollm2_tokenizer)

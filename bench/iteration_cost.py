@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from longturn.config import load_params, parse_params  # noqa: E402
-from longturn.training import TrainPaths, run_training  # noqa: E402
+from longturn.params.config import load_params, parse_params  # noqa: E402
+from longturn.run.training import TrainPaths, run_training  # noqa: E402
 from cpu_threads import add_threads_arg, use_threads  # noqa: E402
 from tiny_model import add_tiny_args, fill_defaults, resolve_model_dir  # noqa: E402
 

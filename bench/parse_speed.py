@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from longturn.envs.babyai import BabyAITextEnv  # noqa: E402
 from longturn.envs.registry import translator_for  # noqa: E402
-from longturn.sequence.tool_calls import CLOSE, OPEN, parse_tool_calls  # noqa: E402
+from longturn.tasks.tool_calls import CLOSE, OPEN, parse_tool_calls  # noqa: E402
 
 KB = 1000
 FULL = {"sizes": [1 * KB, 10 * KB, 100 * KB], "repeats": 7}

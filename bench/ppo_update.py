@@ -67,11 +67,11 @@ sys.path.insert(0, str(ROOT))  # run from a checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from longturn.algo.trainer import PPOTrainer, TrainerSettings  # noqa: E402
-from longturn.config import load_params  # noqa: E402
+from longturn.params.config import load_params  # noqa: E402
 from longturn.engines.base import Completion, SamplingParams  # noqa: E402
 from longturn.engines.registry import make_engine, sampling_from_params  # noqa: E402
-from longturn.models import load_tokenizer  # noqa: E402
-from longturn.wiring import gae_params, make_collector, trainer_settings  # noqa: E402
+from longturn.run.models import load_tokenizer  # noqa: E402
+from longturn.run.wiring import gae_params, make_collector, trainer_settings  # noqa: E402
 from longturn.trajectories import write_turns  # noqa: E402
 from cpu_threads import add_threads_arg, use_threads  # noqa: E402
 from tiny_model import add_tiny_args, fill_defaults, resolve_model_dir  # noqa: E402

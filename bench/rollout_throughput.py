@@ -25,13 +25,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from longturn.collector import FixedTurnCollector  # noqa: E402
-from longturn.config import Params, load_params  # noqa: E402
+from longturn.rollout.fixed_turn_collector import FixedTurnCollector  # noqa: E402
+from longturn.params.config import Params, load_params  # noqa: E402
 from longturn.engines.base import Completion  # noqa: E402
 from longturn.engines.registry import make_engine, sampling_from_params  # noqa: E402
-from longturn.evaluation import eval_jobs  # noqa: E402
-from longturn.models import load_tokenizer  # noqa: E402
-from longturn.rollout import AgentSettings, env_factory_from_params, play_episodes  # noqa: E402
+from longturn.run.evaluation import eval_jobs  # noqa: E402
+from longturn.run.models import load_tokenizer  # noqa: E402
+from longturn.rollout.env_slots import AgentSettings, env_factory_from_params, play_episodes  # noqa: E402
 from cpu_threads import add_threads_arg, use_threads  # noqa: E402
 from tiny_model import add_tiny_args, fill_defaults, resolve_model_dir  # noqa: E402
 

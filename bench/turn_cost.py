@@ -38,12 +38,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from longturn.config import load_params  # noqa: E402
+from longturn.params.config import load_params  # noqa: E402
 from longturn.engines.base import Completion  # noqa: E402
 from longturn.engines.registry import make_engine, sampling_from_params  # noqa: E402
 from longturn.envs.babyai import BabyAITextEnv  # noqa: E402
-from longturn.models import load_tokenizer  # noqa: E402
-from longturn.rollout import AgentSettings, EnvSlot, generate_turns  # noqa: E402
+from longturn.run.models import load_tokenizer  # noqa: E402
+from longturn.rollout.env_slots import AgentSettings, EnvSlot, generate_turns  # noqa: E402
 from cpu_threads import add_threads_arg, use_threads  # noqa: E402
 from tiny_model import add_tiny_args, fill_defaults, resolve_model_dir  # noqa: E402
 

@@ -14,7 +14,7 @@ import sys
 from typing import Callable, Sequence
 
 from longturn.atomic import disk_error
-from longturn.config import Params, load_params
+from longturn.params.config import Params, load_params
 from longturn.errors import UserError
 
 
@@ -37,7 +37,7 @@ Checks = Callable[[Params, "str | None"], None]
 def run(stage: str, body: Callable[[argparse.Namespace, Params], int | None],
         arg_parser: argparse.ArgumentParser, argv: Sequence[str] | None = None,
         checks: Checks | None = None) -> int:
-    """Parse args, validate params and, with `checks` (`longturn.preflight.preflight` for the
+    """Parse args, validate params and, with `checks` (`longturn.run.preflight.preflight` for the
     stages that play envs), what they name and the model's context before any model loads; run
     the stage; a bad input is one line on stderr, exit 2. Stages that play no env pass no
     checks, so they do not import (and DVC does not rerun them for) the env and engine code."""

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 from components.common import parser, run
-from longturn.preflight import preflight
+from longturn.run.preflight import preflight
 from longturn.atomic import write_json
-from longturn.models import check_model_dir
-from longturn.warmup import run_critic_warmup
+from longturn.run.models import check_model_dir
+from longturn.run.warmup import run_critic_warmup
 
 
 def body(args, params) -> None:

@@ -6,7 +6,7 @@ import logging
 import sys
 
 from components.common import parser, run
-from longturn.models import prepare_base_model
+from longturn.run.models import prepare_base_model
 
 log = logging.getLogger("prepare_model")
 

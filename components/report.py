@@ -6,7 +6,7 @@ import sys
 
 from components.common import parser, run
 from longturn.algo.group_advantages import needs_critic
-from longturn.report import build_report
+from longturn.report.build import build_report
 
 
 def body(args, params) -> None:

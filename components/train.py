@@ -12,11 +12,11 @@ import sys
 from pathlib import Path
 
 from components.common import parser, run
-from longturn.preflight import preflight
+from longturn.run.preflight import preflight
 from longturn.algo.group_advantages import needs_critic
-from longturn.models import check_model_dir
+from longturn.run.models import check_model_dir
 from longturn.profiling import IterationProfiler
-from longturn.training import Deadline, TrainPaths, replay_update, run_training
+from longturn.run.training import Deadline, TrainPaths, replay_update, run_training
 
 
 def body(args, params) -> None:

@@ -12,18 +12,18 @@ import sys
 from pathlib import Path
 
 from components.common import parser, run
-from longturn.preflight import preflight
+from longturn.run.preflight import preflight
 from longturn.atomic import write_json, write_text
 from longturn.engines.registry import make_engine, sampling_from_params
 from longturn.envs.registry import make_env
-from longturn.models import check_model_dir, load_tokenizer
-from longturn.sequence.metrics import json_safe
-from longturn.sequence.validation import (render_sequence_report, sequence_gate_failures,
+from longturn.run.models import check_model_dir, load_tokenizer
+from longturn.rollout.sequence_metrics import json_safe
+from longturn.run.sequence_validation import (render_sequence_report, sequence_gate_failures,
                                          validate_sequence_tasks)
 from longturn.trajectories import write_sequences, write_table
-from longturn.validation import (PASSED_MARKER, PASSED_TEXT, GateFailed, gate_failures,
+from longturn.run.validation import (PASSED_MARKER, PASSED_TEXT, GateFailed, gate_failures,
                                  validate_task)
-from longturn.validation_report import render_report
+from longturn.run.validation_report import render_report
 
 log = logging.getLogger("validate_prompts")
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import sys
 
 from components.common import parser, run
-from longturn.preflight import preflight
-from longturn.evaluation import evaluate_model
-from longturn.models import check_model_dir
+from longturn.run.preflight import preflight
+from longturn.run.evaluation import evaluate_model
+from longturn.run.models import check_model_dir
 
 
 def body(args, params) -> None:

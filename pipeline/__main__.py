@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from longturn.config import ParamsError, load_params
+from longturn.params.config import ParamsError, load_params
 from pipeline.build import build_pipeline
 from pipeline.cluster import Cluster, check_model_source, with_overrides
 from pipeline.submit import Submission, SubmitError, submit

@@ -15,7 +15,7 @@ from typing import Callable
 
 from kfp import dsl
 
-from longturn.config import Params
+from longturn.params.config import Params
 from pipeline.cluster import Cluster, place, secrets_as_env
 from pipeline.components import make_components
 from pipeline.params_text import without_section

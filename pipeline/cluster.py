@@ -15,7 +15,7 @@ from typing import Any
 from kfp import dsl
 from pydantic import ValidationError
 
-from longturn.config import KubeflowParams, Params, ParamsError, PodResources
+from longturn.params.config import KubeflowParams, Params, ParamsError, PodResources
 
 GPU = "nvidia.com/gpu"
 SHM_VOLUME = "shm"
@@ -58,7 +58,7 @@ def with_overrides(kubeflow: KubeflowParams, overrides: dict[str, Any]) -> Kubef
 
 def check_model_source(params: Params, kubeflow: KubeflowParams, local: bool) -> str | None:
     """Stop a compile whose prepare_model cannot see its model; returns a warning or None."""
-    from longturn.models import EMBEDDED
+    from longturn.run.models import EMBEDDED
 
     if kubeflow.model_uri is not None:
         if not local and not kubeflow.model_uri.startswith(OBJECT_STORES):

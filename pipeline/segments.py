@@ -13,7 +13,7 @@ segment's inputs, so a retried pod finds the checkpoints its predecessor wrote a
 mid-segment; otherwise a temp dir on the pod's disk. It is removed once the outputs are written.
 
 With `train.push`, the work dir is made a DVC repository carrying the project's remotes
-(`longturn/dvc_remote.py`), so the train stage uploads each finished iteration to the remote as
+(`longturn/run/dvc_remote.py`), so the train stage uploads each finished iteration to the remote as
 it goes, as under DVC; the pointers it writes are published with the trajectories, under
 `pushed/`, for a clone to `dvc pull`.
 """
@@ -30,8 +30,8 @@ from typing import Any
 
 import yaml
 
-from longturn.checkpoints import COMPLETE, complete_checkpoints, iteration_dir
-from longturn.dvc_remote import init_push_repo, pointers
+from longturn.run.checkpoints import COMPLETE, complete_checkpoints, iteration_dir
+from longturn.run.dvc_remote import init_push_repo, pointers
 from pipeline.stage_calls import StageFailed, run_stage
 
 WORK_DIR_ENV = "LONGTURN_WORK_DIR"  # set on train tasks from kubeflow.work_dir

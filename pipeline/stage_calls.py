@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from longturn.config import parse_params
+from longturn.params.config import parse_params
 
 
 class StageFailed(RuntimeError):

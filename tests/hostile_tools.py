@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from longturn.sequence.tools import BaseTool
+from longturn.tasks.tools import BaseTool
 
 FLOOD_CHARS = 200_000
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from longturn.config import Params
+from longturn.params.config import Params
 from longturn.engines.base import SamplingParams
-from longturn.rollout import AgentSettings
-from longturn.sequence.rollout import SequenceSettings
+from longturn.rollout.env_slots import AgentSettings
+from longturn.rollout.sequence_rollout import SequenceSettings
 
 
 def sampling_settings(**overrides: Any) -> SamplingParams:

@@ -20,10 +20,10 @@ import yaml
 
 from components import zero_shot_eval
 from longturn.audit.cli import main
-from longturn.config import parse_params
-from longturn.dvc_remote import find_repo_root
-from longturn.eval_journal import PARTIAL, EvalJournal
-from longturn.training import TrainPaths, run_training
+from longturn.params.config import parse_params
+from longturn.run.dvc_remote import find_repo_root
+from longturn.run.eval_journal import PARTIAL, EvalJournal
+from longturn.run.training import TrainPaths, run_training
 from longturn.trajectories import TURN_SCHEMA
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,11 +58,11 @@ def train_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: str):
                        checkpoints=root / "checkpoints", final=root / "final",
                        live=root / "live", policy=root / "policy")
     handler = _Records()
-    logging.getLogger("longturn.dvc_remote").addHandler(handler)
+    logging.getLogger("longturn.run.dvc_remote").addHandler(handler)
     try:
         run_training(params, paths, progress=False)
     finally:
-        logging.getLogger("longturn.dvc_remote").removeHandler(handler)
+        logging.getLogger("longturn.run.dvc_remote").removeHandler(handler)
     return root, handler.records
 
 

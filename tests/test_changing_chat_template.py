@@ -12,7 +12,7 @@ import pytest
 from transformers import AutoTokenizer
 from transformers.utils import chat_template_utils
 
-from longturn.sequence.chat_deltas import ChatTemplateError
+from longturn.rollout.chat_deltas import ChatTemplateError
 from longturn.tasks.arithmetic import make_problem
 from test_sequence_rollout import run
 

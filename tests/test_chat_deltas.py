@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from longturn.sequence.chat_deltas import ChatDeltas, ChatTemplateError
-from longturn.sequence.tokenization_check import (TokenizationMismatch, check_tokenization,
+from longturn.rollout.chat_deltas import ChatDeltas, ChatTemplateError
+from longturn.rollout.tokenization_check import (TokenizationMismatch, check_tokenization,
                                                   compare)
 
 # ChatML; assistant replies before the last user message lose their <think>…</think> part, as in

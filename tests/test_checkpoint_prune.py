@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from longturn.checkpoints import CheckpointStore, iteration_dir
+from longturn.run.checkpoints import CheckpointStore, iteration_dir
 
 
 class FilesTrainer:

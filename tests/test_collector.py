@@ -4,12 +4,12 @@ from collections import defaultdict
 
 import pytest
 
-from longturn.collector import FixedTurnCollector
+from longturn.rollout.fixed_turn_collector import FixedTurnCollector
 from longturn.engines.hf import HFEngine
 from longturn.envs.babyai import BabyAITextEnv
 from longturn.envs.registry import EnvSpec
 from longturn.envs.workers import WorkerEnv
-from longturn.models import load_tokenizer
+from longturn.run.models import load_tokenizer
 from settings_from_params import agent_settings, sampling_settings
 
 SAMPLING = sampling_settings(max_new_tokens=4, temperature=1.0, seed=7)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from longturn.config import ParamsError, load_params, parse_params
+from longturn.params.config import ParamsError, load_params, parse_params
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,11 +15,11 @@ import pytest
 import torch
 import yaml
 
-from longturn.config import parse_params
+from longturn.params.config import parse_params
 from longturn.engines.registry import make_engine, sampling_from_params
-from longturn.group_collector import EpisodeGroupCollector
-from longturn.models import load_tokenizer
-from longturn.rollout import AgentSettings, env_factory_from_params
+from longturn.rollout.group_collector import EpisodeGroupCollector
+from longturn.run.models import load_tokenizer
+from longturn.rollout.env_slots import AgentSettings, env_factory_from_params
 from longturn.algo.scoring import audit_gae
 from longturn.trajectories import read_metadata
 
@@ -127,9 +127,9 @@ def test_group_advantages_reach_the_loss_unwhitened(tiny_model_dir, tmp_path, mo
     from longturn.algo import ppo_steps
     from longturn.algo.gae import GAEParams
     from longturn.algo.trainer import PPOTrainer
-    from longturn.models import load_tokenizer
+    from longturn.run.models import load_tokenizer
     from longturn.trajectories import write_turns
-    from longturn.wiring import trainer_settings
+    from longturn.run.wiring import trainer_settings
 
     params, tokenizer, engine, collector = _grpo_collector(tiny_model_dir, "w")
     settings = replace(trainer_settings(params), bf16=False)

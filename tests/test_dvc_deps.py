@@ -1,7 +1,7 @@
 """dvc.yaml deps cover the code each stage runs: derived from the imports of the stage's script.
 
 A hand-written deps list drifts as modules are added (train once ran `longturn/distributed.py`
-and `longturn/models.py` without listing them, so editing them did not rerun it). This test
+and `longturn/run/models.py` without listing them, so editing them did not rerun it). This test
 follows every import of `components/<stage>.py` within the repository, transitively (imports
 inside functions too, and `module:factory` strings such as the env registry's built-ins), and
 fails naming each reached file that no listed file or directory covers.

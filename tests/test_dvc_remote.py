@@ -17,7 +17,7 @@ import yaml
 
 from longturn.audit.cli import main as audit_main
 from longturn.distributed import extensions_root
-from longturn.dvc_remote import (URL_REMOTE, find_repo_root, init_push_repo, pointer_for, pointers,
+from longturn.run.dvc_remote import (URL_REMOTE, find_repo_root, init_push_repo, pointer_for, pointers,
                                   push_training_outputs, resolve_remote)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,7 +63,7 @@ def test_find_repo_root_and_pointer_paths(tmp_path):
 
 def test_outside_a_dvc_repository_one_warning(tmp_path, caplog):
     (tmp_path / "trajectories/iteration=0000").mkdir(parents=True)
-    with caplog.at_level(logging.WARNING, logger="longturn.dvc_remote"):
+    with caplog.at_level(logging.WARNING, logger="longturn.run.dvc_remote"):
         for iteration in range(3):
             assert push_training_outputs(tmp_path / "trajectories", tmp_path / "checkpoints",
                                          iteration, None) == []
@@ -77,7 +77,7 @@ def test_a_failed_push_warns_naming_the_remote_and_the_command(tmp_path, caplog)
     part = repo / "data/train/trajectories/iteration=0000/part-00.parquet"
     part.parent.mkdir(parents=True)
     part.write_bytes(b"turns")
-    with caplog.at_level(logging.WARNING, logger="longturn.dvc_remote"):
+    with caplog.at_level(logging.WARNING, logger="longturn.run.dvc_remote"):
         pushed = push_training_outputs(repo / "data/train/trajectories",
                                        repo / "data/train/checkpoints", 0, "nowhere")
     assert pushed == []

@@ -17,17 +17,17 @@ import pytest
 from components import zero_shot_eval
 from flaky_envs import FlakyCorridor
 from longturn.algo.batches import read_turn_batch
-from longturn.collector import FixedTurnCollector
-from longturn.config import parse_params
+from longturn.rollout.fixed_turn_collector import FixedTurnCollector
+from longturn.params.config import parse_params
 from longturn.engines.base import Completion
 from longturn.envs.failures import EnvFailure, EnvGaveUp
 from longturn.envs.registry import EnvSpec
 from longturn.envs.workers import WorkerEnv
 from longturn.errors import UserError
-from longturn.evaluation import evaluate, write_outputs
-from longturn.metrics import rollout_metrics
-from longturn.models import load_tokenizer
-from longturn.training import run_training
+from longturn.run.evaluation import evaluate, write_outputs
+from longturn.run.metrics import rollout_metrics
+from longturn.run.models import load_tokenizer
+from longturn.run.training import run_training
 from settings_from_params import agent_settings, sampling_settings
 from test_pipeline_smoke import write_params
 from test_training import paths, toy_params
@@ -273,7 +273,7 @@ def test_eval_stage_stops_with_one_line_when_an_env_keeps_failing(tmp_path, tiny
 
 
 def test_a_failed_write_keeps_the_outputs_written_before_it(tmp_path, monkeypatch) -> None:
-    import longturn.evaluation as evaluation
+    import longturn.run.evaluation as evaluation
 
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")

@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from longturn.errors import OutputNotWritable
-from longturn.eval_journal import PARTIAL, EvalJournal
-from longturn.eval_key import code_digest, weights_digest
+from longturn.run.eval_journal import PARTIAL, EvalJournal
+from longturn.run.eval_key import code_digest, weights_digest
 from longturn.trajectories import TURN_SCHEMA, file_metadata
 
 KEY = {"journal": "1", "params": "p", "weights": "w", "code": "c"}
@@ -57,7 +57,7 @@ def test_episodes_are_written_as_parts_and_read_back_by_a_rerun(tmp_path):
 
 def test_a_journal_of_other_settings_is_discarded_with_one_line(tmp_path, caplog):
     journal(tmp_path).add(*episode(1000))
-    caplog.set_level(logging.INFO, logger="longturn.eval_journal")
+    caplog.set_level(logging.INFO, logger="longturn.run.eval_journal")
     other = journal(tmp_path, {**KEY, "weights": "other", "code": "new"})
     assert other.finished == {}
     assert not list((tmp_path / PARTIAL).glob("part-*"))
@@ -73,7 +73,7 @@ def test_a_torn_part_is_dropped_with_one_line_and_the_rest_kept(tmp_path, caplog
     torn.write_bytes(torn.read_bytes()[:-20])  # a copy cut short
     (tmp_path / PARTIAL / "part-00003.turns.parquet").write_bytes(b"killed before its episodes")
     (tmp_path / PARTIAL / ".part-00004.turns.parquet.tmp-99").write_bytes(b"PAR1 half")
-    caplog.set_level(logging.INFO, logger="longturn.eval_journal")
+    caplog.set_level(logging.INFO, logger="longturn.run.eval_journal")
 
     again = journal(tmp_path)
 

@@ -18,14 +18,14 @@ import pandas as pd
 import pytest
 
 from flaky_envs import FlakyCorridor
-from longturn.config import parse_params
+from longturn.params.config import parse_params
 from longturn.engines.base import Completion
 from longturn.engines.hf import HFEngine
 from longturn.errors import OutputNotWritable
-from longturn.eval_journal import PARTIAL
-from longturn.evaluation import eval_jobs, evaluate, evaluate_model
-from longturn.models import load_tokenizer
-from longturn.rollout import AgentSettings, env_factory_from_params, play_episodes
+from longturn.run.eval_journal import PARTIAL
+from longturn.run.evaluation import eval_jobs, evaluate, evaluate_model
+from longturn.run.models import load_tokenizer
+from longturn.rollout.env_slots import AgentSettings, env_factory_from_params, play_episodes
 from settings_from_params import sampling_settings
 from test_faults import failing_parquet_writes
 from test_pipeline_smoke import ROOT, toy_params, write_params
@@ -119,7 +119,7 @@ def evaluate_twice(params, model_dir: str, tmp_path: Path, monkeypatch, caplog) 
                          progress=False, model_dir=model_dir)
         assert sorted(p.name for p in (tmp_path / "resumed" / PARTIAL).iterdir()) == [
             "key.json", "part-00000.episodes.parquet", "part-00000.turns.parquet"]
-        caplog.set_level(logging.INFO, logger="longturn.eval_journal")
+        caplog.set_level(logging.INFO, logger="longturn.run.eval_journal")
         evaluate(engine, tokenizer, params, tmp_path / "resumed", "base", progress=False,
                  model_dir=model_dir)
     finally:

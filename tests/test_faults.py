@@ -28,9 +28,9 @@ from components import train, validate_prompts, zero_shot_eval
 from components.common import parser, run
 from longturn import atomic
 from longturn.algo.batches import read_turn_batch
-from longturn.checkpoints import CheckpointStore, verify
+from longturn.run.checkpoints import CheckpointStore, verify
 from longturn.errors import ModelDirError, OutputNotWritable, SettingError, TrajectoryFileError
-from longturn.models import check_model_dir
+from longturn.run.models import check_model_dir
 from longturn.trajectories import read_table
 from test_pipeline_smoke import toy_params, write_params
 from test_train_stage import ROOT, train_cmd
@@ -109,7 +109,7 @@ def test_checkpoint_manifest_lists_every_file(tmp_path):
 def test_damaged_newest_checkpoint_falls_back(tmp_path, caplog, damage, named):
     store = checkpoints(tmp_path, 2)
     damage(tmp_path / "iteration=0001")
-    with caplog.at_level(logging.WARNING, logger="longturn.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="longturn.run.checkpoints"):
         assert store.latest() == tmp_path / "iteration=0000"
     assert len(caplog.records) == 1
     message = caplog.records[0].getMessage()
@@ -119,7 +119,7 @@ def test_damaged_newest_checkpoint_falls_back(tmp_path, caplog, damage, named):
 def test_no_intact_checkpoint_starts_over(tmp_path, caplog):
     store = checkpoints(tmp_path, 1)
     (tmp_path / "iteration=0000/history.pkl").write_bytes(b"")
-    with caplog.at_level(logging.WARNING, logger="longturn.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="longturn.run.checkpoints"):
         assert store.latest() is None
     assert "no intact checkpoint" in caplog.text
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 
 from components import critic_warmup, validate_prompts
-from longturn.validation import PASSED_MARKER
+from longturn.run.validation import PASSED_MARKER
 from test_pipeline_smoke import dvc_run, scratch_repo, toy_params, write_params
 
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from longturn.config import ParamsError, parse_params
-from longturn.profiles import load_profile, merge, resolve_profile
+from longturn.params.config import ParamsError, parse_params
+from longturn.params.profiles import load_profile, merge, resolve_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 CAMPAIGN_PROFILES = ("gpu1", "babyai5", "grpo", "gigpo", "calculator", "babaisai")

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from packaging.specifiers import SpecifierSet
 
-from longturn.params_file import render
-from longturn.profiles import load_profile
+from longturn.params.file import render
+from longturn.params.profiles import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILE = ROOT / "configs" / "profiles" / "gpu.yaml"

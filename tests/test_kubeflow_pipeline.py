@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from conftest import free_port
-from longturn.params_file import render
+from longturn.params.file import render
 from pipeline.build import segment_ends
 from pipeline.params_text import without_section
 from test_pipeline_smoke import ROOT, toy_params, write_params

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from longturn import limits
-from longturn.config import Params, ParamsError, load_params, parse_params
+from longturn.params import limits
+from longturn.params.config import Params, ParamsError, load_params, parse_params
 
 
 def bounded_fields(model: Any = Params, prefix: str = "") -> dict[str, int]:

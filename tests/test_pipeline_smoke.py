@@ -20,7 +20,7 @@ import yaml
 
 from components import prepare_model, validate_prompts, zero_shot_eval
 from longturn.algo.gae import GAEParams
-from longturn.evaluation import summarise
+from longturn.run.evaluation import summarise
 from longturn.algo.scoring import audit_gae
 from longturn.trajectories import TURN_SCHEMA, read_metadata
 

@@ -13,11 +13,11 @@ import yaml
 import longturn.engines.registry as engines
 import longturn.envs.registry as envs
 import longturn.envs.workers as workers
-import longturn.models as models
+import longturn.run.models as models
 from components.common import parser, run
-from longturn.config import parse_params
+from longturn.params.config import parse_params
 from longturn.errors import SettingError
-from longturn.preflight import model_context, preflight
+from longturn.run.preflight import model_context, preflight
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,8 +82,8 @@ def test_sequence_tasks_and_plugins_are_looked_up_before_any_work(no_work, tmp_p
                                                     "parameters": {"type": "object"}}}}]}))
     seq = {**base["rollout"], "sequence": {"tools": str(tools)}}
     assert "has no 'Nope'" in refused({**base, "rollout": seq})
-    seq = {**base["rollout"], "sequence": {"function": "longturn.sequence.rollout:nope"}}
-    assert "rollout.function 'longturn.sequence.rollout:nope'" in refused({**base, "rollout": seq})
+    seq = {**base["rollout"], "sequence": {"function": "longturn.rollout.sequence_rollout:nope"}}
+    assert "rollout.function 'longturn.rollout.sequence_rollout:nope'" in refused({**base, "rollout": seq})
 
 
 def model_dir_with(tmp_path: Path, config: dict) -> Path:

@@ -16,10 +16,10 @@ import pytest
 import yaml
 from ruamel.yaml import YAML
 
-from longturn.config import Params
-from longturn.params_cli import main as params_main
-from longturn.params_file import hand_edits, render
-from longturn.profiles import DEFAULT, EXTENDS, chain, leaves, resolve_profile
+from longturn.params.config import Params
+from longturn.cli.params import main as params_main
+from longturn.params.file import hand_edits, render
+from longturn.params.profiles import DEFAULT, EXTENDS, chain, leaves, resolve_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILES_DIR = ROOT / "configs" / "profiles"

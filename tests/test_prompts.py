@@ -6,7 +6,7 @@ from longturn.agent.memory import HistoryWindow
 from longturn.agent.prompts import PromptTooLong, build_messages, build_prompt, history_reply
 from longturn.envs.babyai import BabyAITextEnv
 from longturn.envs.registry import translator_for
-from longturn.models import load_tokenizer
+from longturn.run.models import load_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from longturn.algo.ppo import think_action_masks
 from longturn.audit.show import split_reply
 from longturn.envs.actions import extract_action_text
 from longturn.reply_format import Reply, parse_reply
-from longturn.validation import think_text
+from longturn.run.validation import think_text
 
 REPLIES = [
     ("THINK: the key is ahead. ACTION: go forward", "the key is ahead.", "go forward", 1),

@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 from longturn.atomic import write_json
-from longturn.evaluation import metrics_by_task
-from longturn.report import build_report, comparison_table, read_live_metrics
-from longturn.report_training import action_reading, pool_success_blocks, timing_reading
+from longturn.run.evaluation import metrics_by_task
+from longturn.report.build import build_report, comparison_table, read_live_metrics
+from longturn.report.training import action_reading, pool_success_blocks, timing_reading
 from longturn.stats import wilson_interval
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -356,7 +356,7 @@ def test_action_reading_flags_collapse_only_at_the_threshold() -> None:
 
 def test_kl_reading_needs_a_real_gap() -> None:
     """A rise of a thousandth of a nat more on ACTION tokens is not flagged as action hacking."""
-    from longturn.report import kl_reading
+    from longturn.report.build import kl_reading
 
     small = pd.DataFrame({"kl_think": [0.0, 0.0009], "kl_action": [0.0, 0.0011]})
     assert "too small to read as action hacking" in kl_reading(small)[0]

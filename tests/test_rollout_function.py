@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from longturn.errors import SettingError
-from longturn.sequence.functions import BUILTIN, resolve_rollout_function
-from longturn.sequence.rollout import sequence_rollout
+from longturn.rollout.functions import BUILTIN, resolve_rollout_function
+from longturn.rollout.sequence_rollout import sequence_rollout
 
 
 def echo_rollout(engine, tokenizer, sampling, tasks, settings):

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from longturn.metrics import rollout_metrics, rollout_totals
+from longturn.run.metrics import rollout_metrics, rollout_totals
 
 
 def _row(turn: int, success: bool = False, ended: bool = False, valid: bool = True,
@@ -46,7 +46,7 @@ def test_ranks_are_summed_before_dividing() -> None:
 
 
 def test_action_mix_fractions_other_and_ranks() -> None:
-    from longturn.metrics import action_mix
+    from longturn.run.metrics import action_mix
 
     rows = [{"action": a} for a in ("go forward", "go forward", "turn left", "dance")]
     mix = action_mix(rows, ["turn left", "turn right", "go forward"])

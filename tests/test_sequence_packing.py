@@ -10,10 +10,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from longturn.engines.hf import HFEngine
 from longturn.engines.logprobs import pack_prompt_response, response_logits, token_logprobs
-from longturn.sequence.interactions import load_interactions
+from longturn.tasks.interactions import load_interactions
 from longturn.algo.sequence_packing import pack_sequences, unpack_tokens
-from longturn.sequence.rollout import sequence_rollout
-from longturn.sequence.tools import ToolBox, load_tools
+from longturn.rollout.sequence_rollout import sequence_rollout
+from longturn.tasks.tools import ToolBox, load_tools
 from longturn.tasks.arithmetic import task_record
 from settings_from_params import sampling_settings, sequence_settings
 

@@ -10,7 +10,7 @@ import pandas as pd
 from transformers import AutoTokenizer
 
 from longturn.algo.sequence_scoring import audit_sequence_file
-from longturn.profiles import resolve_profile
+from longturn.params.profiles import resolve_profile
 from longturn.trajectories import read_metadata
 from test_pipeline_smoke import ROOT, STAGES, _dvc, _git, scratch_repo
 

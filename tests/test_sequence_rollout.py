@@ -11,9 +11,9 @@ from transformers import AutoTokenizer
 
 from longturn.engines.base import Completion
 from longturn.engines.hf import HFEngine
-from longturn.sequence.interactions import load_interactions
-from longturn.sequence.rollout import SequenceSettings, sequence_rollout
-from longturn.sequence.tools import ToolBox, load_tools
+from longturn.tasks.interactions import load_interactions
+from longturn.rollout.sequence_rollout import SequenceSettings, sequence_rollout
+from longturn.tasks.tools import ToolBox, load_tools
 from longturn.tasks.arithmetic import make_problem, task_record
 from settings_from_params import sampling_settings, sequence_settings
 
@@ -137,7 +137,7 @@ def test_a_raising_parser_or_tool_box_is_an_error_message(tokenizer, monkeypatch
             raise RecursionError("maximum recursion depth exceeded")
         return []
 
-    monkeypatch.setattr("longturn.sequence.rollout.parse_tool_calls", parser_bug)
+    monkeypatch.setattr("longturn.rollout.sequence_rollout.parse_tool_calls", parser_bug)
     [rec] = run(tokenizer, {1: [call("1+1"), f"ANSWER: {p.answer}"]})
     messages = json.loads(rec["messages"])
     assert messages[3]["content"] == "Error: the tool calls could not be read (RecursionError)"

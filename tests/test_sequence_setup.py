@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from longturn.config import ParamsError, parse_params
+from longturn.params.config import ParamsError, parse_params
 from longturn.errors import SettingError
-from longturn.sequence.collector import SequenceCollector
-from longturn.sequence.setup import SequenceRun
+from longturn.rollout.sequence_collector import SequenceCollector
+from longturn.rollout.sequence_setup import SequenceRun
 from longturn.tasks.registry import load_task
 
 ROOT = Path(__file__).resolve().parents[1]

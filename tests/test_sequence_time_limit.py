@@ -18,7 +18,7 @@ from longturn.algo.gae import GAEParams
 from longturn.algo.model_set import ModelSet
 from longturn.algo.sequence_scoring import score_sequences
 from longturn.engines.base import Completion
-from longturn.sequence.rollout import sequence_rollout
+from longturn.rollout.sequence_rollout import sequence_rollout
 from longturn.tasks.env_frames import EnvInteraction, EnvTask
 from settings_from_params import sampling_settings, sequence_settings
 from test_sequence_gae import reference

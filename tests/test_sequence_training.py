@@ -11,9 +11,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from longturn.algo.sequence_scoring import audit_sequence_file
-from longturn.config import parse_params
+from longturn.params.config import parse_params
 from longturn.tasks.arithmetic import DEMONSTRATION
-from longturn.training import run_training
+from longturn.run.training import run_training
 from longturn.trajectories import read_metadata
 from test_training import paths
 

@@ -1,5 +1,5 @@
 """The settings classes the stages pass around have no defaults of their own: every value comes
-from the pydantic sections in longturn/config.py (the one source of defaults) through one
+from the pydantic sections in longturn/params/config.py (the one source of defaults) through one
 constructor, or is passed explicitly. A field default here would be a second default that can
 drift from params.yaml's, so the classes are checked by introspection."""
 
@@ -12,10 +12,10 @@ from pydantic import BaseModel
 
 from longturn.algo.group_advantages import GroupParams
 from longturn.algo.trainer import TrainerSettings
-from longturn.config import parse_params
+from longturn.params.config import parse_params
 from longturn.engines.base import SamplingParams
-from longturn.rollout import AgentSettings
-from longturn.sequence.rollout import SequenceSettings
+from longturn.rollout.env_slots import AgentSettings
+from longturn.rollout.sequence_rollout import SequenceSettings
 
 SETTINGS_CLASSES = [TrainerSettings, AgentSettings, SamplingParams, SequenceSettings, GroupParams]
 
@@ -50,7 +50,7 @@ def test_the_check_sees_a_default():
 @pytest.mark.parametrize("cls", SETTINGS_CLASSES, ids=lambda c: c.__name__)
 def test_settings_class_declares_no_default(cls):
     assert declared_defaults(cls) == [], \
-        f"{cls.__name__} declares defaults; put them in longturn/config.py and build it from there"
+        f"{cls.__name__} declares defaults; put them in longturn/params/config.py and build it from there"
 
 
 # a value unlike each default, so a field read from the wrong key shows

@@ -20,7 +20,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from conftest import free_port
-from longturn.config import SGLangParams
+from longturn.params.config import SGLangParams
 from longturn.engines.row_seeds import row_seed
 from longturn.engines.sglang import (
     SGLangEngine, make_sglang_engine, model_stop_ids, parse_completion, request_body)
@@ -177,7 +177,7 @@ def test_the_server_dies_with_a_killed_stage(standin_env, tiny_model_dir, tmp_pa
     script = tmp_path / "stage.py"
     script.write_text(
         "import sys, time\n"
-        "from longturn.config import SGLangParams\n"
+        "from longturn.params.config import SGLangParams\n"
         "from longturn.engines.sglang import make_sglang_engine\n"
         f"make_sglang_engine({tiny_model_dir!r}, SGLangParams(python=sys.executable, port={port},"
         f" log_dir={str(tmp_path)!r}))\n"

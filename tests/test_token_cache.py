@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 from longturn.agent import token_cache
 from longturn.agent.token_cache import PieceTokenizer, token_ids
 from longturn.envs.registry import make_env
-from longturn.rollout import EnvSlot
+from longturn.rollout.env_slots import EnvSlot
 from longturn.engines.base import Completion
 from settings_from_params import agent_settings
 

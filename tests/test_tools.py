@@ -11,11 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from longturn.errors import SettingError
-from longturn.sequence.interactions import load_interactions
-from longturn.sequence.tool_calls import (MAX_CALL_CHARS, MAX_CALLS, MAX_DEPTH, MAX_NUMBER_DIGITS,
+from longturn.tasks.interactions import load_interactions
+from longturn.tasks.tool_calls import (MAX_CALL_CHARS, MAX_CALLS, MAX_DEPTH, MAX_NUMBER_DIGITS,
                                            OPEN, CLOSE, BadToolCall, ToolCall, bounds_problem,
                                            parse_tool_calls)
-from longturn.sequence.tools import BaseTool, ToolBox, load_tools
+from longturn.tasks.tools import BaseTool, ToolBox, load_tools
 from longturn.tasks.arithmetic import (RevisionInteraction, final_answer, make_problem, reward,
                                        task_record)
 from longturn.tasks.calculator import CalculationError, evaluate, format_number

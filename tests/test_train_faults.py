@@ -21,16 +21,16 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-import longturn.training as training
+import longturn.run.training as training
 from components import train
 from hostile_tools import FAULTS, calling_reply, tools_yaml
-from longturn.checkpoints import complete_checkpoints, file_sha256, verify
-from longturn.collector import episode_seed
-from longturn.config import parse_params
+from longturn.run.checkpoints import complete_checkpoints, file_sha256, verify
+from longturn.rollout.fixed_turn_collector import episode_seed
+from longturn.params.config import parse_params
 from longturn.engines.base import Completion
 from longturn.envs.failures import EnvGaveUp
 from longturn.tasks.arithmetic import DEMONSTRATION
-from longturn.training import run_training
+from longturn.run.training import run_training
 from test_pipeline_smoke import write_params
 from test_sequence_training import sequence_params
 from test_training import paths, toy_params
@@ -85,7 +85,7 @@ def assert_iteration_0_kept_then_resumed(out: Path, params: str, model_dir: str,
     assert not (out / "final").exists()
 
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="longturn.training"):
+    with caplog.at_level(logging.INFO, logger="longturn.run.training"):
         assert train.main(argv(params, model_dir, out)) == 0, capsys.readouterr().err[-3000:]
     assert "resuming after iteration 0 " in caplog.text
     assert file_sha256(first) == digest  # not redone
@@ -199,7 +199,7 @@ def test_a_hanging_reset_aborts_one_episode_and_training_goes_on(tiny_model_dir,
     params = train_params(tmp_path, tiny_model_dir, flaky_env(hang_on_reset=[hung], hang_s=60))
     out = tmp_path / "train"
 
-    with caplog.at_level(logging.WARNING, logger="longturn.rollout"):
+    with caplog.at_level(logging.WARNING, logger="longturn.rollout.env_slots"):
         code = train.main(argv(params, tiny_model_dir, out))
 
     assert code == 0, capsys.readouterr().err[-3000:]
@@ -307,7 +307,7 @@ def test_sequence_training_survives_a_hostile_tool(tiny_model_dir, tmp_path, cap
                         lambda model_dir, params: HostileCaller(
                             training.load_tokenizer(Path(model_dir))))
 
-    with caplog.at_level(logging.WARNING, logger="longturn.sequence.tools"):
+    with caplog.at_level(logging.WARNING, logger="longturn.tasks.tools"):
         history = run_training(params, paths(tmp_path, tiny_model_dir), progress=False)
 
     assert len(history) == 2
@@ -323,6 +323,6 @@ def test_sequence_training_survives_a_hostile_tool(tiny_model_dir, tmp_path, cap
             assert math.isfinite(row.reward)  # the raising episode reward counted 0
             assert row.assistant_turns >= 2  # the episode went on after the tool results
             assert row.tokenization_check == "identical"
-    warned = [r.getMessage() for r in caplog.records if r.name == "longturn.sequence.tools"]
+    warned = [r.getMessage() for r in caplog.records if r.name == "longturn.tasks.tools"]
     assert len(warned) == 2 * 2 * len(FAULTS)  # each broken call and episode reward, logged
     assert (tmp_path / "final/config.json").is_file()

@@ -8,10 +8,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from longturn.config import parse_params
+from longturn.params.config import parse_params
 from longturn.algo.scoring import audit_gae
-from longturn.training import TrainPaths, run_training
-from longturn.wiring import gae_params
+from longturn.run.training import TrainPaths, run_training
+from longturn.run.wiring import gae_params
 
 
 def toy_params(model_dir: str, iterations: int):
@@ -95,7 +95,7 @@ class StopAfter:
 def test_deadline_stops_with_a_checkpoint_and_a_partial_actor_then_resumes(tmp_path,
                                                                            tiny_model_dir):
     from longturn.profiling import PHASES_FILE, TRACE_FILE, IterationProfiler
-    from longturn.training import PARTIAL_FILE, Deadline
+    from longturn.run.training import PARTIAL_FILE, Deadline
 
     params = toy_params(tiny_model_dir, 4)
     params.train.checkpoint_every = 3  # the stop must write the checkpoint the schedule would not

@@ -11,10 +11,10 @@ import torch
 
 from longturn.algo.ppo import explained_variance
 from longturn.algo.value_fit import RETURN_VARIANCE_FLOOR
-from longturn.report import build_report, read_live_metrics
-from longturn.report_plots import curve_keys, CURVE_KEYS
-from longturn.report_training import training_reading, warmup_reading
-from longturn.report_value_fit import explained_variance_series
+from longturn.report.build import build_report, read_live_metrics
+from longturn.report.plots import curve_keys, CURVE_KEYS
+from longturn.report.training import training_reading, warmup_reading
+from longturn.report.value_fit import explained_variance_series
 from test_report import write_live
 
 ALL = torch.ones(1, 16, dtype=torch.bool)

@@ -17,14 +17,14 @@ from transformers import AutoTokenizer, LlavaForConditionalGeneration
 from longturn.algo.sequence_scoring import audit_sequence_file
 from longturn.audit.run_files import open_run
 from longturn.audit.show import show_episode
-from longturn.config import parse_params
+from longturn.params.config import parse_params
 from longturn.engines.hf import HFEngine
 from longturn.engines.logprobs import token_logprobs
 from longturn.errors import UserError
-from longturn.models import prepare_base_model
-from longturn.sequence.chat_deltas import ChatDeltas
-from longturn.sequence.setup import SequenceRun
-from longturn.training import run_training
+from longturn.run.models import prepare_base_model
+from longturn.rollout.chat_deltas import ChatDeltas
+from longturn.rollout.sequence_setup import SequenceRun
+from longturn.run.training import run_training
 from longturn.vision.encoder import VISION_DIR, load_vision
 from longturn.vision.frames import from_png, to_png
 from longturn.vision.split import VisionModelError

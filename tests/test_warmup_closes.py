@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from longturn import warmup
-from longturn.config import parse_params
+from longturn.run import warmup
+from longturn.params.config import parse_params
 
 
 class Recorder:

@@ -13,7 +13,7 @@ def _start_stage():
 
 @pytest.fixture
 def trained():
-    from longturn.training import run_training
+    from longturn.run.training import run_training
     return lambda: run_training()
 
 def test_stage_through_a_helper():

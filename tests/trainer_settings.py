@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from longturn.config import Params
-from longturn.wiring import trainer_settings
+from longturn.params.config import Params
+from longturn.run.wiring import trainer_settings
 
 BASELINE = {"bf16": False, "lora": False, "share_prefix": False}
 

@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from campaign.gpu_sampler import read_samples, window_means
-from longturn.report import read_live_metrics
+from longturn.report.build import read_live_metrics
 from longturn.stats import paired_outcomes, wilson_interval
 
 # Issue 9's goals for the one-GPU profile, from the first H100 run (11.9 training turns/s).

@@ -14,7 +14,7 @@ import pandas as pd  # noqa: E402
 
 from longturn.audit.output import Output  # noqa: E402
 from longturn.audit.run_files import Run, read_turns  # noqa: E402
-from longturn.report_plots import save_png  # noqa: E402  (atomic: never a half-written PNG)
+from longturn.report.plots import save_png  # noqa: E402  (atomic: never a half-written PNG)
 
 COLUMNS = ("iteration", "action")
 TRAINING = ("returns", "advantages")

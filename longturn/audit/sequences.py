@@ -18,8 +18,8 @@ from longturn.audit.output import Output, table
 from longturn.audit.run_files import Run, read_file, require_columns
 from longturn.errors import UserError
 from longturn.trajectories import is_sequence_file
-from longturn.sequence.episode import REASONS
-from longturn.sequence.metrics import OUTCOMES, sequence_metrics
+from longturn.rollout.sequence_episode import REASONS
+from longturn.rollout.sequence_metrics import OUTCOMES, sequence_metrics
 
 SEQUENCE_COMMANDS = ("summary", "show", "gae", "sql")
 
@@ -80,7 +80,7 @@ def read_episodes(run: Run, required: tuple[str, ...], optional: tuple[str, ...]
 
 
 def _stats(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """longturn.sequence.metrics over these episodes (what training logs per iteration), with
+    """longturn.rollout.sequence_metrics over these episodes (what training logs per iteration), with
     short names for the tables."""
     m = sequence_metrics(records)
     return {"episodes": m["episodes"], "successes": m["successes"],

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from longturn.config import SamplingSection
+    from longturn.params.config import SamplingSection
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from longturn.config import Params
+from longturn.params.config import Params
 from longturn.engines.base import Engine, SamplingParams
 from longturn.errors import SettingError
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import requests
 
-from longturn.config import SGLangParams
+from longturn.params.config import SGLangParams
 from longturn.errors import SettingError
 from longturn.engines.base import Completion, SamplingParams
 from longturn.engines.row_seeds import prompt_seeds

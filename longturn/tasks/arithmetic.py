@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from longturn.sequence.interactions import BaseInteraction
+from longturn.tasks.interactions import BaseInteraction
 
 SYSTEM = ("You solve arithmetic word problems. You may use the calculator tool for any "
           "computation. When you know the result, end your reply with a line "

@@ -14,7 +14,7 @@ import operator
 from typing import Any
 
 from longturn.errors import SettingError
-from longturn.sequence.tools import BaseTool
+from longturn.tasks.tools import BaseTool
 
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
            ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,

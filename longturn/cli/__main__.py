@@ -1,0 +1,7 @@
+"""`python -m longturn.cli ...`: the console script without its installed entry point."""
+
+import sys
+
+from longturn.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""The run report: zero-shot vs final, training curves and plots (`build.build_report`)."""

@@ -1,0 +1,251 @@
+"""The run report: zero-shot vs final per task (Wilson intervals, paired exact McNemar test),
+how episodes ended (termination reasons, aborted episodes apart), training success pooled into
+blocks, training curves, where the time goes, action mix, KL, warm-up.
+
+Inputs are the two eval folders (`metrics.json`, layout of `evaluation.metrics_by_task`, and
+`episodes.parquet`) and the DVCLive folders of training and critic warm-up. Any of them may be
+absent (a partial run, a pipeline without warm-up): the report is still written and says what was
+missing, because a report that silently drops a section reads as if it had nothing to show.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from longturn.atomic import write_text
+from longturn.report.evaluation import (  # noqa: F401  (comparison_table is part of this module's API)
+    EVAL_LABELS, aborted_reading, comparison_table, endings_table, eval_reading, pair_evaluations,
+    table_markdown,
+)
+from longturn.report.plots import plot_kl, plot_learning_curves, plot_task_bars, plot_warmup
+from longturn.report.training import (  # noqa: F401  (kl_reading is part of this module's API)
+    ACTION_PREFIX, PHASE_KEYS, action_reading, kl_reading, pool_success_blocks, success_reading,
+    termination_reading, timing_reading, training_reading, warmup_reading,
+)
+from longturn.report.sequence import (SEQUENCE_EVAL_LABELS, SEQUENCE_TRAIN_KEYS,
+                                      behaviour_reading, kl_mean_reading)
+from longturn.report.training_plots import plot_action_mix, plot_success_blocks, plot_timing
+
+log = logging.getLogger(__name__)
+
+# Keys every training run should log; a gap here is listed under "Missing inputs". Not listed:
+# peak_gpu_memory_gib (drawn when logged, but a CPU run has no GPU to measure) and the
+# `action_mix/<action>` keys, whose names depend on the env (checked by prefix).
+CRITIC_KEYS = ("value_loss", "explained_variance", "lr_critic")  # logged only with a critic
+TRAIN_KEYS = [
+    "episodes_ended", "episodes_aborted", "successes", "success_rate", "mean_reward",
+    "episode_length", "valid_action_ratio", "kl_think", "kl_action", "kl_mean", "policy_loss", "value_loss",
+    "explained_variance", "clip_fraction", "approx_kl", "entropy", "logprob_gap", "lr_actor",
+    "lr_critic", "epochs_run", "tokens_per_s", "turns_per_s", "seconds_per_iteration", *PHASE_KEYS,
+]
+
+
+# --------------------------------------------------------------------------- reading inputs
+
+def _read_tsv(path: Path) -> pd.Series | None:
+    """One DVCLive plot file (`step`, the metric, maybe `timestamp`) as a step-indexed Series."""
+    try:
+        frame = pd.read_csv(path, sep="\t")
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, OSError) as err:
+        log.warning("skipping unreadable metrics file %s: %s", path, err)
+        return None
+    values = [c for c in frame.columns if c not in ("step", "timestamp")]
+    if "step" not in frame.columns or not values or frame.empty:
+        return None
+    s = pd.Series(pd.to_numeric(frame[values[-1]], errors="coerce").to_numpy(),
+                  index=frame["step"].astype(int))
+    return s[~s.index.duplicated(keep="last")]  # a restarted run re-logs steps: the last one counts
+
+
+def _strip_namespace(columns: dict[str, Any]) -> dict[str, Any]:
+    """`train/kl_think` -> `kl_think`, unless two namespaces would then share a name."""
+    short = [name.split("/", 1)[-1] for name in columns]
+    return {(s if short.count(s) == 1 else name): v for s, (name, v) in zip(short, columns.items())}
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    out: dict[str, float] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}/"))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step":
+            out[f"{prefix}{key}"] = float(value)
+    return out
+
+
+def _from_summary(path: Path) -> pd.DataFrame:
+    """Fallback when the plot files are gone: the last step from metrics.json, as one row."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return pd.DataFrame()
+    row = _strip_namespace(_flatten(data))
+    if not row:
+        return pd.DataFrame()
+    return pd.DataFrame([row], index=pd.Index([int(data.get("step", 0))], name="step"))
+
+
+def read_live_metrics(live_dir: str | Path) -> pd.DataFrame:
+    """DVCLive folder -> one row per step (index `step`), one column per key minus namespace."""
+    live = Path(live_dir)
+    root = live / "plots" / "metrics"
+    columns: dict[str, pd.Series] = {}
+    for tsv in sorted(root.rglob("*.tsv")) if root.is_dir() else []:
+        series = _read_tsv(tsv)
+        if series is not None:
+            columns[tsv.relative_to(root).with_suffix("").as_posix()] = series
+    if not columns:
+        return _from_summary(live / "metrics.json")
+    df = pd.DataFrame(_strip_namespace(columns)).sort_index()
+    df.index.name = "step"
+    return df
+
+
+def read_eval_metrics(eval_dir: str | Path) -> dict[str, Any]:
+    """An eval stage's metrics.json, or {} when it is absent or unreadable."""
+    try:
+        return json.loads((Path(eval_dir) / "metrics.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+# --------------------------------------------------------------------------- the report
+
+def _section(title: str, drawn: bool, image: str, alt: str, body: list[str], why: str) -> list[str]:
+    lines = [f"## {title}", ""] + body + ([""] if body else [])
+    lines += [f"![{alt}]({image})"] if drawn else [f"*No plot: {why}.*"]
+    return lines + [""]
+
+
+def _settings(title_info: dict[str, Any]) -> list[str]:
+    def show(v: Any) -> str:
+        return ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
+    return [f"- **{k}**: {show(v)}" for k, v in title_info.items()]
+
+
+def _missing(zs: dict, fin: dict, train: pd.DataFrame, warm: pd.DataFrame,
+             dirs: dict[str, Path], why_unpaired: str | None, critic: bool,
+             sequence: bool) -> list[str]:
+    """Human-readable list of every input (or training key) the report could not find."""
+    out = []
+    if not zs:
+        out.append(f"zero-shot evaluation (`{dirs['zero_shot']}/metrics.json`)")
+    if not fin:
+        out.append(f"final evaluation (`{dirs['final']}/metrics.json`)")
+    if why_unpaired:
+        out.append(f"paired episodes: {why_unpaired}")
+    if train.empty:
+        out.append(f"training metrics (no DVCLive metrics in `{dirs['train']}`)")
+    else:
+        expected = SEQUENCE_TRAIN_KEYS if sequence else TRAIN_KEYS
+        logged = set(train.columns) | ({"explained_variance"} if "return_variance" in train.columns
+                                       else set())  # logged, but never meaningful: not missing
+        gone = [k for k in expected if k not in logged and (critic or k not in CRITIC_KEYS)]
+        if not sequence and not any(str(c).startswith(ACTION_PREFIX) for c in train.columns):
+            gone.append(f"{ACTION_PREFIX}<action>")
+        out += [f"training metric(s) not logged: {', '.join(gone)}"] if gone else []
+    if warm.empty and critic:
+        out.append(f"critic warm-up metrics (no DVCLive metrics in `{dirs['warmup']}`)")
+    return out
+
+
+def _draw(out: Path, table: list, blocks: list, train: pd.DataFrame,
+          warm: pd.DataFrame, sequence: bool = False) -> dict[str, bool]:
+    """Every plot, by file name -> drawn; a plot not drawn this time loses its stale file."""
+    drawn = {"tasks.png": plot_task_bars(table, out / "tasks.png"),
+             "success.png": plot_success_blocks(blocks, out / "success.png"),
+             "curves.png": plot_learning_curves(train, out / "curves.png"),
+             "timing.png": plot_timing(train, out / "timing.png"),
+             "actions.png": not sequence and plot_action_mix(train, out / "actions.png"),
+             "kl.png": not sequence and plot_kl(train, out / "kl.png"),
+             "warmup.png": plot_warmup(warm, out / "warmup.png")}
+    for name, ok in drawn.items():
+        if not ok:
+            (out / name).unlink(missing_ok=True)  # never leave a stale plot from an earlier run
+    return drawn
+
+
+def _endings_section(zs: dict, fin: dict, train: pd.DataFrame) -> list[str]:
+    """How episodes ended (termination reasons) in both evaluations and in training."""
+    table = endings_table(zs, fin)
+    readings = aborted_reading(zs, fin) + termination_reading(train)
+    body = table + ([""] if table and readings else []) + readings
+    if not body:
+        return ["## How episodes ended", "", "*No termination counts in the inputs (written "
+                "before they were counted).*", ""]
+    note = ("Aborted episodes (env error: the env raised or its worker process died; timeout: "
+            "no answer within `env.step_timeout_s`) are out of the loss and out of every success "
+            "rate, counted here apart from failures, so a flaky env never reads as a weak policy. "
+            "Time limit: truncated by the env or `env.max_turns`.")
+    return ["## How episodes ended", ""] + body + ["", note, ""]
+
+
+def _training_sections(drawn: dict[str, bool], train: pd.DataFrame, blocks: list,
+                       sequence: bool) -> list[str]:
+    phases = ", ".join(PHASE_KEYS)
+    lines = (
+        _section("Training success (pooled)", drawn["success.png"], "success.png",
+                 "training success pooled into blocks", success_reading(blocks),
+                 "no episode counts to pool (episodes_ended with successes or success_rate)")
+        + _section("Training curves", drawn["curves.png"], "curves.png", "training curves",
+                   training_reading(train, blocks), "no training metrics")
+        + _section("Where the time goes", drawn["timing.png"], "timing.png",
+                   "seconds per phase per iteration", timing_reading(train),
+                   f"none of {phases} was logged"))
+    if sequence:  # no actions and no THINK / ACTION split: replies, tool calls, KL per token
+        body = behaviour_reading(train) or ["*No reply or tool-call metrics were logged.*"]
+        kl = kl_mean_reading(train) or ["*kl_mean was not logged.*"]
+        return (lines + ["## Replies and tool calls", "", *body, ""]
+                + ["## KL to the reference", "", *kl, ""])
+    return (lines
+            + _section("Action mix", drawn["actions.png"], "actions.png",
+                       "action mix per iteration", action_reading(train),
+                       f"no {ACTION_PREFIX}<action> keys were logged")
+            + _section("KL to the reference: THINK vs ACTION", drawn["kl.png"], "kl.png",
+                       "KL think vs action", kl_reading(train) if drawn["kl.png"] else [],
+                       "kl_think / kl_action were not logged"))
+
+
+def build_report(zero_shot_dir: str | Path, final_dir: str | Path, train_live_dir: str | Path,
+                 warmup_live_dir: str | Path, out_dir: str | Path,
+                 title_info: dict[str, Any], critic: bool = True, sequence: bool = False) -> Path:
+    """Write out_dir/report.md and its PNGs; a plot without data is skipped, and said so.
+    `critic=False` (a critic-free estimator): no warm-up and no value metrics are expected.
+    `sequence` (sequence mode): replies and tool calls in place of the action mix and the THINK /
+    ACTION KL split (report_sequence.py)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    zs, fin = read_eval_metrics(zero_shot_dir), read_eval_metrics(final_dir)
+    paired, why_unpaired = pair_evaluations(zero_shot_dir, final_dir)
+    train, warm = read_live_metrics(train_live_dir), read_live_metrics(warmup_live_dir)
+    table = comparison_table(zs, fin)
+    blocks = pool_success_blocks(train)
+    drawn = _draw(out, table, blocks, train, warm, sequence)
+    dirs = {"zero_shot": Path(zero_shot_dir), "final": Path(final_dir),
+            "train": Path(train_live_dir), "warmup": Path(warmup_live_dir)}
+    missing = _missing(zs, fin, train, warm, dirs, why_unpaired, critic, sequence)
+    lines = ["# longturn run report", ""] + _settings(title_info) + [""]
+    labels = SEQUENCE_EVAL_LABELS if sequence else EVAL_LABELS
+    evals = (table_markdown(table, paired, labels) + [""] if table else []) + eval_reading(
+        table, paired, why_unpaired)
+    lines += _section("Zero-shot vs final evaluation", drawn["tasks.png"], "tasks.png",
+                      "success per task, zero-shot vs final", evals, "no evaluation metrics")
+    lines += _endings_section(zs, fin, train)
+    lines += _training_sections(drawn, train, blocks, sequence)
+    if critic:
+        warm_body = warmup_reading(warm) if drawn["warmup.png"] else []
+        lines += _section("Critic warm-up", drawn["warmup.png"], "warmup.png", "critic warm-up",
+                          warm_body, "no warm-up value loss was logged")
+    else:
+        lines += ["## Critic warm-up", "", "*No critic: the estimator compares episodes within "
+                  "groups started from one seed, so there was nothing to warm up.*", ""]
+    lines += ["## Missing inputs", ""] + ([f"- {m}" for m in missing] or ["None."]) + [""]
+    path = write_text(out / "report.md", "\n".join(lines))
+    log.info("report written to %s (%d plot(s), %d missing input(s))", path,
+             sum(drawn.values()), len(missing))
+    return path

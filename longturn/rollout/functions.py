@@ -1,0 +1,33 @@
+"""`rollout.function`: the rollout of sequence mode named by import path, as slime does it.
+
+A rollout function is called as `fn(engine, tokenizer, sampling, tasks, settings)` (the engine,
+its tokenizer, the SamplingParams, a batch of task records, a SequenceSettings) and returns one
+record per task with the columns of the sequence Parquet (`SequenceEpisode.record`). The built-in
+one is registered the same way: `longturn.rollout.sequence_rollout:sequence_rollout`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+from longturn.errors import SettingError
+from longturn.tasks.plugins import import_class
+
+BUILTIN = "longturn.rollout.sequence_rollout:sequence_rollout"
+_ARGS = ("engine", "tokenizer", "sampling", "tasks", "settings")
+
+
+def resolve_rollout_function(path: str = BUILTIN) -> Callable[..., list[dict[str, Any]]]:
+    """The function at `package.module:function`, checked to take the five rollout arguments."""
+    fn = import_class(path, f"rollout.function {path!r}")
+    if not callable(fn):
+        raise SettingError(f"rollout.function {path!r} is not callable")
+    try:
+        inspect.signature(fn).bind(*_ARGS)
+    except TypeError as err:
+        raise SettingError(f"rollout.function {path!r} must take ({', '.join(_ARGS)}): "
+                           f"{err}") from None
+    except ValueError:
+        pass  # a builtin without a signature: trust it
+    return fn

@@ -1,0 +1,143 @@
+"""One episode of sequence mode: a token sequence that only grows, with its loss mask, the
+sampling logprobs of the model's tokens, and the message list it stands for.
+
+An assistant segment is one reply: its sampled ids (loss mask 1), then the template's closing of
+the turn (mask 0). Everything else (the first messages, tool results, user feedback) is context
+(mask 0). Each segment carries the reward given right after it (tool step rewards, the
+interaction's score), so GAE can treat segments as turns: the step discount applies at each
+observation gap.
+
+Image observations (a vision-language model): each image's placeholder run in the context is
+recorded by its start, and the frames are buffered per turn; engine and trainer encode all of an
+episode's frames together, once per forward, and put the features at those starts.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from longturn.errors import UserError
+from longturn.rollout.chat_deltas import ChatDeltas
+from longturn.vision.frames import to_png
+
+# Why an episode ended. All but `done` cut it short: truncated, bootstrapped where a critic exists.
+DONE = "done"  # the interaction (or the reply without a tool call) ended it
+MAX_ASSISTANT_TURNS = "max_assistant_turns"
+MAX_USER_TURNS = "max_user_turns"
+TOKEN_BUDGET = "token_budget"
+TIME_LIMIT = "time_limit"  # the interaction ended it on a time limit (an env's `truncated`)
+REASONS = (DONE, MAX_ASSISTANT_TURNS, MAX_USER_TURNS, TOKEN_BUDGET, TIME_LIMIT)
+
+
+@dataclass
+class SequenceEpisode:
+    """The growing sequence of one episode and the counters its termination rules read."""
+
+    episode_id: str
+    task: dict[str, Any]
+    deltas: ChatDeltas
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    segments: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of sampled ids
+    segment_rewards: list[float] = field(default_factory=list)
+    assistant_turns: int = 0
+    user_turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    reason: str | None = None
+    check: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)
+    images: list[np.ndarray] = field(default_factory=list)  # frames, in sequence order
+    image_starts: list[int] = field(default_factory=list)  # where each one's placeholders begin
+
+    @classmethod
+    def begin(cls, episode_id: str, task: dict[str, Any], deltas: ChatDeltas) -> "SequenceEpisode":
+        ep = cls(episode_id, task, deltas, messages=deltas.prepare(task["messages"]))
+        ep._context(deltas.start(ep.messages), list(task.get("images") or []))
+        return ep
+
+    @property
+    def done(self) -> bool:
+        return self.reason is not None
+
+    def _context(self, ids: list[int], images: list[np.ndarray] = ()) -> None:
+        if images or self.deltas.image_token is not None:
+            self._place_images(ids, list(images))
+        self.ids += ids
+        self.loss_mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+
+    def add_reply(self, reply_ids: list[int], logprobs: list[float]) -> str:
+        """Append a sampled reply and the template's closing; returns the reply's content."""
+        start = len(self.ids)
+        self.ids += reply_ids
+        self.loss_mask += [1] * len(reply_ids)
+        self.logprobs += list(logprobs[:len(reply_ids)])
+        self.segments.append((start, len(self.ids)))
+        self.segment_rewards.append(0.0)
+        self._context(self.deltas.close_reply(reply_ids))
+        content = self.deltas.reply_content(reply_ids)
+        self.messages.append({"role": "assistant", "content": content})
+        self.assistant_turns += 1
+        return content
+
+    def add_messages(self, messages: list[dict[str, Any]], delta_ids: list[int],
+                     images: list[np.ndarray] = ()) -> None:
+        """Append tool results or a user turn: their template delta (`ChatDeltas.append`),
+        as context, with the frames its `<image>` placeholders stand for."""
+        self._context(delta_ids, list(images))
+        self.messages += messages
+
+    def _place_images(self, ids: list[int], images: list[np.ndarray]) -> None:
+        """Record where each image of a context delta starts; placeholders and frames must
+        match one to one."""
+        if self.deltas.image_token is None:
+            raise UserError(f"episode {self.episode_id}: the task gives image observations but "
+                            "the model has no image side (its model dir has no vision/; "
+                            "docs/image-observations.md)")
+        image_id, width = self.deltas.image_token
+        at = [i for i, t in enumerate(ids) if t == image_id]
+        starts = at[::width]
+        if len(at) != width * len(images) or any(at[k * width + width - 1] != s + width - 1
+                                                 for k, s in enumerate(starts)):
+            raise UserError(f"episode {self.episode_id}: {len(images)} image(s) for "
+                            f"{len(at) / width:g} <image> placeholder(s) in the messages")
+        self.image_starts += [len(self.ids) + s for s in starts]
+        self.images += images
+
+    def reward(self, value: float, metrics: dict[str, Any] | None = None) -> None:
+        """Credit the latest reply; numeric metrics are summed per episode."""
+        self.segment_rewards[-1] += float(value)
+        for key, v in (metrics or {}).items():
+            if isinstance(v, (int, float)):
+                self.metrics[key] = self.metrics.get(key, 0.0) + float(v)
+
+    def end(self, reason: str) -> None:
+        if reason not in REASONS:
+            raise ValueError(f"unknown termination reason {reason!r}")
+        self.reason = reason
+
+    def record(self) -> dict[str, Any]:
+        """The episode as one row of the sequence Parquet (docs/design.md, sequence mode)."""
+        return {
+            "episode_id": self.episode_id, "task": self.task.get("task", ""),
+            "episode_seed": int(self.task.get("seed", 0)),
+            "input_ids": list(self.ids), "loss_mask": list(self.loss_mask),
+            "engine_logprobs": list(self.logprobs),
+            "segment_starts": [s for s, _ in self.segments],
+            "segment_ends": [e for _, e in self.segments],
+            "segment_rewards": list(self.segment_rewards),
+            "reward": float(sum(self.segment_rewards)), "termination": self.reason,
+            "truncated": self.reason != DONE, "assistant_turns": self.assistant_turns,
+            "user_turns": self.user_turns, "tool_calls": self.tool_calls,
+            "tool_errors": self.tool_errors, "tokenization_check": self.check,
+            "messages": json.dumps(self.messages), "metrics": json.dumps(self.metrics),
+            "images": [to_png(frame) for frame in self.images],
+            "image_starts": list(self.image_starts),
+        }

@@ -1,0 +1,76 @@
+"""What a batch of sequence-mode episodes says: success, reward, replies, tool-call validity,
+image observations, why episodes ended and how the tokenization check went; summed over ranks
+in training.
+
+Counts are `termination/<reason>` (done, max_assistant_turns, max_user_turns, token_budget,
+time_limit) and `tokenization/<outcome>` (identical, same_text, strippable, skipped), every key
+present.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+
+from longturn.rollout.sequence_episode import REASONS
+from longturn.stats import wilson_interval
+
+OUTCOMES = ("identical", "same_text", "strippable", "skipped")
+_SUMS = ("episodes", "successes", "reward", "assistant_turns", "user_turns", "tool_calls",
+         "tool_errors", "tokens", "model_tokens", "images")
+
+
+def _totals(records: list[dict[str, Any]]) -> dict[str, float]:
+    out = dict.fromkeys(_SUMS, 0.0)
+    for r in records:
+        out["episodes"] += 1
+        out["successes"] += bool(r.get("success"))
+        out["reward"] += float(r["reward"])
+        for key in ("assistant_turns", "user_turns", "tool_calls", "tool_errors"):
+            out[key] += int(r[key])
+        out["tokens"] += len(r["input_ids"])
+        out["model_tokens"] += int(sum(r["loss_mask"]))
+        out["images"] += len(r.get("images") or [])
+    for reason in REASONS:
+        out[f"termination/{reason}"] = float(sum(r["termination"] == reason for r in records))
+    for outcome in OUTCOMES:
+        out[f"tokenization/{outcome}"] = float(sum((r.get("tokenization_check") or "skipped")
+                                                   == outcome for r in records))
+    return out
+
+
+def json_safe(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The same metrics with NaN (a ratio with nothing to count) as None: strict JSON."""
+    return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in metrics.items()}
+
+
+def sequence_metrics(records: list[dict[str, Any]],
+                     sum_over_ranks: Callable[[np.ndarray], np.ndarray] | None = None
+                     ) -> dict[str, Any]:
+    """Rates and means over these episodes (every rank's with `sum_over_ranks`), the success
+    rate with its Wilson 95 % interval, and the counts. `tool_call_validity` is the share of
+    tool calls that ran (not malformed, unknown or failing): NaN when no call was made."""
+    totals = _totals(records)
+    keys = sorted(totals)
+    values = np.array([totals[k] for k in keys], dtype=np.float64)
+    if sum_over_ranks is not None:
+        values = sum_over_ranks(values)
+    t = dict(zip(keys, values.tolist()))
+    n = int(t["episodes"])
+    low, high = wilson_interval(int(t["successes"]), n)
+    calls = t["tool_calls"]
+    per = (lambda key: t[key] / n) if n else (lambda key: float("nan"))
+    out: dict[str, Any] = {
+        "episodes": n, "successes": int(t["successes"]),
+        "success_rate": per("successes"), "success_ci95_low": low, "success_ci95_high": high,
+        "mean_reward": per("reward"), "mean_assistant_turns": per("assistant_turns"),
+        "mean_user_turns": per("user_turns"), "tool_calls_per_episode": per("tool_calls"),
+        "tool_call_validity": (calls - t["tool_errors"]) / calls if calls else float("nan"),
+        "mean_tokens": per("tokens"),
+        "model_token_fraction": t["model_tokens"] / t["tokens"] if t["tokens"] else float("nan"),
+        "images_per_episode": per("images"),
+    }
+    out.update({k: int(v) for k, v in t.items() if "/" in k})
+    return out

@@ -1,0 +1,88 @@
+"""Params → a runnable sequence-mode rollout: tasks by name, tools, interaction, limits, the
+rollout function. The only place `rollout.sequence` is mapped onto library objects, so
+validation, evaluation, the critic warm-up and the train loop play episodes the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from longturn.params.config import Params
+from longturn.engines.base import Engine, SamplingParams
+from longturn.errors import SettingError
+from longturn.rollout.functions import BUILTIN, resolve_rollout_function
+from longturn.tasks.interactions import load_interactions
+from longturn.rollout.sequence_rollout import SequenceSettings
+from longturn.tasks.tools import ToolBox, load_tools
+from longturn.tasks.registry import load_task
+
+# What every rollout function's record must carry for the Parquet, scoring and metrics.
+REQUIRED = ("input_ids", "loss_mask", "segment_starts", "segment_ends", "segment_rewards",
+            "termination", "truncated", "messages")
+
+
+def _interaction(params: Params) -> Any:
+    s = params.rollout.sequence
+    if s.interactions is None:
+        return None
+    found = load_interactions(s.interactions)
+    if s.interaction is None:
+        if len(found) != 1:
+            raise SettingError(f"rollout.sequence.interactions {s.interactions!r} declares "
+                               f"{sorted(found)}: name one in rollout.sequence.interaction")
+        return next(iter(found.values()))
+    if s.interaction not in found:
+        raise SettingError(f"rollout.sequence.interaction {s.interaction!r} is not in "
+                           f"{s.interactions!r} (it declares {sorted(found)})")
+    return found[s.interaction]
+
+
+@dataclass
+class SequenceRun:
+    """The tasks, the settings (tools, interaction, limits) and the rollout function of a run."""
+
+    tasks: dict[str, Any]
+    settings: SequenceSettings
+    function: Callable[..., list[dict[str, Any]]]
+
+    @classmethod
+    def from_params(cls, params: Params, task_names: list[str] | None = None,
+                    progress: bool = True) -> "SequenceRun":
+        s = params.rollout.sequence
+        tasks = {name: load_task(name) for name in (task_names or params.env.tasks)}
+        settings = SequenceSettings.from_config(
+            s, tools=ToolBox(load_tools(s.tools)) if s.tools is not None else None,
+            interaction=_interaction(params), reward_fn=None, progress=progress)
+        run = cls(tasks, settings, resolve_rollout_function(s.function or BUILTIN))
+        settings.reward_fn = run.reward
+        return run
+
+    def record(self, task: str, seed: int) -> dict[str, Any]:
+        """The task record of one (task, seed); its `task` is the name the run knows it by."""
+        return {**self.tasks[task].record(seed), "task": task, "seed": int(seed)}
+
+    def reward(self, record: dict[str, Any], messages: list[dict[str, Any]]) -> float:
+        return float(self.tasks[record["task"]].reward(record, messages))
+
+    def success(self, record: dict[str, Any], messages: list[dict[str, Any]]) -> bool:
+        return bool(self.tasks[record["task"]].success(record, messages))
+
+    def play(self, engine: Engine, tokenizer: Any, sampling: SamplingParams,
+             records: list[dict[str, Any]], episode_ids: list[str]) -> list[dict[str, Any]]:
+        """Run the rollout function on these task records; its records, checked and named."""
+        out = self.function(engine, tokenizer, sampling, records, self.settings)
+        if not isinstance(out, list) or len(out) != len(records):
+            raise SettingError(f"rollout function returned {type(out).__name__} of "
+                               f"{len(out) if isinstance(out, list) else '?'} records for "
+                               f"{len(records)} tasks: it must return one record per task")
+        for i, (rec, task, episode_id) in enumerate(zip(out, records, episode_ids)):
+            missing = [k for k in REQUIRED if k not in rec]
+            if missing:
+                raise SettingError(f"rollout function: record {i} lacks {missing}")
+            rec.update(episode_id=episode_id, task=task["task"], episode_seed=int(task["seed"]))
+            messages = rec["messages"]
+            rec["success"] = self.success(task, json.loads(messages) if isinstance(messages, str)
+                                          else messages)
+        return out

@@ -1,0 +1,157 @@
+"""Evaluation: play fixed seeds per task, write every turn and episode, summarise with intervals.
+
+Seeds are `eval.seed + i` for episode i of every task, so zero-shot and final evaluations play the
+same episodes (a paired comparison). Episodes aborted by a failing env are counted apart
+(`aborted_episodes`, `termination/<reason>`), never as failures.
+
+Episodes go to a journal as they finish (`eval_journal.py`): a rerun of a killed evaluation plays
+only the episodes missing from it, and the outputs are assembled from it, so they are the same
+files an uninterrupted run writes: episodes in job order (task, then seed), turns in lock-step
+order.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from longturn.atomic import write_json
+from longturn.params.config import Params
+from longturn.engines.base import Engine
+from longturn.run.eval_journal import EvalJournal
+from longturn.run.eval_key import evaluation_key
+from longturn.envs.termination import count, reason_of
+from longturn.run.models import load_tokenizer
+from longturn.rollout.env_slots import AgentSettings, EpisodeJob, env_factory_from_params, play_episodes
+from longturn.engines.registry import make_engine, sampling_from_params
+from longturn.run.sequence_evaluation import evaluate_sequences
+from longturn.stats import standard_error, wilson_interval
+from longturn.trajectories import (TURN_SCHEMA, file_metadata, write_arrow, write_episodes,
+                                   write_turns)
+
+log = logging.getLogger(__name__)
+
+
+def eval_jobs(tasks: list[str], episodes_per_task: int, base_seed: int) -> list[EpisodeJob]:
+    """The same seeds for every task and every evaluation of a run."""
+    return [
+        EpisodeJob(task, base_seed + i, f"eval-{task}-{base_seed + i}")
+        for task in tasks for i in range(episodes_per_task)
+    ]
+
+
+def summarise(episodes: list[dict[str, Any]]) -> dict[str, Any]:
+    """Success rate ± SE and Wilson 95% interval, mean return and length, valid-action ratio, and
+    how many episodes ended for each termination reason.
+
+    Aborted episodes (the env raised or hung) are counted apart, not as failures: the success rate,
+    its interval and the means are over `completed_episodes` (named in `success_denominator`)."""
+    n = len(episodes)
+    done = [e for e in episodes if not e["aborted"]]
+    m = len(done)
+    wins = sum(bool(e["success"]) for e in done)
+    turns = sum(e["length"] for e in done)
+    low, high = wilson_interval(wins, m)
+    return {
+        "episodes": n,
+        "aborted_episodes": n - m,
+        "completed_episodes": m,
+        "success_denominator": "completed_episodes",
+        "successes": wins,
+        "success_rate": wins / m if m else 0.0,
+        "success_se": standard_error(wins, m),
+        "success_ci95_low": low,
+        "success_ci95_high": high,
+        "mean_return": sum(e["return"] for e in done) / m if m else 0.0,
+        "mean_env_return": sum(e["env_return"] for e in done) / m if m else 0.0,
+        "mean_length": turns / m if m else 0.0,
+        "valid_action_ratio": sum(e["valid_actions"] for e in done) / turns if turns else 0.0,
+        **count(reason_of(e) for e in episodes),
+    }
+
+
+def metrics_by_task(episodes: list[dict[str, Any]], tasks: list[str]) -> dict[str, Any]:
+    """{"overall": {...}, "tasks": {task: {...}}} — the metrics.json layout."""
+    return {
+        "overall": summarise(episodes),
+        "tasks": {t: summarise([e for e in episodes if e["task"] == t]) for t in tasks},
+    }
+
+
+def evaluate(engine: Engine, tokenizer: Any, params: Params, out_dir: str | Path,
+             policy_version: str, run_id: str = "eval", progress: bool = True,
+             model_dir: str | Path | None = None) -> dict[str, Any]:
+    """Play the eval episodes with `engine` (on the weights in `model_dir`, which keys the
+    journal) and write turns/episodes Parquet and metrics.json, resuming from the journal of an
+    evaluation that died (sequence mode: longturn/run/sequence_evaluation.py)."""
+    if params.rollout.mode == "sequence":
+        return evaluate_sequences(engine, tokenizer, params, out_dir, policy_version, run_id,
+                                  progress, model_dir)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    e = params.eval
+    tasks = list(e.tasks or params.env.tasks)
+    jobs = eval_jobs(tasks, e.episodes_per_task, e.seed)
+    sampling = sampling_from_params(params, seed=e.seed, temperature=e.temperature)
+    extra = {"run_id": run_id, "policy_version": policy_version, "iteration": 0}
+    meta = {"policy_version": policy_version, "sampling": sampling.__dict__,
+            "env": params.env.model_dump(), "prompt": params.prompt.model_dump()}
+    journal = EvalJournal.open(out, evaluation_key(params, policy_version, run_id, model_dir),
+                               TURN_SCHEMA, file_metadata(meta),
+                               flush_every=math.ceil(e.parallel_envs / 8))
+    if len(journal.finished) < len(jobs):
+        play_episodes(engine, tokenizer, env_factory_from_params(params), jobs, e.parallel_envs,
+                      sampling, AgentSettings.from_params(params), extra=extra,
+                      progress=progress, on_episode=journal.add,
+                      finished={i: ep["length"] for i, ep in journal.finished.items()})
+        journal.flush()
+    episodes = journal.episodes([job.episode_id for job in jobs])
+    turns = journal.turns().sort_by([("step", "ascending"), ("env_index", "ascending")])
+    metrics = metrics_by_task(episodes, tasks)
+    write_outputs(out, metrics, episodes, turns, meta)
+    journal.remove()
+    overall = metrics["overall"]
+    log.info("eval %s: success %.3f (%d of %d episodes completed, %d aborted; %d turns)",
+             policy_version, overall["success_rate"], overall["completed_episodes"],
+             overall["episodes"], overall["aborted_episodes"], turns.num_rows)
+    return metrics
+
+
+def write_outputs(out: Path, metrics: dict[str, Any], episodes: list[dict[str, Any]],
+                  turns: pa.Table | list[dict[str, Any]], meta: dict[str, Any]) -> None:
+    """metrics.json, episodes.parquet, turns.parquet: smallest first, and each tried even when
+    one before it failed (a full disk), so a finished evaluation keeps what could be written; the
+    first error is raised after the last write. `turns`: a table in its final schema, or rows."""
+    def write_turn_file() -> None:
+        if isinstance(turns, pa.Table):
+            write_arrow(turns, out / "turns.parquet", file_metadata(meta))
+        else:
+            write_turns(turns, out / "turns.parquet", meta)
+
+    writes = [(lambda: write_json(out / "metrics.json", metrics)),
+              (lambda: write_episodes(episodes, out / "episodes.parquet", meta)),
+              write_turn_file]
+    first: Exception | None = None
+    for write in writes:
+        try:
+            write()
+        except Exception as err:
+            log.error("could not write evaluation output: %s", err)
+            first = first or err
+    if first is not None:
+        raise first
+
+
+def evaluate_model(model_dir: str | Path, params: Params, out_dir: str | Path,
+                   policy_version: str, progress: bool = True) -> dict[str, Any]:
+    """Build the configured engine on `model_dir` and evaluate it."""
+    engine = make_engine(str(model_dir), params)
+    try:
+        return evaluate(engine, load_tokenizer(model_dir), params, out_dir, policy_version,
+                        progress=progress, model_dir=model_dir)
+    finally:
+        engine.close()

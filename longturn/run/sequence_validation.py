@@ -1,0 +1,132 @@
+"""Prompt validation in sequence mode: before training, play a few whole episodes per task with
+the base model, tools and interaction, and check that the prompts fit and the replies work.
+
+Per task it measures: the first context's length against the token budget, replies per episode,
+tool calls per episode and how many of them ran (`tool_call_validity`), the share of replies all
+of whose tool calls ran (`valid_reply_ratio`: a reply without a call counts as valid; this is
+what the gate `validation.min_valid_action_ratio` reads in sequence mode), success, why episodes
+ended, and the tokenization check of each episode (in `strict` a mismatch stops the stage with
+the first differing span). A task fails the gate when its first context does not leave room for
+a reply or when `valid_reply_ratio` is below the gate.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from longturn.params.config import Params
+from longturn.engines.base import Engine, SamplingParams
+from longturn.rollout.sequence_metrics import sequence_metrics
+from longturn.rollout.sequence_setup import SequenceRun
+from longturn.run.validation import TaskValidation
+from longturn.vision.encoder import IMAGE_PLACEHOLDER
+
+
+def reply_validity(messages: list[dict[str, Any]]) -> list[bool]:
+    """Per assistant message: False when a tool message answering it starts with `Error:`."""
+    out: list[bool] = []
+    for message in messages:
+        if message["role"] == "assistant":
+            out.append(True)
+        elif message["role"] == "tool" and out and str(message["content"]).startswith("Error:"):
+            out[-1] = False
+    return out
+
+
+def task_metrics(records: list[dict[str, Any]], budget: int) -> dict[str, Any]:
+    replies = [v for r in records for v in reply_validity(json.loads(r["messages"]))]
+    prompts = [r["segment_starts"][0] if r["segment_starts"] else len(r["input_ids"])
+               for r in records]
+    m = sequence_metrics(records)
+    m.update(samples=len(records), prompt_tokens_max=max(prompts),
+             prompt_tokens_mean=sum(prompts) / len(prompts), max_tokens=budget,
+             prompt_fits_budget=max(prompts) < budget,
+             valid_reply_ratio=sum(replies) / len(replies) if replies else 0.0,
+             replies=len(replies))
+    return m
+
+
+def validate_sequence_tasks(engine: Engine, tokenizer: Any, params: Params,
+                            sampling: SamplingParams, seeds: list[int]) -> list[TaskValidation]:
+    """Play `seeds` of every eval task; one TaskValidation (episodes as samples) per task."""
+    run = SequenceRun.from_params(params, list(params.eval.tasks or params.env.tasks))
+    results = []
+    for task in run.tasks:
+        records = run.play(engine, tokenizer, sampling, [run.record(task, s) for s in seeds],
+                           [f"validation-{task}-{s}" for s in seeds])
+        result = TaskValidation(task, records,
+                                task_metrics(records, params.rollout.sequence.max_tokens))
+        results.append(result)
+    return results
+
+
+def sequence_gate_failures(results: list[TaskValidation], min_ratio: float) -> list[str]:
+    """Why the gate fails (empty: it passes)."""
+    failures = []
+    for r in results:
+        m = r.metrics
+        if not m["prompt_fits_budget"]:
+            failures.append(f"task {r.task!r}: a first context of {m['prompt_tokens_max']} "
+                            f"tokens leaves no room for a reply in rollout.sequence.max_tokens "
+                            f"{m['max_tokens']}")
+        if m["valid_reply_ratio"] < min_ratio:
+            failures.append(f"task {r.task!r}: valid-reply ratio {m['valid_reply_ratio']:.2f} < "
+                            f"validation.min_valid_action_ratio {min_ratio:.2f} "
+                            f"({m['tool_calls_per_episode']:.1f} tool calls per episode, "
+                            f"{m['tool_call_validity']:.0%} of them ran)")
+    return failures
+
+
+_COLUMNS = [("episodes", "samples", "{}"), ("valid replies", "valid_reply_ratio", "{:.2f}"),
+            ("tool calls / ep", "tool_calls_per_episode", "{:.2f}"),
+            ("tool-call validity", "tool_call_validity", "{:.2f}"),
+            ("replies / ep", "mean_assistant_turns", "{:.2f}"),
+            ("success", "success_rate", "{:.2f}"), ("first context tok (max)",
+                                                    "prompt_tokens_max", "{}"),
+            ("budget", "max_tokens", "{}")]
+
+
+def _fence(text: str) -> list[str]:
+    return ["```text", text.replace("```", "ʼʼʼ"), "```"]
+
+
+_IMAGE_RUN = re.compile(f"(?:{re.escape(IMAGE_PLACEHOLDER)})+")
+
+
+def _fold_images(text: str) -> str:
+    """Each run of image placeholder tokens (hundreds per frame) as one `<image ×N>`."""
+    return _IMAGE_RUN.sub(lambda m: f"<image ×{len(m.group(0)) // len(IMAGE_PLACEHOLDER)}>",
+                          text)
+
+
+def render_sequence_report(results: list[TaskValidation], failures: list[str], gate: float,
+                           settings: dict[str, Any], tokenizer: Any, examples: int = 2) -> str:
+    """Markdown: verdict, the table, how episodes ended, then example conversations exactly as
+    the model saw them (the decoded token sequence)."""
+    lines = [f"# Prompt validation (sequence mode): {'FAILED' if failures else 'passed'}", ""]
+    lines += [f"Gate: every task's first context fits the token budget, and at least {gate:.2f} "
+              "of replies have no failed tool call (a reply without a call counts as valid)."]
+    lines += [f"- {f}" for f in failures] + [""]
+    lines += ["Settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()), ""]
+    head = ["task"] + [c[0] for c in _COLUMNS]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        cells = [r.task] + ["n/a" if (v := r.metrics[key]) != v else fmt.format(v)
+                            for _, key, fmt in _COLUMNS]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    for r in results:
+        ended = ", ".join(f"{k.split('/')[1]} {v}" for k, v in r.metrics.items()
+                          if k.startswith("termination/") and v)
+        checks = ", ".join(f"{k.split('/')[1]} {v}" for k, v in r.metrics.items()
+                           if k.startswith("tokenization/") and v)
+        lines += [f"## {r.task}", "", f"Episodes ended: {ended}. Tokenization check: {checks}.",
+                  ""]
+        for record in r.samples[:examples]:
+            lines += [f"Seed {record['episode_seed']}: {record['termination']}, reward "
+                      f"{record['reward']:.2f}, {record['tool_calls']} tool call(s), "
+                      f"{record['tool_errors']} failed", ""]
+            lines += _fence(_fold_images(tokenizer.decode(record["input_ids"]))) + [""]
+    return "\n".join(lines)

@@ -1,0 +1,143 @@
+"""Prompt validation: before spending compute on RL, check prompts fit and the model can answer.
+
+Per task: render first-turn prompts for several seeds, check the token budget (including the worst
+case of a full history window of maximum-length replies), sample one response per prompt, and
+measure how often the answer is a valid action before and after synonym translation, how it fails,
+and how long and how varied the THINK parts are. A task below the gate fails the stage.
+
+The gate is a file: `passed` (PASSED_MARKER) is written only when every task passes, and removed
+before a run starts, so a failed or interrupted validation never leaves one behind. Training
+stages depend on it in dvc.yaml, so `dvc repro train` stops at a failing gate. Its content is
+constant: a validation rerun that passes again does not rerun training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from longturn.agent.memory import HistoryEntry
+from longturn.agent.prompts import build_messages, build_prompt, render
+from longturn.params.config import Params
+from longturn.engines.base import Engine, SamplingParams
+from longturn.envs.actions import EMPTY, NO_ACTION, UNKNOWN
+from longturn.envs.base import TextEnv
+from longturn.envs.registry import translator_for
+from longturn.errors import UserError
+from longturn.reply_format import parse_reply
+
+PASSED_MARKER = "passed"
+PASSED_TEXT = "every task's valid-action ratio is at or above validation.min_valid_action_ratio\n"
+FAILURES = (NO_ACTION, UNKNOWN, EMPTY, "multiple_actions", "cut_by_length")
+
+
+class GateFailed(UserError):
+    """A task is below the gate. Like every other mistake a user fixes (a prompt, a setting, the
+    model), it is one line and exit 2; the report that explains it is already written."""
+
+    def __init__(self, failures: list[str], report: Path) -> None:
+        super().__init__(f"gate failed: {'; '.join(failures)}; see {report}")
+
+
+@dataclass
+class TaskValidation:
+    """Samples and metrics of one task."""
+
+    task: str
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def think_text(output: str) -> str:
+    """The THINK part of an output ('' when it has no THINK tag)."""
+    reply = parse_reply(output)
+    return reply.think if reply.has_think else ""
+
+
+def distinct_bigram_ratio(texts: list[str]) -> float:
+    """Distinct word bigrams / all bigrams over a set of texts (1.0 = no repetition at all)."""
+    bigrams = [b for t in texts for b in zip(t.lower().split(), t.lower().split()[1:])]
+    return len(set(bigrams)) / len(bigrams) if bigrams else 0.0
+
+
+def worst_case_prompt_tokens(tokenizer: Any, env: TextEnv, observation: str, params: Params) -> int:
+    """Prompt length with a full history window whose replies are max_new_tokens long each."""
+    reply = " ".join(["go"] * params.engine.sampling.max_new_tokens)  # about one token per word
+    history = [HistoryEntry(observation, reply)] * params.prompt.history_turns
+    messages = build_messages(env.instructions, history, observation, params.prompt.demonstration)
+    return len(render(tokenizer, messages)[1])
+
+
+def sample_row(task: str, seed: int, prompt, text: str, completion, env: TextEnv,
+               tokenizer: Any) -> dict[str, Any]:
+    """One samples.parquet row: the prompt, the output, and how it parses."""
+    parsed = translator_for(env).parse(text)
+    cut = completion.finish_reason == "length"
+    failure = parsed.failure or ("multiple_actions" if parsed.n_action_tags > 1 else None)
+    think = think_text(text)
+    return {
+        "task": task, "seed": seed, "prompt_text": prompt.text, "prompt_tokens": len(prompt.ids),
+        "response_text": text, "response_tokens": len(completion.token_ids),
+        "finish_reason": completion.finish_reason, "raw_action": parsed.raw_action,
+        "action": parsed.action, "valid": parsed.valid,
+        "valid_before_translation": parsed.raw_action.strip() in env.actions,
+        "failure": failure if not (cut and not parsed.valid) else "cut_by_length",
+        "n_action_tags": parsed.n_action_tags, "think": think,
+        "think_tokens": len(tokenizer(think, add_special_tokens=False)["input_ids"]) if think else 0,
+    }
+
+
+def task_metrics(samples: list[dict[str, Any]], worst_case: int, budget: int) -> dict[str, Any]:
+    n = len(samples)
+    metrics = {
+        "samples": n,
+        "valid_action_ratio": sum(s["valid"] for s in samples) / n,
+        "valid_before_translation_ratio": sum(s["valid_before_translation"] for s in samples) / n,
+        "prompt_tokens_mean": sum(s["prompt_tokens"] for s in samples) / n,
+        "prompt_tokens_max": max(s["prompt_tokens"] for s in samples),
+        "worst_case_prompt_tokens": worst_case,
+        "max_prompt_tokens": budget,
+        "history_fits_budget": worst_case <= budget,
+        "response_tokens_mean": sum(s["response_tokens"] for s in samples) / n,
+        "think_present_ratio": sum(bool(s["think"]) for s in samples) / n,
+        "think_tokens_mean": sum(s["think_tokens"] for s in samples) / n,
+        "think_distinct_bigram_ratio": distinct_bigram_ratio([s["think"] for s in samples]),
+    }
+    for kind in FAILURES:
+        metrics[f"failure_{kind}"] = sum(s["failure"] == kind for s in samples) / n
+    return metrics
+
+
+def validate_task(engine: Engine, tokenizer: Any, env: TextEnv, params: Params,
+                  sampling: SamplingParams, seeds: list[int]) -> TaskValidation:
+    """Render, budget-check and sample one task."""
+    result = TaskValidation(env.task)
+    prompts, observations = [], []
+    for seed in seeds:
+        obs, _ = env.reset(seed=seed)
+        observations.append(obs.text)
+        prompts.append(build_prompt(tokenizer, env.instructions, [], obs.text,
+                                    params.prompt.max_prompt_tokens, params.prompt.demonstration))
+    completions = engine.generate([p.ids for p in prompts], sampling)
+    for seed, prompt, completion in zip(seeds, prompts, completions):
+        text = tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+        result.samples.append(sample_row(env.task, seed, prompt, text, completion, env, tokenizer))
+    env.reset(seed=seeds[0])
+    worst = worst_case_prompt_tokens(tokenizer, env, observations[0], params)
+    result.metrics = task_metrics(result.samples, worst, params.prompt.max_prompt_tokens)
+    return result
+
+
+def gate_failures(results: list[TaskValidation], min_ratio: float) -> list[str]:
+    """Human-readable reasons the gate fails (empty list = pass)."""
+    failures = []
+    for r in results:
+        m = r.metrics
+        if m["valid_action_ratio"] < min_ratio:
+            worst = max(FAILURES, key=lambda k: m[f"failure_{k}"])
+            failures.append(
+                f"task {r.task!r}: valid-action ratio {m['valid_action_ratio']:.2f} < "
+                f"validation.min_valid_action_ratio {min_ratio:.2f} "
+                f"(most common failure: {worst}, {m[f'failure_{worst}']:.0%} of samples)")
+    return failures

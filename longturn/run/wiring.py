@@ -1,0 +1,126 @@
+"""Params → the objects the stages run: trainer settings, GAE and group parameters, the
+collector the estimator and rollout mode need, the critic dir it reads, how a batch is scored,
+written and summarised, Parquet metadata, the resume fingerprint.
+
+The only place a params section is mapped onto library objects, so the train loop, the critic
+warm-up and the benches build them the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from longturn.algo.gae import GAEParams
+from longturn.algo.group_advantages import needs_critic
+from longturn.algo.trainer import PPOTrainer, TrainerSettings
+from longturn.rollout.fixed_turn_collector import FixedTurnCollector
+from longturn.params.config import Params
+from longturn.device import resolve_bf16, resolve_device
+from longturn.distributed import sum_over_ranks
+from longturn.rollout.group_collector import EpisodeGroupCollector
+from longturn.run.metrics import action_mix, rollout_metrics
+from longturn.rollout.env_slots import AgentSettings, env_factory_from_params
+from longturn.rollout.sequence_collector import SequenceCollector
+from longturn.rollout.sequence_metrics import sequence_metrics
+from longturn.rollout.sequence_setup import SequenceRun
+from longturn.trajectories import write_sequences, write_turns
+
+# what the train loop collects with
+Collector = FixedTurnCollector | EpisodeGroupCollector | SequenceCollector
+
+
+def trainer_settings(params: Params) -> TrainerSettings:
+    """The trainer's settings from the ppo, algo, engine and seed sections."""
+    p = params.ppo
+    return TrainerSettings(
+        actor_lr=p.actor_lr, critic_lr=p.critic_lr, clip_ratio=p.clip_ratio,
+        value_clip=p.value_clip, first_token_weight=p.first_token_weight,
+        entropy_coef=p.entropy_coef, kl_beta=p.kl_beta, kl_estimator=p.kl_estimator,
+        temperature=params.engine.sampling.temperature or 1.0, ppo_epochs=p.ppo_epochs,
+        mini_batch_size=p.mini_batch_size, micro_batch_size=p.micro_batch_size,
+        grad_clip=p.grad_clip, zero_stage=p.zero_stage,
+        bf16=resolve_bf16(p.bf16, resolve_device(params.engine.device)), lora=p.lora,
+        lora_r=p.lora_r, lora_alpha=p.lora_alpha, lora_layers=p.lora_layers,
+        share_prefix=p.share_prefix, share_trunk=p.share_trunk,
+        gradient_checkpointing=p.gradient_checkpointing, target_kl=p.target_kl,
+        device=params.engine.device, seed=params.seed, advantage=params.algo.advantage,
+        group_norm_std=params.algo.norm_std, step_weight=params.algo.step_weight,
+        whiten_advantages=True, weight_decay=0.0)  # the trainer's own choices, not params.yaml's
+
+
+def gae_params(params: Params) -> GAEParams:
+    """The dual discount of the gae section."""
+    g = params.gae
+    return GAEParams(g.gamma_step, g.lambda_step, g.gamma_token, g.lambda_token)
+
+
+def make_collector(params: Params, rank: int, run_id: str) -> Collector:
+    """Fixed-turn batches for GAE; whole episodes in groups for a critic-free estimator; in
+    sequence mode, whole token-sequence episodes (in groups when critic-free)."""
+    r, tasks = params.rollout, list(params.env.tasks)
+    if r.mode == "sequence":
+        group = 1 if needs_critic(params.algo.advantage) else params.algo.group_size
+        return SequenceCollector(SequenceRun.from_params(params), tasks, r.n_envs, group,
+                                 params.seed, rank=rank, run_id=run_id)
+    agent = AgentSettings.from_params(params)
+    if not needs_critic(params.algo.advantage):
+        return EpisodeGroupCollector(env_factory_from_params(params), tasks, r.n_envs,
+                                     params.algo.group_size, agent, params.seed, rank=rank,
+                                     run_id=run_id)
+    return FixedTurnCollector(env_factory_from_params(params), tasks, r.n_envs,
+                              r.turns_per_env, agent, params.seed, rank=rank, run_id=run_id)
+
+
+def close_collector(collector: Collector) -> None:
+    """Stop a collector's env worker processes once a stage is done with it, an error included
+    (a stage that stops on a full disk or an env that keeps failing leaves none running)."""
+    close = getattr(collector, "close", None)  # sequence mode holds no env processes
+    if close is not None:
+        close()
+
+
+def critic_dir(params: Params, warm: Path) -> Path | None:
+    """The warm critic dir the estimator trains on, or None when it needs none."""
+    return warm if needs_critic(params.algo.advantage) else None
+
+
+def file_metadata(params: Params, iteration: int) -> dict[str, Any]:
+    """What a training Parquet file records about how its columns were computed."""
+    return {**params.gae.model_dump(), "algo": params.algo.model_dump(),
+            "model": params.model.source, "engine": params.engine.name, "iteration": iteration,
+            "sampling": params.engine.sampling.model_dump(), "ppo": params.ppo.model_dump()}
+
+
+def run_fingerprint(params: Params) -> str:
+    """What a resumed run must share with the run that wrote the checkpoints (not train.*)."""
+    relevant = params.model_dump(include={"seed", "model", "env", "prompt", "engine", "rollout",
+                                          "gae", "algo", "ppo"})
+    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def score_and_write(params: Params, trainer: PPOTrainer, rows: list[dict[str, Any]],
+                    path: Path, metadata: dict[str, Any], reuse_logprobs: bool = False) -> Path:
+    """Fill the training columns of a batch and write it as the update's Parquet part: turn
+    rows, or sequence-mode episodes (``reuse_logprobs``: turn mode only, see score_rows)."""
+    if params.rollout.mode == "sequence":
+        trainer.score_sequences(rows)
+        return write_sequences(rows, path, metadata)
+    trainer.score(rows, reuse_logprobs=reuse_logprobs)
+    return write_turns(rows, path, metadata)
+
+
+def batch_metrics(params: Params, rows: list[dict[str, Any]],
+                  collector: Collector) -> dict[str, float]:
+    """What a collected batch says, over every rank: turn metrics and the action mix, or the
+    sequence-mode episode metrics (`turns` counts replies there)."""
+    if params.rollout.mode == "sequence":
+        metrics = {k: float(v) for k, v in sequence_metrics(rows, sum_over_ranks).items()}
+        metrics["turns"] = metrics["mean_assistant_turns"] * metrics["episodes"]
+        metrics["episodes_ended"] = metrics["episodes"]  # whole episodes: every one ended
+        return metrics
+    metrics = rollout_metrics(rows, sum_over_ranks)
+    metrics.update(action_mix(rows, collector.action_names(), sum_over_ranks))
+    return metrics
