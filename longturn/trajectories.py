@@ -1,8 +1,11 @@
-"""The turn-level Parquet contract (docs/design.md §4): one row per turn, written atomically.
+"""The Parquet contract (docs/design.md §4): one row per sample, written atomically.
 
-Column names are a contract: add columns freely, never rename. Training-only columns (values,
-advantages, …) are null in evaluation files. Reading goes through `read_table`, so a damaged file
-or a missing column is an error naming the file and the column, not Arrow's schema dump.
+A sample is what the model saw (prompt_ids) and what it replied (response_ids, one or more
+replies): a window-N turn is a sample with one reply, a whole episode one sample holding all its
+replies. Column names are a contract: add columns freely, never rename. Training-only columns
+(values, advantages, …) are null in evaluation files. Reading goes through `read_table`, so a
+damaged file or a missing column is an error naming the file and the column, not Arrow's schema
+dump. TURN_SCHEMA and SEQUENCE_SCHEMA are schema version 1, kept until every stage writes samples.
 """
 
 from __future__ import annotations
@@ -13,13 +16,17 @@ import subprocess
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from longturn.atomic import atomic_file, fsync_file, named_disk_errors
 from longturn.errors import TrajectoryFileError
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"  # one sample schema: SAMPLE_SCHEMA
+# TURN_SCHEMA / SEQUENCE_SCHEMA files; stays the default of `file_metadata` until every writer of
+# those schemas is gone, so no v1 file ever claims version 2
+V1_SCHEMA_VERSION = "1"
 
 _i32_list = pa.list_(pa.int32())
 _f32_list = pa.list_(pa.float32())
@@ -110,6 +117,73 @@ SEQUENCE_SCHEMA = pa.schema(
     ]
 )
 
+# One reply of a sample (docs/design.md §4): its sampled tokens are response_ids[start:end]; the
+# rest is what followed it (the env step, the reward, why the episode ended).
+REPLY_TYPE = pa.struct(
+    [
+        ("start", pa.int32()),
+        ("end", pa.int32()),
+        ("turn", pa.int32()),  # the reply's index in its episode
+        ("step", pa.int32()),  # the lock-step of the batch
+        ("response_text", pa.string()),
+        ("raw_action", pa.string()),
+        ("action", pa.string()),
+        ("action_valid", pa.bool_()),
+        ("action_failure", pa.string()),
+        ("env_reward", pa.float32()),
+        ("reward", pa.float32()),  # credited on the reply's last token
+        ("terminated", pa.bool_()),
+        ("truncated", pa.bool_()),
+        ("success", pa.bool_()),
+        ("aborted", pa.bool_()),  # the env failed: the reply's tokens are out of every loss
+        ("segment_end", pa.bool_()),
+        ("termination", pa.string()),
+        ("finish_reason", pa.string()),
+        ("history_dropped", pa.int32()),
+        ("next_value", pa.float32()),
+        ("logprob_gap", pa.float32()),
+        ("observation", pa.string()),  # the state the reply acted on (GiGPO's anchor)
+    ]
+)
+
+# Schema version 2 (docs/design.md §4): one row per sample; every per-token list is as long as
+# response_ids, 0 on its context tokens (loss_mask 0).
+SAMPLE_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("policy_version", pa.string()),
+        ("iteration", pa.int32()),
+        ("env_index", pa.int32()),
+        ("env_name", pa.string()),
+        ("task", pa.string()),
+        ("episode_id", pa.string()),
+        ("episode_seed", pa.int64()),
+        ("group_id", pa.string()),
+        ("prompt_ids", _i32_list),
+        ("response_ids", _i32_list),
+        ("loss_mask", pa.list_(pa.int8())),  # 1: a token the model sampled (inside a reply)
+        ("prompt_text", pa.string()),
+        ("engine_logprobs", _f32_list),
+        ("old_logprobs", _f32_list),
+        ("ref_logprobs", _f32_list),
+        ("values", _f32_list),
+        ("token_rewards", _f32_list),
+        ("advantages", _f32_list),
+        ("returns", _f32_list),
+        ("bootstrap_prompt_ids", _i32_list),
+        ("images", pa.list_(pa.binary())),
+        ("image_starts", _i32_list),  # positions into prompt_ids + response_ids
+        ("messages", pa.string()),
+        ("metrics", pa.string()),
+        ("tokenization_check", pa.string()),
+        ("tool_calls", pa.int32()),
+        ("tool_errors", pa.int32()),
+        ("user_turns", pa.int32()),
+        ("assistant_turns", pa.int32()),
+        ("replies", pa.list_(REPLY_TYPE)),
+    ]
+)
+
 EPISODE_SCHEMA = pa.schema(
     [
         ("run_id", pa.string()),
@@ -144,9 +218,10 @@ def git_commit() -> str:
         return "unknown"
 
 
-def file_metadata(extra: dict[str, Any] | None = None) -> dict[bytes, bytes]:
+def file_metadata(extra: dict[str, Any] | None = None,
+                  version: str = V1_SCHEMA_VERSION) -> dict[bytes, bytes]:
     """Parquet key-value metadata: schema version, git commit, plus caller's keys (JSON values)."""
-    meta = {"longturn.schema_version": SCHEMA_VERSION, "longturn.git_commit": git_commit()}
+    meta = {"longturn.schema_version": version, "longturn.git_commit": git_commit()}
     for key, value in (extra or {}).items():
         meta[f"longturn.{key}"] = value if isinstance(value, str) else json.dumps(value)
     return {k.encode(): v.encode() for k, v in meta.items()}
@@ -200,6 +275,66 @@ def write_sequences(rows: Iterable[dict[str, Any]], path: str | Path,
     return write_table(rows, path, SEQUENCE_SCHEMA, {"mode": "sequence", **(metadata or {})})
 
 
+def write_samples(rows: Iterable[dict[str, Any]], path: str | Path,
+                  metadata: dict[str, Any] | None = None) -> Path:
+    """Samples (schema version 2): missing keys are nulls, each reply a dict of REPLY_TYPE's
+    fields. A sample whose replies do not tile its loss tokens is refused here (`check_replies`)."""
+    rows = list(rows)
+    for i, row in enumerate(rows):
+        check_replies(row, i)
+    return write_arrow(rows_table(rows, SAMPLE_SCHEMA), path,
+                       file_metadata(metadata, version=SCHEMA_VERSION))
+
+
+def check_replies(sample: dict[str, Any], index: int = 0) -> None:
+    """The replies, in order, are disjoint spans of response_ids starting at 0, and the loss
+    tokens are exactly their union.
+
+    The writer checks this, not the readers: a broken sample is a bug of the code that built it,
+    caught where its traceback still points at that code and before any file exists; every v2 file
+    then keeps the rule, so the batch reader, scoring, the audit and a DuckDB query can all trust
+    `replies` to say which tokens are trained without each checking it again.
+    """
+    response, mask, replies = (sample.get(k) for k in ("response_ids", "loss_mask", "replies"))
+    if response is None and mask is None and replies is None:
+        return
+    where = f"sample {index} (episode {sample.get('episode_id')})"
+    if response is None or mask is None or replies is None:
+        raise ValueError(f"{where}: response_ids, loss_mask and replies go together")
+    if len(mask) != len(response):
+        raise ValueError(f"{where}: {len(mask)} loss_mask entries for {len(response)} "
+                         "response tokens")
+    cover = np.zeros(len(response), dtype=bool)
+    prev = 0
+    for k, reply in enumerate(replies):
+        start, end = reply.get("start"), reply.get("end")
+        if start is None or end is None or not prev <= start <= end <= len(response) or (
+                k == 0 and start != 0):
+            raise ValueError(f"{where}: reply {k} spans [{start}, {end}) after {prev}, out of "
+                             f"order or outside its {len(response)} response tokens (the first "
+                             "reply starts at 0)")
+        cover[start:end] = True
+        prev = end
+    loss = np.asarray(mask, dtype=np.int8) != 0
+    if (loss != cover).any():
+        at = int(np.flatnonzero(loss != cover)[0])
+        raise ValueError(f"{where}: replies do not tile its loss tokens: response token {at} has "
+                         f"loss_mask {int(loss[at])} but is {'in' if cover[at] else 'outside'} a "
+                         "reply")
+
+
+def require_samples(path: str | Path) -> None:
+    """Refuse a file that is not schema version 2: its columns would be read wrong."""
+    version = read_metadata(path).get("schema_version")
+    if version == SCHEMA_VERSION:
+        return
+    if version == V1_SCHEMA_VERSION:
+        raise TrajectoryFileError(f"{path} was written by schema version 1 (before one sample "
+                                  "schema): rerun the stage that wrote it")
+    raise TrajectoryFileError(f"{path} has schema version {version or 'none'}, not "
+                              f"{SCHEMA_VERSION} (docs/design.md §4): rerun the stage that wrote it")
+
+
 def is_sequence_file(path: str | Path) -> bool:
     """Whether a trajectory file holds sequence-mode episodes (its metadata says so)."""
     return read_metadata(path).get("mode") == "sequence"
@@ -221,7 +356,8 @@ def read_table(path: str | Path, columns: Sequence[str] | None = None) -> pa.Tab
     """These columns (all without) of a Parquet file; a missing column is named, with the
     file's closest column outside the contract when it looks renamed."""
     names = read_schema(path).names
-    contract = set(TURN_SCHEMA.names) | set(EPISODE_SCHEMA.names)
+    contract = (set(SAMPLE_SCHEMA.names) | set(TURN_SCHEMA.names)
+                | set(SEQUENCE_SCHEMA.names) | set(EPISODE_SCHEMA.names))
     for column in columns or ():
         if column not in names:
             strangers = [n for n in names if n not in contract]

@@ -1,0 +1,108 @@
+"""Today's rollout rows as samples of schema v2 (docs/design.md §4): pure converters, nothing read
+or written.
+
+A window-N turn row becomes a sample with one reply. A whole episode (a sequence record, scored or
+not) becomes one sample holding all its replies: the context before its first reply is the
+prompt, everything after is the response, and every per-token list is cut at that same place, so
+its values stay where they were. Scored columns come along when present, null when not.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from longturn.trajectories import REPLY_TYPE, SAMPLE_SCHEMA
+
+Row = dict[str, Any]
+
+# columns a turn row and a sample share as they are
+_TURN_ROW_COLUMNS = ("run_id", "policy_version", "iteration", "env_index", "env_name", "task",
+                     "episode_id", "episode_seed", "group_id", "prompt_ids", "response_ids",
+                     "prompt_text", "engine_logprobs", "old_logprobs", "ref_logprobs", "values",
+                     "token_rewards", "advantages", "returns", "bootstrap_prompt_ids", "images",
+                     "image_starts")
+# a turn row's columns that describe its one reply
+_TURN_REPLY_COLUMNS = ("turn", "step", "response_text", "raw_action", "action", "action_valid",
+                       "action_failure", "env_reward", "reward", "terminated", "truncated",
+                       "success", "aborted", "segment_end", "termination", "finish_reason",
+                       "history_dropped", "next_value", "logprob_gap", "observation")
+# a sequence record's columns that a sample keeps as they are
+_EPISODE_COLUMNS = ("run_id", "policy_version", "iteration", "task", "episode_id",
+                    "episode_seed", "group_id", "images", "image_starts", "messages", "metrics",
+                    "tokenization_check", "tool_calls", "tool_errors", "user_turns",
+                    "assistant_turns")
+# a sequence record's per-token lists (as long as input_ids), cut where the response begins
+_EPISODE_TOKEN_LISTS = ("engine_logprobs", "old_logprobs", "ref_logprobs", "values",
+                        "token_rewards", "advantages", "returns")
+
+
+def sample_from_turn(row: Row) -> Row:
+    """A turn row (rollout/env_slots.py, with what the collectors and scoring add) as a sample
+    with one reply spanning its whole response."""
+    sample = _blank_sample()
+    sample.update({name: row.get(name) for name in _TURN_ROW_COLUMNS})
+    response = row.get("response_ids")
+    n = len(response) if response is not None else 0
+    sample["loss_mask"] = [1] * n
+    sample["replies"] = [{**_blank_reply(), "start": 0, "end": n,
+                          **{name: row.get(name) for name in _TURN_REPLY_COLUMNS}}]
+    return sample
+
+
+def sample_from_episode(record: Row) -> Row:
+    """A sequence record (rollout/sequence_episode.py `record()`, with what the collector and
+    scoring add) as one sample holding all its replies. An episode with no reply (its first
+    messages filled the token budget) keeps its last token as a response with loss mask 0."""
+    ids = list(record["input_ids"])
+    starts, ends = list(record["segment_starts"]), list(record["segment_ends"])
+    if not starts and len(ids) < 2:
+        raise ValueError(f"episode {record.get('episode_id')}: {len(ids)} token(s) and no reply: "
+                         "not an episode")
+    first = starts[0] if starts else len(ids) - 1
+    sample = _blank_sample()
+    sample.update({name: record.get(name) for name in _EPISODE_COLUMNS})
+    sample.update(prompt_ids=ids[:first], response_ids=ids[first:],
+                  loss_mask=list(record["loss_mask"][first:]) if starts else [0])
+    for name in _EPISODE_TOKEN_LISTS:
+        full = record.get(name)
+        sample[name] = None if full is None else list(full[first:])
+    sample["replies"] = _episode_replies(record, ids, starts, ends, first)
+    return sample
+
+
+def _episode_replies(record: Row, ids: list[int], starts: list[int], ends: list[int],
+                     first: int) -> list[Row]:
+    """One reply per segment; how the episode ended goes on the last one."""
+    rewards = list(record.get("segment_rewards") or [0.0] * len(starts))
+    replies = []
+    for k, (start, end) in enumerate(zip(starts, ends)):
+        last = k == len(starts) - 1
+        truncated = bool(record.get("truncated")) and last
+        replies.append({
+            **_blank_reply(), "start": start - first, "end": end - first, "turn": k, "step": k,
+            "reward": float(rewards[k]), "terminated": last and not truncated,
+            "truncated": truncated, "success": bool(record.get("success")) and last,
+            "aborted": False, "segment_end": False,
+            "termination": record.get("termination") if last else None,
+            "next_value": record.get("bootstrap_value") if last else None,
+            # what the model saw since the previous reply: GiGPO's anchor state
+            "observation": " ".join(map(str, ids[ends[k - 1] if k else 0:start])),
+        })
+    return replies
+
+
+def _blank_sample() -> Row:
+    """Every column of the schema, null: a sample reads the same in memory as from its file."""
+    return dict.fromkeys(SAMPLE_SCHEMA.names)
+
+
+def _blank_reply() -> Row:
+    return {field.name: None for field in REPLY_TYPE}
+
+
+def samples_from_turns(rows: Iterable[Row]) -> list[Row]:
+    return [sample_from_turn(row) for row in rows]
+
+
+def samples_from_episodes(records: Iterable[Row]) -> list[Row]:
+    return [sample_from_episode(record) for record in records]
