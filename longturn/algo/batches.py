@@ -13,12 +13,14 @@ from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 from longturn.algo.gae import masked_whiten
 from longturn.engines.logprobs import PackedBatch, token_logprobs
 from longturn.errors import TrajectoryFileError
-from longturn.trajectories import is_sequence_file, read_schema, read_table
+from longturn.trajectories import (SCHEMA_VERSION, is_sequence_file, read_metadata,
+                                  read_schema, read_table, require_samples)
 from longturn.vision.frames import from_png
 
 TRAIN_COLUMNS = ("prompt_ids", "response_ids", "old_logprobs", "ref_logprobs", "values",
@@ -220,9 +222,67 @@ def read_sequence_batch(paths: Sequence[str | Path], whiten: bool = True,
                      token_mask=masks, images=images if any(images) else None)
 
 
+SAMPLE_TRAIN_COLUMNS = ("prompt_ids", "response_ids", "loss_mask", "replies", "old_logprobs",
+                        "ref_logprobs", "values", "advantages", "returns")
+
+
+def read_sample_batch(paths: Sequence[str | Path], whiten: bool = True,
+                      values: bool = True) -> TurnBatch:
+    """Samples (schema v2, docs/design.md §4) as a TurnBatch, window-N turns and whole episodes
+    alike: a row's token mask is its loss mask without the tokens of aborted replies (an env that
+    failed must not train them). A sample with no loss token left (an aborted turn, an episode with
+    no reply) stays as a row, marked aborted: every rank then holds one row per sample it played,
+    as the distributed update needs. Whitening runs over the loss tokens of the batch.
+    `values=False` (a critic-free estimator) neither reads nor requires the values column."""
+    if not paths:
+        raise ValueError("update needs at least one Parquet file")
+    for path in paths:
+        require_samples(path)
+    wanted = [c for c in SAMPLE_TRAIN_COLUMNS if values or c != "values"]
+    tables = [read_table(p, [*wanted, "images", "image_starts"]) for p in paths]
+    for path, part in zip(paths, tables):
+        _check_training_columns(path, part, wanted)
+    table = pa.concat_tables(tables)
+    prompts = [list(map(int, r)) for r in _split_lists(table.column("prompt_ids"), np.int64)]
+    responses = [list(map(int, r)) for r in _split_lists(table.column("response_ids"), np.int64)]
+    columns = {k: _split_lists(table.column(k), np.float32) for k in _FLOAT_LISTS
+               if k in wanted}
+    if not values:
+        columns["values"] = [np.zeros(len(r), dtype=np.float32) for r in responses]
+    for name, rows in columns.items():
+        for i, (row, resp) in enumerate(zip(rows, responses)):
+            if len(row) != len(resp) or not len(resp):
+                raise ValueError(f"row {i}: {len(row)} {name} for {len(resp)} response tokens")
+    masks = [m.copy() for m in _split_lists(table.column("loss_mask"), bool)]
+    for i, start, end in _aborted_replies(table.column("replies")):
+        masks[i][start:end] = False
+    aborted = np.array([not m.any() for m in masks], dtype=bool)
+    if aborted.all():
+        raise ValueError("no sample of the batch has a loss token (every one aborted or without "
+                         "a reply): nothing to train on")
+    frames = zip(table.column("image_starts").to_pylist(), table.column("images").to_pylist())
+    images = [list(zip(starts or [], pngs or [])) for starts, pngs in frames]
+    whitened = _whiten(columns["advantages"], masks, whiten)
+    return TurnBatch(prompts, responses, columns, aborted, whitened, has_values=values,
+                     token_mask=masks, images=images if any(images) else None)
+
+
+def _aborted_replies(column: pa.ChunkedArray) -> list[tuple[int, int, int]]:
+    """(row, start, end) of every reply marked aborted."""
+    array = column.combine_chunks()
+    flat = array.flatten()
+    row_of = np.repeat(np.arange(len(array)), np.diff(array.offsets.to_numpy()))
+    aborted = pc.struct_field(flat, "aborted").fill_null(False).to_numpy(zero_copy_only=False)
+    starts = pc.struct_field(flat, "start").to_numpy(zero_copy_only=False)
+    ends = pc.struct_field(flat, "end").to_numpy(zero_copy_only=False)
+    return [(int(row_of[k]), int(starts[k]), int(ends[k])) for k in np.flatnonzero(aborted)]
+
+
 def read_training_batch(paths: Sequence[str | Path], whiten: bool = True,
                         values: bool = True) -> TurnBatch:
-    """Turn or sequence files, as their metadata says (`mode: sequence`)."""
+    """Samples, turn or sequence files, as their metadata says (schema version, `mode`)."""
+    if paths and read_metadata(paths[0]).get("schema_version") == SCHEMA_VERSION:
+        return read_sample_batch(paths, whiten, values)
     if paths and is_sequence_file(paths[0]):
         return read_sequence_batch(paths, whiten, values)
     return read_turn_batch(paths, whiten, values)
