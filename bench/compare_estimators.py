@@ -36,9 +36,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout
 
+from longturn.algo.estimator import ESTIMATORS  # noqa: E402
 from longturn.stats import paired_outcomes, wilson_interval  # noqa: E402
-
-CRITIC_FREE = ("grpo", "gigpo")
 
 
 def training_turns(train_dir: Path) -> int:
@@ -82,7 +81,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--free-iterations", type=int, default=3)
     parser.add_argument("--estimators", nargs="+", default=["grpo", "gigpo", "gae"],
-                        choices=["gae", "grpo", "gigpo"])
+                        choices=list(ESTIMATORS))
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="passed to every `dvc exp run` as -S")
     parser.add_argument("--out", type=Path, default=ROOT / "bench-out" / "estimators")
@@ -91,7 +90,7 @@ def main() -> None:
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     gae_batch = params["rollout"]["n_envs"] * params["rollout"]["turns_per_env"]
     results = {}
-    for estimator in [e for e in args.estimators if e in CRITIC_FREE]:
+    for estimator in [e for e in args.estimators if not ESTIMATORS[e].has_critic]:
         results[estimator] = run_experiment(f"cmp-{estimator}", estimator,
                                             args.free_iterations, args.set, args.out)
     if "gae" in args.estimators:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from longturn.algo.group_advantages import (GroupParams, discounted_returns, needs_critic,
-                                            normalised, turn_advantages)
+from longturn.algo.group_advantages import (GroupParams, discounted_returns, normalised,
+                                            turn_advantages)
 
 # (group, episode, turn, reward, observation, aborted)
 ROWS = [
@@ -80,9 +80,6 @@ def test_helpers_and_errors() -> None:
     np.testing.assert_allclose(discounted_returns(np.array([1.0, 0.0, 2.0]), 0.5), [1.5, 1.0, 2.0])
     assert not normalised(np.array([3.0]), True, 1e-6).any()
     np.testing.assert_allclose(normalised(np.array([1.0, 1.0]), True, 1e-6), [0, 0])
-    assert needs_critic("gae") and not needs_critic("grpo") and not needs_critic("gigpo")
-    with pytest.raises(ValueError, match="unknown advantage estimator"):
-        needs_critic("ppo")
     with pytest.raises(ValueError, match="critic-free"):
         GroupParams(estimator="gae", gamma_step=1.0, norm_std=True, step_weight=1.0)
     bad = [("A", "e", 0, 0.0, "s", False), ("B", "e", 1, 0.0, "s", False)]

@@ -29,16 +29,12 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-ESTIMATORS = ("gae", "grpo", "gigpo")
-CRITIC_FREE = ("grpo", "gigpo")
+from longturn.algo.estimator import ESTIMATORS, Estimator
+
+# read from the Estimator table; goes when algo/scoring.py, algo/sequence_scoring.py and
+# audit/sequences.py move to samples (issue 22): ask Estimator.named(name).has_critic instead
+CRITIC_FREE = tuple(name for name, e in ESTIMATORS.items() if not e.has_critic)
 STD_EPS = 1e-6  # keeps Â finite for a group of equal returns; a numerical guard, not a setting
-
-
-def needs_critic(estimator: str) -> bool:
-    """Whether the estimator learns a value function (GAE) or compares episodes (the others)."""
-    if estimator not in ESTIMATORS:
-        raise ValueError(f"unknown advantage estimator {estimator!r}: one of {', '.join(ESTIMATORS)}")
-    return estimator not in CRITIC_FREE
 
 
 @dataclass(frozen=True)
@@ -53,9 +49,9 @@ class GroupParams:
     step_weight: float
 
     def __post_init__(self) -> None:
-        if self.estimator not in CRITIC_FREE:
-            raise ValueError(f"{self.estimator!r} is not a critic-free estimator "
-                             f"({', '.join(CRITIC_FREE)})")
+        if Estimator.named(self.estimator).has_critic:
+            raise ValueError(f"{self.estimator!r} has a critic: group advantages are for a "
+                             "critic-free estimator")
 
     @classmethod
     def from_algo(cls, algo: Mapping[str, Any], gamma_step: float) -> GroupParams:

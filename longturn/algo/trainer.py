@@ -31,7 +31,8 @@ from transformers import AutoModelForCausalLM
 from longturn.algo.batches import read_training_batch
 from longturn.algo.critic import ValueModel
 from longturn.algo.gae import GAEParams
-from longturn.algo.group_advantages import GroupParams, needs_critic
+from longturn.algo.estimator import Estimator
+from longturn.algo.group_advantages import GroupParams
 from longturn.algo.lora import apply_lora, merge_and_save, merged_state_dict
 from longturn.algo.model_set import ModelSet
 from longturn.algo.ppo_steps import Engines, UpdateStats, batch_stats, minibatch_step, schedule
@@ -81,7 +82,7 @@ class TrainerSettings:
     target_kl: float | None  # CleanRL: no further epochs once approx_kl exceeds it
     device: str  # engine.device: auto | cpu | cuda
     seed: int
-    advantage: str  # gae (with a critic) | grpo | gigpo (critic-free)
+    estimator: Estimator  # algo.advantage: gae (with a critic) | grpo | gigpo (critic-free)
     group_norm_std: bool  # critic-free: divide by the group's std
     step_weight: float  # gigpo: weight of the anchor-state advantage
     whiten_advantages: bool  # not a params.yaml setting: `wiring.trainer_settings` fixes it
@@ -89,7 +90,7 @@ class TrainerSettings:
 
     @property
     def has_critic(self) -> bool:
-        return needs_critic(self.advantage)
+        return self.estimator.has_critic
 
     def __post_init__(self) -> None:
         if self.micro_batch_size < 1 or self.mini_batch_size < self.micro_batch_size:
@@ -163,7 +164,8 @@ class PPOTrainer:
         critic = None
         if settings.has_critic:
             if critic_dir is None:
-                raise ValueError(f"advantage {settings.advantage!r} needs a critic: pass its dir")
+                raise ValueError(f"advantage {settings.estimator.name!r} needs a critic: pass "
+                                 "its dir")
             critic = ValueModel.from_pretrained(critic_dir)
         ref: torch.nn.Module | None = None  # LoRA: the actor with its adapters disabled
         if settings.lora:
@@ -185,8 +187,9 @@ class PPOTrainer:
                                None if self.critic_engine is None else self.critic_engine.module,
                                settings.share_trunk, settings.gradient_checkpointing, vision)
         log.info("trainer on %s, bf16 autocast %s, advantage %s: %d of %d layers shared by %s",
-                 self.actor_engine.device, "on" if settings.bf16 else "off", settings.advantage,
-                 self.models.depth, _layer_count(self.models.actor_decoder),
+                 self.actor_engine.device, "on" if settings.bf16 else "off",
+                 settings.estimator.name, self.models.depth,
+                 _layer_count(self.models.actor_decoder),
                  "actor, reference and critic" if critic is not None else "actor and reference")
 
     @property
@@ -197,13 +200,13 @@ class PPOTrainer:
     @property
     def critic_module(self) -> ValueModel:
         if self.critic_engine is None:
-            raise ValueError(f"advantage {self.settings.advantage!r} trains no critic")
+            raise ValueError(f"advantage {self.settings.estimator.name!r} trains no critic")
         return self.critic_engine.module
 
     def group_params(self) -> GroupParams:
         """The critic-free estimator's parameters (its discount is gae.gamma_step)."""
         s = self.settings
-        return GroupParams(estimator=s.advantage, gamma_step=self.gae_params.gamma_step,
+        return GroupParams(estimator=s.estimator.name, gamma_step=self.gae_params.gamma_step,
                            norm_std=s.group_norm_std, step_weight=s.step_weight)
 
     def score(self, rows: list[dict[str, Any]], reuse_logprobs: bool = False) -> list[dict[str, Any]]:

@@ -199,6 +199,13 @@ class AlgoParams(Section):
     norm_std: bool = True  # divide by the group's std, not only subtract its mean
     step_weight: float = Field(1.0, ge=0.0)  # gigpo: weight of the anchor-state advantage
 
+    @property
+    def plays_groups(self) -> bool:
+        """Whether the estimator collects groups of whole episodes from one seed. The code asks
+        longturn/algo/estimator.py; params sits below algo and cannot import it, so
+        tests/test_estimator.py holds this and the `advantage` choices equal to its table."""
+        return self.advantage != "gae"
+
 
 class PPOParams(Section):
     """Losses, optimisers and engines of the PPO update (batch sizes count turns per rank)."""
@@ -359,7 +366,7 @@ class Params(Section):
 
     @model_validator(mode="after")
     def _groups_fill_the_slots(self) -> "Params":
-        if self.algo.advantage != "gae" and self.rollout.n_envs % self.algo.group_size:
+        if self.algo.plays_groups and self.rollout.n_envs % self.algo.group_size:
             raise ValueError(f"algo.advantage {self.algo.advantage} plays groups of "
                              f"algo.group_size ({self.algo.group_size}) episodes: rollout.n_envs "
                              f"({self.rollout.n_envs}) must be a multiple of it")

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import numpy as np
 
-from longturn.algo.group_advantages import needs_critic
 from longturn.algo.trainer import PPOTrainer
 from longturn.atomic import atomic_dir
 from longturn.params.config import Params
@@ -30,8 +29,8 @@ from longturn.run.metrics import MetricsLog
 from longturn.run.models import load_tokenizer
 from longturn.trajectories import write_turns
 from longturn.run.checkpoints import iteration_dir
-from longturn.run.wiring import (close_collector, file_metadata, gae_params, make_collector,
-                             score_and_write, trainer_settings)
+from longturn.run.wiring import (close_collector, estimator, file_metadata, gae_params,
+                                 make_collector, score_and_write, trainer_settings)
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +65,7 @@ def run_critic_warmup(params: Params, base: Path, out: Path, live_dir: Path, wor
     rank, _ = init_distributed(resolve_device(params.engine.device))
     if is_main_process():  # this run replaces it: a failure must not leave the old one looking new
         shutil.rmtree(out, ignore_errors=True)
-    if not needs_critic(params.algo.advantage):
+    if not estimator(params).has_critic:
         return write_no_critic_note(params, out, work_dir, live_dir)
     rows = collect_frozen(params, base, rank, progress)
     trainer = PPOTrainer(base, base, trainer_settings(params), gae_params(params),

@@ -1,6 +1,6 @@
-"""Params → the objects the stages run: trainer settings, GAE and group parameters, the
-collector the estimator and rollout mode need, the critic dir it reads, how a batch is scored,
-written and summarised, Parquet metadata, the resume fingerprint.
+"""Params → the objects the stages run: the estimator, trainer settings, GAE and group
+parameters, the collector the estimator and rollout mode need, the critic dir it reads, how a
+batch is scored, written and summarised, Parquet metadata, the resume fingerprint.
 
 The only place a params section is mapped onto library objects, so the train loop, the critic
 warm-up and the benches build them the same way.
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from longturn.algo.gae import GAEParams
-from longturn.algo.group_advantages import needs_critic
+from longturn.algo.estimator import Collection, Estimator
 from longturn.algo.trainer import PPOTrainer, TrainerSettings
 from longturn.rollout.fixed_turn_collector import FixedTurnCollector
 from longturn.params.config import Params
@@ -32,6 +32,11 @@ from longturn.trajectories import write_sequences, write_turns
 Collector = FixedTurnCollector | EpisodeGroupCollector | SequenceCollector
 
 
+def estimator(params: Params) -> Estimator:
+    """The estimator `algo.advantage` names: whether a critic exists, how batches are collected."""
+    return Estimator.named(params.algo.advantage)
+
+
 def trainer_settings(params: Params) -> TrainerSettings:
     """The trainer's settings from the ppo, algo, engine and seed sections."""
     p = params.ppo
@@ -46,7 +51,7 @@ def trainer_settings(params: Params) -> TrainerSettings:
         lora_r=p.lora_r, lora_alpha=p.lora_alpha, lora_layers=p.lora_layers,
         share_prefix=p.share_prefix, share_trunk=p.share_trunk,
         gradient_checkpointing=p.gradient_checkpointing, target_kl=p.target_kl,
-        device=params.engine.device, seed=params.seed, advantage=params.algo.advantage,
+        device=params.engine.device, seed=params.seed, estimator=estimator(params),
         group_norm_std=params.algo.norm_std, step_weight=params.algo.step_weight,
         whiten_advantages=True, weight_decay=0.0)  # the trainer's own choices, not params.yaml's
 
@@ -58,15 +63,15 @@ def gae_params(params: Params) -> GAEParams:
 
 
 def make_collector(params: Params, rank: int, run_id: str) -> Collector:
-    """Fixed-turn batches for GAE; whole episodes in groups for a critic-free estimator; in
-    sequence mode, whole token-sequence episodes (in groups when critic-free)."""
-    r, tasks = params.rollout, list(params.env.tasks)
+    """The estimator's collection: fixed-turn batches, or groups of whole episodes from one
+    seed; in sequence mode every episode is whole, in groups when the estimator plays groups."""
+    r, tasks, collection = params.rollout, list(params.env.tasks), estimator(params).collection
     if r.mode == "sequence":
-        group = 1 if needs_critic(params.algo.advantage) else params.algo.group_size
+        group = params.algo.group_size if collection is Collection.SEED_GROUPS else 1
         return SequenceCollector(SequenceRun.from_params(params), tasks, r.n_envs, group,
                                  params.seed, rank=rank, run_id=run_id)
     agent = AgentSettings.from_params(params)
-    if not needs_critic(params.algo.advantage):
+    if collection is Collection.SEED_GROUPS:
         return EpisodeGroupCollector(env_factory_from_params(params), tasks, r.n_envs,
                                      params.algo.group_size, agent, params.seed, rank=rank,
                                      run_id=run_id)
@@ -84,7 +89,7 @@ def close_collector(collector: Collector) -> None:
 
 def critic_dir(params: Params, warm: Path) -> Path | None:
     """The warm critic dir the estimator trains on, or None when it needs none."""
-    return warm if needs_critic(params.algo.advantage) else None
+    return warm if estimator(params).has_critic else None
 
 
 def file_metadata(params: Params, iteration: int) -> dict[str, Any]:
