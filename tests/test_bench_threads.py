@@ -23,6 +23,8 @@ NOT_THREADED = {  # why --threads makes no sense there
     "agent_prompts.py": "renders prompts, no torch compute",
     "compare_estimators.py": "runs DVC experiments in child stages (torch's own default there)",
     "gpu_campaign.py": "runs the other benches and stages as child processes",
+    "house_parity.py": "runs stages as child processes of two trees (torch's own default there, "
+                       "the same on both sides)",
     "tiny_model.py": "builds a 3M-parameter model once",
     "parse_speed.py": "times pure-Python parsers, no torch compute",
     "cpu_threads.py": "the option itself",
