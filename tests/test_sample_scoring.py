@@ -26,7 +26,11 @@ from longturn.algo.scoring import score_group_rows, score_rows
 from longturn.algo.sequence_scoring import score_sequences
 from longturn.errors import TrajectoryFileError
 from longturn.rollout.samples import samples_from_episodes, samples_from_turns
+from longturn.run.models import prepare_base_model
 from longturn.trajectories import write_samples, write_turns
+from longturn.vision.encoder import load_vision
+from longturn.vision.frames import to_png
+from vlm_fixtures import TOKENS_PER_IMAGE, build_tiny_llava
 
 PAD = 2
 GAE = GAEParams(gamma_step=0.9, lambda_step=0.8, gamma_token=0.99, lambda_token=0.95)
@@ -214,6 +218,64 @@ def test_grouped_episodes_match_score_sequences(models: ModelSet, estimator: str
     new = score_samples(samples_from_episodes(grouped_records()), models, Settings(), None,
                         group(estimator), PAD)
     assert_same(new, samples_from_episodes(old), gaps=False)
+
+
+@pytest.fixture(scope="module")
+def vision_models(smollm2_tokenizer_dir: str, tmp_path_factory) -> tuple[ModelSet, int]:
+    """The tiny LLaVA as the base-model stage leaves it, as actor, reference and critic with its
+    image side; and its `<image>` id."""
+    llava = build_tiny_llava(smollm2_tokenizer_dir, tmp_path_factory.mktemp("tiny_llava"))
+    base = str(prepare_base_model(str(llava), tmp_path_factory.mktemp("vlm") / "base"))
+    torch.manual_seed(5)
+    actor = AutoModelForCausalLM.from_pretrained(base).eval()
+    ref = copy.deepcopy(actor)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    critic = ValueModel.from_pretrained(base, head_std=0.5).eval()
+    vision = load_vision(base)
+    return ModelSet(actor, ref, critic, vision=vision), vision.image_token_id
+
+
+def with_frames(rec: dict[str, Any], image_id: int, seed: int) -> dict[str, Any]:
+    """A frame in the first context and one in the context after the first reply (both before
+    and inside the packed response)."""
+    rng = np.random.default_rng(seed)
+    ids, mask, starts, ends = [], [], [], []
+    cuts = [0, *rec["segment_ends"]]
+    for k, (s, e) in enumerate(zip(rec["segment_starts"], rec["segment_ends"])):
+        context = rec["input_ids"][cuts[k]:s]
+        if k < 2:
+            context = context[:1] + [image_id] * TOKENS_PER_IMAGE + context[1:]
+        ids += context
+        mask += [0] * len(context)
+        starts.append(len(ids))
+        ids += rec["input_ids"][s:e]
+        mask += [1] * (e - s)
+        ends.append(len(ids))
+    ids += rec["input_ids"][cuts[-1]:]
+    mask += [0] * (len(ids) - len(mask))
+    at = [i for i, t in enumerate(ids) if t == image_id][::TOKENS_PER_IMAGE]
+    pngs = [to_png(rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)) for _ in at]
+    engine = [0.0] * len(ids)
+    return {**rec, "input_ids": ids, "loss_mask": mask, "segment_starts": starts,
+            "segment_ends": ends, "engine_logprobs": engine, "images": pngs, "image_starts": at}
+
+
+def test_episodes_with_frames_match_score_sequences(vision_models) -> None:
+    """Frames in the prompt and inside the response; a cut-short episode is bootstrapped on
+    its final context with its frames."""
+    models, image_id = vision_models
+
+    def records() -> list[dict[str, Any]]:
+        return [with_frames(record(21, 2, True), image_id, 1),
+                with_frames(record(22, 3, False), image_id, 2)]
+
+    old = score_sequences(records(), models, Settings(), GAE, None, PAD)
+    new = score_samples(samples_from_episodes(records()), models, Settings(), GAE, None, PAD)
+    assert len(new[0]["images"]) == 2 and new[0]["image_starts"][1] > len(new[0]["prompt_ids"])
+    assert_same(new, samples_from_episodes(old), gaps=False)
+    assert new[0]["replies"][-1]["next_value"] is not None
 
 
 def test_a_packed_chain_stays_its_own() -> None:
