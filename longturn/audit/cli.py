@@ -2,11 +2,11 @@
 
 Every subcommand takes a run dir (default `data/train`; an evaluation dir such as
 `data/eval/final` where it makes sense) and prints plain text, or JSON with `--json`. A missing
-dir, a truncated or foreign Parquet file is one line on stderr and exit status 2; `gae` and `diff`
-exit 1 when they find a mismatch.
+dir, a truncated or foreign Parquet file, or one of schema version 1 is one line on stderr and
+exit status 2; `gae` and `diff` exit 1 when they find a mismatch.
 
-Sequence-mode files (one row per episode, `rollout.mode: sequence`) are read by summary, show, gae
-and sql (the view `turns` then holds episodes); episodes, plot and diff read turn-mode files only.
+Every subcommand reads samples of schema version 2 as one row per reply, so window samples (one
+reply each) and packed whole episodes (all their replies in one sample) are audited alike.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from typing import Sequence
 
 from longturn.audit.output import Output
 from longturn.audit.run_files import open_run
-from longturn.audit.sequences import refuse
 from longturn.errors import UserError
 
 DEFAULT_RUN = "data/train"
@@ -29,6 +28,7 @@ EXAMPLES = """examples:
   longturn audit show train-r0-e1-4 data/train --no-prompt
   longturn audit gae data/train
   longturn audit sql "SELECT iteration, action, count(*) FROM turns GROUP BY ALL ORDER BY 1"
+  longturn audit sql "SELECT episode_id, len(replies) FROM samples WHERE messages IS NOT NULL"
   longturn audit plot data/train --out audit-plots
   longturn audit diff data/train ../other-clone/data/train"""
 
@@ -43,29 +43,29 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     sub.add_parser("summary", parents=[run, common],
-                   help="iterations, turns, episodes, success, valid actions, termination "
-                        "reasons; per rank, per task and per iteration (sequence files: "
-                        "episodes, success, replies, tool calls, endings)")
+                   help="iterations, turns (replies), samples, episodes, success, valid "
+                        "actions, tool calls, termination reasons; per rank, per task and per "
+                        "iteration")
     ep = sub.add_parser("episodes", parents=[run, common],
-                        help="one row per episode, filtered (turn-mode files)")
+                        help="one row per episode (its replies, return, ending), filtered")
     ep.add_argument("--task", help="only this task")
     ep.add_argument("--success", choices=("yes", "no"), help="only successful (or other) episodes")
-    ep.add_argument("--min-length", type=int, help="at least this many turns")
-    ep.add_argument("--max-length", type=int, help="at most this many turns")
+    ep.add_argument("--min-length", type=int, help="at least this many turns (replies)")
+    ep.add_argument("--max-length", type=int, help="at most this many turns (replies)")
     ep.add_argument("--iteration", type=int, help="only episodes with a turn in this iteration")
     ep.add_argument("--limit", type=int, help="show at most this many rows")
 
     show = sub.add_parser("show", parents=[common],
-                          help="an episode's turns as the model saw them: prompt, THINK, ACTION, "
-                               "reward, value, advantage (sequence files: the conversation "
-                               "message by message, each reply's reward and advantage)")
+                          help="an episode as the model saw it: turn by turn (prompt, THINK, "
+                               "ACTION, reward, value, advantage), or, for a packed episode, its "
+                               "conversation message by message with each reply's reward and "
+                               "advantage")
     show.add_argument("episode_id", metavar="EPISODE_ID", help="as `episodes` lists them")
     show.add_argument("run_dir", nargs="?", default=DEFAULT_RUN, metavar="RUN_DIR", help=RUN_HELP)
     show.add_argument("--no-prompt", action="store_true", help="leave the prompts out")
-    show.add_argument("--frames", metavar="DIR", help="sequence files with image "
-                      "observations: write the episode's frames to DIR as PNG")
-    show.add_argument("--turn", type=int, help="only this turn of the episode (sequence files: "
-                                               "this reply, 0-based)")
+    show.add_argument("--frames", metavar="DIR", help="samples with image observations: write "
+                      "the episode's frames to DIR as PNG")
+    show.add_argument("--turn", type=int, help="only this turn (reply) of the episode, 0-based")
 
     gae = sub.add_parser("gae", parents=[run, common],
                          help="recompute advantages and returns from each file's own columns and "
@@ -74,22 +74,23 @@ def _parser(prog: str) -> argparse.ArgumentParser:
                      help="largest error that passes (default: %(default)g)")
 
     sql = sub.add_parser("sql", parents=[common],
-                         help="one read-only DuckDB SELECT over the views `turns` (and `episodes` "
-                              "of an eval dir); on sequence files `turns` holds one row per "
-                              "episode")
+                         help="one read-only DuckDB SELECT over the views `turns` (one row per "
+                              "reply), `samples` (one row per sample) and, for an eval dir, "
+                              "`episodes`")
     sql.add_argument("query", metavar="QUERY", help="e.g. \"SELECT action, count(*) FROM turns "
                                                     "GROUP BY 1\"; columns: docs/design.md §4, "
-                                                    "plus rank")
+                                                    "plus rank; in `turns` the reply's fields "
+                                                    "and per-token lists cut to the reply")
     sql.add_argument("run_dir", nargs="?", default=DEFAULT_RUN, metavar="RUN_DIR", help=RUN_HELP)
 
     plot = sub.add_parser("plot", parents=[run, common],
-                          help="PNGs: return and advantage distributions, action mix per iteration "
-                               "(turn-mode files)")
+                          help="PNGs: return and advantage distributions (per reply), action mix "
+                               "per iteration")
     plot.add_argument("--out", default="audit-plots", help="folder for the PNGs (default: %(default)s)")
 
     diff = sub.add_parser("diff", parents=[common],
-                          help="first iteration, rank and row where token ids differ (exit 1), "
-                               "or identical (turn-mode files)")
+                          help="first iteration, rank and sample where token ids differ (exit 1), "
+                               "or identical")
     diff.add_argument("run_a", metavar="RUN_A", help="a run dir (as RUN_DIR elsewhere)")
     diff.add_argument("run_b", metavar="RUN_B", help="the run dir to compare it with")
     return p
@@ -100,13 +101,8 @@ def _run(args: argparse.Namespace) -> Output:
     if command == "diff":
         from longturn.audit.diff import diff_runs
 
-        run_a, run_b = open_run(args.run_a), open_run(args.run_b)
-        refuse(run_a, command)
-        refuse(run_b, command)
-        return diff_runs(run_a, run_b)
+        return diff_runs(open_run(args.run_a), open_run(args.run_b))
     run = open_run(args.run_dir)
-    if command in ("episodes", "plot"):  # turn columns only
-        refuse(run, command)
     if command == "summary":
         from longturn.audit.summary import summarise
 

@@ -1,7 +1,9 @@
-"""`diff RUN_A RUN_B`: the first iteration (rank, row) where the token ids of two runs differ.
+"""`diff RUN_A RUN_B`: the first iteration (rank, sample) where the token ids of two runs differ.
 
-Two runs from the same params and seed must store the same prompt and response token ids turn for
-turn; the first place they part says which iteration (and which rank's rollout) to look at.
+Two runs from the same params and seed must store the same prompt and response token ids sample
+for sample; the first place they part says which iteration (and which rank's rollout) to look at.
+Whole samples are compared, not replies: in a packed episode a differing tool result sits between
+replies, and is named by the reply before it.
 """
 
 from __future__ import annotations
@@ -9,17 +11,18 @@ from __future__ import annotations
 from typing import Any
 
 from longturn.audit.output import Output
-from longturn.audit.run_files import Run, TurnFile, read_file, require_columns
+from longturn.audit.run_files import (Run, SampleFile, read_file, require_columns,
+                                     require_version)
 
 TOKENS = ("prompt_ids", "response_ids")
-CONTEXT = ("episode_id", "turn")
+CONTEXT = ("episode_id", "replies")
 
 
-def _key(turn_file: TurnFile) -> tuple[int, int]:
+def _key(sample_file: SampleFile) -> tuple[int, int]:
     """(iteration, rank) of a file; an evaluation file is iteration 0."""
-    name = turn_file.path.parent.name
+    name = sample_file.path.parent.name
     iteration = int(name.split("=", 1)[1]) if name.startswith("iteration=") else 0
-    return iteration, turn_file.rank
+    return iteration, sample_file.rank
 
 
 def _first_token_difference(a: list[int], b: list[int]) -> int:
@@ -29,12 +32,23 @@ def _first_token_difference(a: list[int], b: list[int]) -> int:
     return min(len(a), len(b))
 
 
-def _compare_files(a: TurnFile, b: TurnFile) -> dict[str, Any] | None:
+def _turn_at(replies: list[dict[str, Any]] | None, column: str, token: int) -> int | None:
+    """The episode turn of the reply holding response token `token`, or of the last reply
+    before it (the context after it); the first reply's for a prompt token."""
+    replies = replies or []
+    if not replies:
+        return None
+    before = [r for r in replies if r["start"] <= token] if column == "response_ids" else []
+    return (before[-1] if before else replies[0])["turn"]
+
+
+def _compare_files(a: SampleFile, b: SampleFile) -> dict[str, Any] | None:
     """The first differing row of two files, or None when their token ids match."""
     tables = []
-    for turn_file in (a, b):
-        require_columns(turn_file.path, (*TOKENS, *CONTEXT))
-        tables.append(read_file(turn_file.path, [*TOKENS, *CONTEXT]))
+    for sample_file in (a, b):
+        require_version(sample_file.path)
+        require_columns(sample_file.path, (*TOKENS, *CONTEXT))
+        tables.append(read_file(sample_file.path, [*TOKENS, *CONTEXT]))
     ta, tb = tables
     if ta.num_rows == tb.num_rows and all(ta.column(c).equals(tb.column(c)) for c in TOKENS):
         return None
@@ -42,9 +56,9 @@ def _compare_files(a: TurnFile, b: TurnFile) -> dict[str, Any] | None:
     for row, (ra, rb) in enumerate(zip(rows_a, rows_b)):
         for column in TOKENS:
             if ra[column] != rb[column]:
+                token = _first_token_difference(ra[column] or [], rb[column] or [])
                 return {"row": row, "column": column, "episode_id": ra["episode_id"],
-                        "turn": ra["turn"],
-                        "token": _first_token_difference(ra[column] or [], rb[column] or []),
+                        "turn": _turn_at(ra["replies"], column, token), "token": token,
                         "length_a": len(ra[column] or []), "length_b": len(rb[column] or [])}
     return {"row": min(len(rows_a), len(rows_b)), "column": "rows",
             "rows_a": len(rows_a), "rows_b": len(rows_b)}
@@ -55,10 +69,10 @@ def _describe(first: dict[str, Any]) -> str:
     if first["column"] == "file":
         return f"{where}: only in {first['only_in']}"
     if first["column"] == "rows":
-        return (f"{where}: the first {first['row']} rows match, then RUN_A has {first['rows_a']} "
-                f"rows and RUN_B {first['rows_b']}")
-    return (f"{where}, row {first['row']} (episode {first['episode_id']}, turn {first['turn']}): "
-            f"{first['column']} differ at token {first['token']} (lengths {first['length_a']} "
+        return (f"{where}: the first {first['row']} samples match, then RUN_A has "
+                f"{first['rows_a']} samples and RUN_B {first['rows_b']}")
+    return (f"{where}, sample {first['row']} (episode {first['episode_id']}, turn "
+            f"{first['turn']}): {first['column']} differ at token {first['token']} (lengths {first['length_a']} "
             f"and {first['length_b']})")
 
 

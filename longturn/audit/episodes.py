@@ -1,4 +1,6 @@
-"""`episodes RUN_DIR`: one row per episode, filtered by task, outcome, length or iteration."""
+"""`episodes RUN_DIR`: one row per episode, filtered by task, outcome, length or iteration. An
+episode's replies are its turns, whether each sat in its own sample (a history window) or all in
+one packed sample."""
 
 from __future__ import annotations
 
@@ -7,12 +9,13 @@ from dataclasses import dataclass
 import pandas as pd
 
 from longturn.audit.output import Output, table
-from longturn.audit.reasons import FLAG_COLUMNS, turn_reasons
-from longturn.audit.run_files import Run, read_turns
-from longturn.envs.termination import SUCCESS
+from longturn.audit.reasons import CONTINUES, FLAG_COLUMNS, turn_reasons
+from longturn.audit.replies import read_replies
+from longturn.audit.run_files import Run
+from longturn.envs.termination import ABORTED
 
 COLUMNS = ("iteration", "episode_id", "task", "turn", "step", "env_index", "action_valid",
-           "reward", "env_reward", *FLAG_COLUMNS)
+           "reward", "env_reward", "termination", *FLAG_COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -26,23 +29,31 @@ class EpisodeFilter:
     iteration: int | None = None
 
 
+def _mean(values: pd.Series) -> float:
+    """Mean of the non-null entries; NaN when none (tool or free-text replies parse no action)."""
+    numbers = pd.to_numeric(values, errors="coerce")
+    return float(numbers.mean()) if numbers.notna().any() else float("nan")
+
+
 def episode_table(run: Run) -> pd.DataFrame:
-    """Per episode: task, rank, iterations it spans, turns stored, return, validity, how it ended
-    (`continues` while the run still plays it)."""
-    frame = read_turns(run, COLUMNS, optional=("termination",))
+    """Per episode: task, rank, iterations it spans, turns (replies) stored, return, validity,
+    how it ended (`continues` while the run still plays it) and whether it succeeded."""
+    frame = read_replies(run, COLUMNS)
     frame["reason"] = turn_reasons(frame)
-    frame = frame.sort_values(["iteration", "rank", "step", "env_index"], kind="stable")
+    frame["iteration"] = frame["iteration"].fillna(0).astype(int)
+    frame = frame.sort_values(["iteration", "rank", "step", "env_index", "turn"], kind="stable")
     rows = []
     for episode_id, turns in frame.groupby("episode_id", sort=False):
         last = turns.iloc[-1]
+        ended = last["reason"] != CONTINUES and last["reason"] not in ABORTED
         rows.append({
             "episode_id": episode_id, "task": last["task"], "rank": int(last["rank"]),
             "first_iteration": int(turns["iteration"].min()),
             "last_iteration": int(turns["iteration"].max()),
             "length": len(turns), "return": float(turns["reward"].sum()),
-            "env_return": float(turns["env_reward"].sum()),
-            "valid_action_ratio": float(turns["action_valid"].mean()),
-            "success": last["reason"] == SUCCESS, "ended_by": last["reason"],
+            "env_return": float(pd.to_numeric(turns["env_reward"]).sum(min_count=1)),
+            "valid_action_ratio": _mean(turns["action_valid"]),
+            "success": bool(ended and last["success"]), "ended_by": last["reason"],
         })
     return pd.DataFrame(rows)
 

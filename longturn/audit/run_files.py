@@ -1,11 +1,12 @@
-"""Find and read the turn files of a run dir, turning every unreadable input into one named line.
+"""Find a run dir's sample files (schema v2, docs/design.md §4), turning every unreadable input
+into one named line.
 
 A run dir is a train output (`trajectories/iteration=NNNN/part-RR.parquet`), its `trajectories/`
 folder, one `iteration=NNNN` folder, an evaluation output (`turns.parquet`, `episodes.parquet`;
 before the evaluation has finished, the episodes in its journal `partial/`), or a single Parquet
-file. Every file's footer and columns are checked before anything is computed, so
-a truncated copy or a foreign file is reported by name instead of as a pyarrow traceback.
-Sequence-mode files (one row per episode) sit at the same paths; audit/sequences.py reads them.
+file. Every file's footer, schema version and columns are checked before anything is computed, so
+a truncated copy, a file of schema version 1 or a foreign file is reported by name instead of as a
+pyarrow traceback or a wrong number. audit/replies.py reads the checked files.
 """
 
 from __future__ import annotations
@@ -20,18 +21,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from longturn.errors import TrajectoryFileError, UserError
+from longturn.trajectories import require_samples
 
 _PART = re.compile(r"part-(\d+)\.parquet$")
 _ITERATION = re.compile(r"iteration=(\d+)$")
 
 
 class RunDirError(UserError):
-    """The run dir is missing or holds no turn files."""
+    """The run dir is missing or holds no sample files."""
 
 
 @dataclass(frozen=True)
-class TurnFile:
-    """One turn Parquet file and where it sits in the run."""
+class SampleFile:
+    """One sample Parquet file and where it sits in the run."""
 
     path: Path
     rank: int  # from part-RR.parquet; 0 for an evaluation's turns.parquet
@@ -39,11 +41,11 @@ class TurnFile:
 
 @dataclass(frozen=True)
 class Run:
-    """The turn files of one run dir, in (iteration dir, rank) order."""
+    """The sample files of one run dir, in (iteration dir, rank) order."""
 
     root: Path
     kind: str  # "train" or "eval"
-    files: tuple[TurnFile, ...]
+    files: tuple[SampleFile, ...]
     episodes_file: Path | None = None  # an evaluation's episodes.parquet, when present
 
 
@@ -59,7 +61,7 @@ def _parts_under(folder: Path) -> list[Path]:
 
 
 def _journal_parts(root: Path) -> list[Path]:
-    """The turn files of an evaluation that has not finished (its journal, `partial/`, or the
+    """The sample files of an evaluation that has not finished (its journal, `partial/`, or the
     journal dir itself): parts whose episode file is written, the ones a rerun keeps."""
     journal = root / "partial" if (root / "partial").is_dir() else root
     return [p for p in sorted(journal.glob("part-*.turns.parquet"))
@@ -67,7 +69,7 @@ def _journal_parts(root: Path) -> list[Path]:
 
 
 def open_run(path: str | Path) -> Run:
-    """The run at `path`; raises RunDirError naming the path when it holds no turn files."""
+    """The run at `path`; raises RunDirError naming the path when it holds no sample files."""
     root = Path(path)
     if not root.exists():
         raise RunDirError(f"{root}: no such file or directory")
@@ -75,20 +77,20 @@ def open_run(path: str | Path) -> Run:
         if root.suffix != ".parquet":
             raise RunDirError(f"{root}: not a Parquet file or run directory")
         kind = "train" if _PART.search(root.name) else "eval"
-        return Run(root, kind, (TurnFile(root, _rank(root)),))
+        return Run(root, kind, (SampleFile(root, _rank(root)),))
     if (root / "turns.parquet").is_file():
         episodes = root / "episodes.parquet"
-        return Run(root, "eval", (TurnFile(root / "turns.parquet", 0),),
+        return Run(root, "eval", (SampleFile(root / "turns.parquet", 0),),
                    episodes if episodes.is_file() else None)
     journaled = _journal_parts(root)
     if journaled:
-        return Run(root, "eval", tuple(TurnFile(p, 0) for p in journaled))
+        return Run(root, "eval", tuple(SampleFile(p, 0) for p in journaled))
     trajectories = root / "trajectories"
     parts = _parts_under(trajectories if trajectories.is_dir() else root)
     if not parts:
-        raise RunDirError(f"{root}: no turn Parquet files (expected "
+        raise RunDirError(f"{root}: no sample Parquet files (expected "
                           "trajectories/iteration=NNNN/part-RR.parquet or turns.parquet)")
-    return Run(root, "train", tuple(TurnFile(p, _rank(p)) for p in parts))
+    return Run(root, "train", tuple(SampleFile(p, _rank(p)) for p in parts))
 
 
 def _first_sentence(err: Exception) -> str:
@@ -106,20 +108,42 @@ def schema_of(path: Path) -> pa.Schema:
 
 
 def require_columns(path: Path, columns: Iterable[str]) -> pa.Schema:
-    """The schema of `path` after checking that it has every column of `columns`."""
+    """The schema of `path` after checking that it has every column of `columns`; a name
+    `replies.FIELD` is a field of the replies struct."""
     schema = schema_of(path)
     for column in columns:
-        if column not in schema.names:
+        name, _, field = column.partition(".")
+        if name not in schema.names or (field and field not in _struct_fields(schema, name)):
             raise TrajectoryFileError(f"{path}: column '{column}' is missing (not a longturn "
-                                      "turn file, or written by another program)")
+                                      "sample file, or written by another program)")
     return schema
 
 
-def check_run(run: Run, required: Iterable[str]) -> None:
-    """Every turn file of the run readable and holding the required columns."""
+def _struct_fields(schema: pa.Schema, name: str) -> set[str]:
+    """The field names of a list<struct> column (none for any other type)."""
+    kind = schema.field(name).type
+    if pa.types.is_list(kind) and pa.types.is_struct(kind.value_type):
+        return {f.name for f in kind.value_type}
+    return set()
+
+
+def require_version(path: Path) -> None:
+    """A readable file of schema version 2; a file of version 1 (one row per turn or per episode,
+    before one sample schema) is one line saying to rerun the stage that wrote it."""
+    schema_of(path)  # a truncated file is named as such, not as a file without a version
+    require_samples(path)
+
+
+def check_run(run: Run, required: Iterable[str], *, versioned: bool = True) -> None:
+    """Every file of the run readable, of schema version 2 and holding the required columns.
+    `versioned` False lets a Parquet file without longturn metadata through (sql reads any
+    Parquet); a file that names another version is still refused."""
     required = tuple(required)
-    for turn_file in run.files:
-        require_columns(turn_file.path, required)
+    for sample_file in run.files:
+        schema = schema_of(sample_file.path)
+        if versioned or b"longturn.schema_version" in (schema.metadata or {}):
+            require_version(sample_file.path)
+        require_columns(sample_file.path, required)
 
 
 def read_file(path: Path, columns: list[str], filters: list | None = None) -> pa.Table:
@@ -128,22 +152,3 @@ def read_file(path: Path, columns: list[str], filters: list | None = None) -> pa
         return pq.read_table(path, columns=columns, filters=filters)
     except (pa.ArrowException, OSError) as err:
         raise TrajectoryFileError(f"{path}: unreadable Parquet data: {_first_sentence(err)}") from None
-
-
-def read_turns(run: Run, required: Iterable[str], optional: Iterable[str] = (),
-               filters: list | None = None) -> pd.DataFrame:
-    """The turns of every file as one frame with a `rank` column (and the optional columns the
-    files have), rows in file order."""
-    required = list(dict.fromkeys(required))
-    frames = []
-    for turn_file in run.files:
-        names = require_columns(turn_file.path, required).names
-        columns = required + [c for c in optional if c in names and c not in required]
-        frame = read_file(turn_file.path, columns, filters).to_pandas()
-        frame["rank"] = turn_file.rank
-        frames.append(frame)
-    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    for column in optional:
-        if column not in frame.columns:
-            frame[column] = None
-    return frame

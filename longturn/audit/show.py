@@ -1,28 +1,33 @@
-"""`show EPISODE_ID RUN_DIR`: an episode's turns as the model saw them, with what training made of
-each: prompt, THINK, ACTION, the executed action, reward, value, advantage, return."""
+"""`show EPISODE_ID RUN_DIR`: an episode's replies as the model saw them, with what training made
+of each. A sample that keeps its conversation (a packed whole episode) is shown message by
+message (audit/conversation.py); window samples turn by turn: prompt, THINK, ACTION, the executed
+action, reward, value, advantage, return."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from longturn.audit.conversation import show_conversation
+from longturn.audit.frames import write_frames
 from longturn.audit.output import Output
 from longturn.audit.reasons import FLAG_COLUMNS, turn_reasons
-from longturn.audit.run_files import Run, read_turns
-from longturn.audit.sequences import is_sequence_run, show_sequence_episode
+from longturn.audit.replies import read_replies
+from longturn.audit.run_files import Run
 from longturn.errors import UserError
 from longturn.reply_format import parse_reply
 
-REQUIRED = ("episode_id", "turn", "prompt_text", "response_text", "action", "action_valid",
-            "reward", *FLAG_COLUMNS)
-OPTIONAL = ("iteration", "step", "task", "raw_action", "action_failure", "env_reward",
-            "values", "advantages", "returns", "next_value", "finish_reason", "history_dropped",
-            "termination")
+COLUMNS = ("episode_id", "turn", "prompt_text", "response_text", "action", "action_valid",
+           "reward", "iteration", "step", "task", "raw_action", "action_failure", "env_reward",
+           "values", "advantages", "returns", "next_value", "finish_reason", "history_dropped",
+           "termination", "start", "end", "episode_seed", "prompt_ids", "messages", "images",
+           "tool_calls", "tool_errors", "tokenization_check", *FLAG_COLUMNS)
 
 
 class EpisodeNotFound(UserError):
-    """No turn of the run carries the asked episode id."""
+    """No sample of the run carries the asked episode id (or the asked turn)."""
 
 
 def split_reply(text: str) -> tuple[str, str]:
@@ -32,7 +37,7 @@ def split_reply(text: str) -> tuple[str, str]:
 
 
 def _first(values: Any) -> float | None:
-    """Entry 0 of a per-token list (V(state), A and return at the first response token)."""
+    """Entry 0 of a reply's per-token slice (V(state), A and return at its first token)."""
     if values is None or len(values) == 0:
         return None
     return float(values[0])
@@ -44,6 +49,7 @@ def _number(value: Any) -> str:
 
 def turn_record(row: dict[str, Any]) -> dict[str, Any]:
     think, action_text = split_reply(row["response_text"] or "")
+    images = row["images"] if row["images"] is not None else []
     return {
         "iteration": row["iteration"], "rank": row["rank"], "step": row["step"],
         "turn": row["turn"], "prompt": row["prompt_text"], "response": row["response_text"],
@@ -53,7 +59,7 @@ def turn_record(row: dict[str, Any]) -> dict[str, Any]:
         "value": _first(row["values"]), "advantage": _first(row["advantages"]),
         "return": _first(row["returns"]), "next_value": row["next_value"],
         "ended_by": row["reason"], "finish_reason": row["finish_reason"],
-        "history_dropped": row["history_dropped"],
+        "history_dropped": row["history_dropped"], "images": len(images),
     }
 
 
@@ -64,6 +70,8 @@ def _render(turn: dict[str, Any], with_prompt: bool) -> str:
     lines = [f"── turn {turn['turn']} ({where}) " + "─" * 20]
     if with_prompt:
         lines += ["PROMPT:", turn["prompt"] or ""]
+        if turn["images"]:
+            lines.append(f"({turn['images']} image observation(s) in this prompt)")
     reply = turn["response"] or ""
     if "ACTION:" in reply or "THINK:" in reply:
         lines += [f"THINK: {turn['think']}", f"ACTION: {turn['action_text']}"]
@@ -78,25 +86,38 @@ def _render(turn: dict[str, Any], with_prompt: bool) -> str:
     return "\n".join(lines)
 
 
-def show_episode(run: Run, episode_id: str, with_prompt: bool = True,
-                 turn: int | None = None, frames_dir: str | None = None) -> Output:
-    if is_sequence_run(run):  # one row per episode: its conversation, reply by reply
-        return show_sequence_episode(run, episode_id, with_prompt, turn, frames_dir)
-    if frames_dir is not None:
-        raise UserError("--frames: turn-mode files keep no image observations (sequence mode "
-                        "with a vision-language model does)")
-    frame = read_turns(run, REQUIRED, OPTIONAL, filters=[("episode_id", "==", episode_id)])
-    if frame.empty:
-        raise EpisodeNotFound(f"{run.root}: no turns of episode '{episode_id}' (list them with "
-                              "`longturn audit episodes`)")
-    frame["reason"] = turn_reasons(frame)
-    frame = frame.sort_values(["turn"], kind="stable")
+def _show_turns(frame: pd.DataFrame, where: str, with_prompt: bool, turn: int | None,
+                frames_dir: str | Path | None) -> Output:
+    episode_id = frame["episode_id"].iloc[0]
+    frame = frame.sort_values(["iteration", "turn"], kind="stable")
     head = (f"episode {episode_id} · task {frame['task'].iloc[0]} · {len(frame)} turn(s) stored · "
             f"return {frame['reward'].sum():.4f} · {frame['reason'].iloc[-1]}")
     if turn is not None:
         frame = frame[frame["turn"] == turn]
         if frame.empty:
-            raise EpisodeNotFound(f"{run.root}: episode '{episode_id}' has no turn {turn}")
-    turns = [turn_record(r) for r in frame.to_dict(orient="records")]
-    text = "\n".join([head, *(_render(t, with_prompt) for t in turns)])
-    return Output(text, {"episode_id": episode_id, "turns": turns})
+            raise EpisodeNotFound(f"{where}: episode '{episode_id}' has no turn {turn}")
+    rows = frame.to_dict(orient="records")
+    turns = [turn_record(r) for r in rows]
+    written: list[Path] = []
+    if frames_dir is not None:  # each turn's prompt holds the frames of its history window
+        for row in rows:
+            if row["images"] is not None:
+                written += write_frames(row["images"], f"{episode_id}-t{row['turn']}", frames_dir)
+    text = "\n".join([head, *(_render(t, with_prompt) for t in turns)]
+                     + ([f"wrote {len(written)} frame(s) to {frames_dir}"] if written else []))
+    return Output(text, {"episode_id": episode_id, "turns": turns,
+                         "frames": [str(p) for p in written]})
+
+
+def show_episode(run: Run, episode_id: str, with_prompt: bool = True,
+                 turn: int | None = None, frames_dir: str | Path | None = None) -> Output:
+    frame = read_replies(run, COLUMNS, filters=[("episode_id", "==", episode_id)])
+    if frame.empty:
+        raise EpisodeNotFound(f"{run.root}: no replies of episode '{episode_id}' (list them "
+                              "with `longturn audit episodes`)")
+    frame["reason"] = turn_reasons(frame)
+    conversation = frame[frame["messages"].notna()]
+    if not conversation.empty:  # a packed episode: its last sample with the conversation
+        sample = conversation[conversation["sample"] == conversation["sample"].max()]
+        return show_conversation(sample, str(run.root), with_prompt, turn, frames_dir)
+    return _show_turns(frame, str(run.root), with_prompt, turn, frames_dir)

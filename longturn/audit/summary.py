@@ -1,64 +1,104 @@
-"""`summary RUN_DIR`: what a run holds and how its episodes ended, overall, per rank, per iteration."""
+"""`summary RUN_DIR`: what a run holds and how its episodes ended, overall, per rank, per task and
+per iteration. One reading for every sample: counts are of replies ("turns"), samples and
+episodes; a packed whole episode ends on its last reply like a window episode on its last turn.
+Tool calls and the tokenization check are shown where the samples carry them."""
 
 from __future__ import annotations
+
+import math
 
 import pandas as pd
 
 from longturn.audit.output import Output, table
-from longturn.audit.reasons import FLAG_COLUMNS, ORDER, reason_counts, turn_reasons
-from longturn.audit.run_files import Run, read_turns
-from longturn.audit.sequences import is_sequence_run, summarise_sequences
-from longturn.envs.termination import ABORTED, SUCCESS
+from longturn.audit.reasons import FLAG_COLUMNS, reason_counts, turn_reasons
+from longturn.audit.replies import read_replies
+from longturn.audit.run_files import Run
+from longturn.envs.termination import ABORTED
 
-COLUMNS = ("iteration", "episode_id", "task", "action_valid", "reward", *FLAG_COLUMNS)
+COLUMNS = ("iteration", "episode_id", "task", "action_valid", "reward", "termination",
+           *FLAG_COLUMNS)
+SAMPLE_COLUMNS = ("tool_calls", "tool_errors", "tokenization_check")
 
 
-def _stats(group: pd.DataFrame) -> dict[str, float | int]:
-    """Counts of one group of turns; success rate over episodes that ended on their own."""
+def _ratio(top: float, bottom: float) -> float:
+    return top / bottom if bottom else float("nan")
+
+
+def _stats(group: pd.DataFrame, tools: bool) -> dict[str, float | int]:
+    """Counts of one group of replies; success rate over episodes that ended on their own (the
+    success flag of their last reply), tool calls over the group's samples."""
     counts = reason_counts(group["reason"])
-    ended = sum(n for r, n in counts.items() if r != "continues")
-    decided = ended - sum(counts.get(r, 0) for r in ABORTED)
-    return {"turns": len(group), "episodes": int(group["episode_id"].nunique()), "ended": ended,
-            "success_rate": counts[SUCCESS] / decided if decided else float("nan"),
-            "valid_action_ratio": float(group["action_valid"].mean()),
-            "mean_reward": float(group["reward"].mean()), **counts}
+    ended = group["reason"] != "continues"
+    decided = ended & ~group["reason"].isin(ABORTED)
+    successes = int((decided & group["success"].fillna(False).astype(bool)).sum())
+    valid = pd.to_numeric(group["action_valid"], errors="coerce")  # null on tool/free-text replies
+    out: dict[str, float | int] = {
+        "turns": len(group), "samples": int(group["sample"].nunique()),
+        "episodes": int(group["episode_id"].nunique()), "ended": int(ended.sum()),
+        "successes": successes, "success_rate": _ratio(successes, int(decided.sum())),
+        "valid_action_ratio": float(valid.mean()) if valid.notna().any() else float("nan"),
+        "mean_reward": float(group["reward"].mean()),
+    }
+    if tools:
+        samples = group.drop_duplicates("sample")
+        calls = float(samples["tool_calls"].fillna(0).sum())
+        errors = float(samples["tool_errors"].fillna(0).sum())
+        out.update(tool_calls=int(calls),
+                   tool_calls_per_episode=_ratio(calls, out["episodes"]),
+                   tool_call_validity=_ratio(calls - errors, calls))
+    return {**out, **counts}
 
 
-def _by(frame: pd.DataFrame, key: str) -> pd.DataFrame:
-    rows = [{key: value.item() if hasattr(value, "item") else value, **_stats(group)}
+def _by(frame: pd.DataFrame, key: str, tools: bool) -> pd.DataFrame:
+    rows = [{key: value.item() if hasattr(value, "item") else value, **_stats(group, tools)}
             for value, group in frame.groupby(key, sort=True)]
     return pd.DataFrame(rows)
 
 
+def _number(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.3f}"
+
+
 def summarise(run: Run) -> Output:
-    if is_sequence_run(run):  # one row per episode: episode counts, no turn flags
-        return summarise_sequences(run)
-    frame = read_turns(run, COLUMNS, optional=("termination",))
+    frame = read_replies(run, (*COLUMNS, *SAMPLE_COLUMNS))
     frame["reason"] = turn_reasons(frame)
-    overall = _stats(frame)
+    frame["iteration"] = frame["iteration"].fillna(0).astype(int)
+    tools = bool(frame["tool_calls"].notna().any())
+    overall = _stats(frame, tools)
     iterations = sorted(int(i) for i in frame["iteration"].unique())
     ranks = sorted(int(r) for r in frame["rank"].unique())
-    by_rank, by_iteration, by_task = (_by(frame, k) for k in ("rank", "iteration", "task"))
+    by_rank, by_iteration, by_task = (_by(frame, k, tools) for k in ("rank", "iteration", "task"))
+    checks = frame.drop_duplicates("sample")["tokenization_check"].dropna()
+    tokenization = {str(k): int(v) for k, v in checks.value_counts().sort_index().items()}
     data = {"run": str(run.root), "kind": run.kind, "files": len(run.files),
             "iterations": iterations, "ranks": ranks,
             "tasks": sorted(str(t) for t in frame["task"].unique()), "overall": overall,
+            "tokenization_check": tokenization,
             "per_rank": by_rank, "per_iteration": by_iteration, "per_task": by_task}
     span = f" ({iterations[0]}..{iterations[-1]})" if iterations else ""
-    successes = overall[SUCCESS]
     decided = overall["ended"] - sum(overall.get(r, 0) for r in ABORTED)
-    reasons = " · ".join(f"{r} {overall[r]}" for r in ORDER)
-    text = "\n".join([
+    reasons = " · ".join(f"{r} {n}" for r, n in reason_counts(frame["reason"]).items())
+    lines = [
         f"run: {run.root} ({run.kind}, {len(run.files)} file(s))",
         f"iterations: {len(iterations)}{span}   ranks: {len(ranks)}   "
         f"tasks: {', '.join(data['tasks'])}",
-        f"turns: {overall['turns']}   episodes: {overall['episodes']} "
-        f"({overall['ended']} ended, {overall['episodes'] - overall['ended']} still running)",
-        f"success: {successes}/{decided} episodes that ended on their own"
-        + (f" ({successes / decided:.3f})" if decided else ""),
-        f"valid-action ratio: {overall['valid_action_ratio']:.3f}   "
+        f"turns (replies): {overall['turns']} in {overall['samples']} sample(s)   episodes: "
+        f"{overall['episodes']} ({overall['ended']} ended, "
+        f"{overall['episodes'] - overall['ended']} still running)",
+        f"success: {overall['successes']}/{decided} episodes that ended on their own"
+        + (f" ({overall['successes'] / decided:.3f})" if decided else ""),
+        f"valid-action ratio: {_number(overall['valid_action_ratio'])}   "
         f"mean reward per turn: {overall['mean_reward']:.4f}",
-        f"termination reasons (turns): {reasons}",
-        "", "per rank:", table(by_rank), "", "per task:", table(by_task),
-        "", "per iteration:", table(by_iteration),
-    ])
-    return Output(text, data)
+    ]
+    if tools:
+        lines.append(f"tool calls: {overall['tool_calls']} "
+                     f"({overall['tool_calls_per_episode']:.2f} per episode)   "
+                     f"tool-call validity: {_number(overall['tool_call_validity'])}")
+    lines.append(f"termination reasons (turns): {reasons}")
+    if tokenization:
+        lines.append("tokenization check: "
+                     + " · ".join(f"{k} {n}" for k, n in tokenization.items()))
+    lines += ["", "per rank:", table(by_rank), "", "per task:", table(by_task),
+              "", "per iteration:", table(by_iteration)]
+    return Output("\n".join(lines), data)
+
