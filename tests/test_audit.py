@@ -66,7 +66,8 @@ def play(rank: int, rng: np.random.Generator) -> dict[int, list[dict[str, Any]]]
             turns[iteration].append({
                 "run_id": "test", "policy_version": f"p{iteration}", "iteration": iteration,
                 "env_index": slot, "env_name": "babyai", "task": "goto",
-                "episode_id": f"train-r{rank}-e{slot}-{n}", "episode_seed": 100 * rank + 10 * slot + n,
+                "episode_id": f"train-r{rank}-e{slot}-{n}",
+                "episode_seed": 100 * rank + 10 * slot + n,
                 "turn": t, "step": step,
                 "prompt_ids": [1, 10 + slot, 20 + t, 30 + n, 40 + rank],
                 "response_ids": [200 + k * 4 + j for j in range(size)],
@@ -223,7 +224,8 @@ def test_episodes_table_and_filters(train_run, capsys):
     by_id = {e["episode_id"]: e for e in episodes}
     for episode_id, group in turns.groupby("episode_id"):
         assert by_id[episode_id]["return"] == pytest.approx(group["reward"].sum(), abs=1e-5)
-        assert by_id[episode_id]["valid_action_ratio"] == pytest.approx(group["action_valid"].mean())
+        assert by_id[episode_id]["valid_action_ratio"] == pytest.approx(
+            group["action_valid"].mean())
     spanning = by_id["train-r0-e0-0"]  # turns 0-2 in iteration 0, its time limit in 1
     assert (spanning["first_iteration"], spanning["last_iteration"], spanning["length"],
             spanning["ended_by"], spanning["success"]) == (0, 1, 4, "time_limit", False)
@@ -357,7 +359,8 @@ def test_diff_finds_the_first_differing_sample(train_run, capsys, tmp_path):
             first["episode_id"], first["turn"]) == (
         1, 0, 2, "response_ids", 1, row["episode_id"], row["replies"][0]["turn"])
     shutil.rmtree(copy / "trajectories/iteration=0002")
-    code, out, _ = audit(capsys, "diff", str(train_run), str(train_run / "trajectories/iteration=0000"))
+    code, out, _ = audit(capsys, "diff", str(train_run),
+                         str(train_run / "trajectories/iteration=0000"))
     assert code == 1 and "iteration 0, rank 1" not in out and "iteration 1, rank 0: only in" in out
 
 

@@ -1,10 +1,13 @@
-"""`longturn audit` on sequence-mode files (one row per episode), built by hand without a model:
-episodes of two replies around a tool call, scored with the same rule as training
-(sequence_advantages), written with write_sequences and the metadata training writes."""
+"""`longturn audit` on packed whole episodes (one sample holding all of an episode's replies),
+built by hand without a model: episodes of two replies around a tool call, laid out as the
+whole-episode rollout records them, converted with sample_from_episode, scored with the rule
+training uses (sample_advantages) and written with write_samples and the metadata training
+writes. Every subcommand reads them, episodes, plot and diff included."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -15,20 +18,24 @@ import pytest
 
 from longturn.algo.gae import GAEParams
 from longturn.algo.group_advantages import GroupParams
-from longturn.algo.sequence_scoring import ADVANTAGE_INPUTS, sequence_advantages
+from longturn.algo.reply_chains import ADVANTAGE_INPUTS, sample_advantages
 from longturn.audit.cli import main
-from longturn.trajectories import write_sequences
+from longturn.rollout.samples import sample_from_episode
+from longturn.trajectories import write_samples
+from longturn.vision.frames import to_png
 
 GAE = {"gamma_step": 0.9, "lambda_step": 0.95, "gamma_token": 1.0, "lambda_token": 1.0}
 ALGO = {"advantage": "gae", "group_size": 2, "norm_std": True, "step_weight": 1.0}
 SYSTEM = "You are a careful assistant. " * 5 + "Use the calculator."
+PROMPT = 6  # tokens before the first reply
 
 
 def episode(rng: np.random.Generator, n: int, *, task: str, success: bool,
             reward_after: list[float], termination: str = "done", tool_errors: int = 0,
             critic: bool = True, group_id: str | None = None) -> dict[str, Any]:
-    """prompt (6 tokens) · reply 0 · close · tool result · reply 1 · close, as packing lays it."""
-    ids, mask, starts, ends = list(range(100, 106)), [0] * 6, [], []
+    """An episode record: prompt (6 tokens) · reply 0 · close · tool result · reply 1 · close,
+    every per-token list as long as its whole sequence, as the whole-episode rollout lays it."""
+    ids, mask, starts, ends = list(range(100, 100 + PROMPT)), [0] * PROMPT, [], []
     lengths = (3 + n % 2, 4)
     for k, length in enumerate(lengths):
         if k:  # the tool result between the replies: context
@@ -66,22 +73,22 @@ def episode(rng: np.random.Generator, n: int, *, task: str, success: bool,
     }
 
 
-def score(records: list[dict[str, Any]], algo: dict[str, Any]) -> None:
-    """Advantages and returns as score_sequences fills them."""
-    columns = {k: [r.get(k) for r in records] for k in ADVANTAGE_INPUTS}
+def score(samples: list[dict[str, Any]], algo: dict[str, Any]) -> None:
+    """Advantages and returns as scoring fills them (one rule: algo/reply_chains.py)."""
+    columns = {k: [s[k] for s in samples] for k in ADVANTAGE_INPUTS}
     if algo["advantage"] == "gae":
         gae, group = GAEParams(**GAE), None
     else:
         gae, group = None, GroupParams.from_algo(algo, GAE["gamma_step"])
-    advantages, returns = sequence_advantages(columns, gae, group)
-    for record, a, r in zip(records, advantages, returns):
-        record["advantages"] = a.astype(np.float32).tolist()
-        record["returns"] = r.astype(np.float32).tolist()
+    advantages, returns = sample_advantages(columns, gae, group)
+    for sample, a, r in zip(samples, advantages, returns):
+        sample["advantages"] = a.astype(np.float32).tolist()
+        sample["returns"] = r.astype(np.float32).tolist()
 
 
 def write_run(root: Path, algo: dict[str, Any]) -> dict[int, list[dict[str, Any]]]:
     """Iteration 0: three episodes (one cut short by the reply limit, one with a failed tool
-    call); iteration 1: one. Returns the records by iteration."""
+    call); iteration 1: one. Returns the samples by iteration."""
     rng = np.random.default_rng(7)
     critic = algo["advantage"] == "gae"
     by_iteration = {
@@ -98,20 +105,24 @@ def write_run(root: Path, algo: dict[str, Any]) -> dict[int, list[dict[str, Any]
     if not critic:  # a group of one is degenerate: give iteration 1 its own pair
         by_iteration[1].append(episode(rng, 5, task="lookup", success=False,
                                        reward_after=[0.0, 0.0], critic=False, group_id="g1"))
+    samples_by_iteration = {}
     for iteration, records in by_iteration.items():
         for r in records:
             r["iteration"] = iteration
-        score(records, algo)
+        samples = [sample_from_episode(r) for r in records]
+        score(samples, algo)
         metadata = {**GAE, "algo": algo, "model": "none", "engine": "hf",
                     "iteration": iteration}
-        write_sequences(records, root / f"trajectories/iteration={iteration:04d}/part-00.parquet",
-                        metadata)
-    return by_iteration
+        write_samples(samples, root / f"trajectories/iteration={iteration:04d}/part-00.parquet",
+                      metadata)
+        samples_by_iteration[iteration] = samples
+    return samples_by_iteration
 
 
-@pytest.fixture()
-def run(tmp_path: Path) -> tuple[Path, dict[int, list[dict[str, Any]]]]:
-    return tmp_path / "run", write_run(tmp_path / "run", ALGO)
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, list[dict[str, Any]]]]:
+    root = tmp_path_factory.mktemp("packed") / "run"
+    return root, write_run(root, ALGO)
 
 
 def audit(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -126,15 +137,28 @@ def audit_json(capsys: pytest.CaptureFixture[str], *args: str) -> Any:
     return json.loads(out)
 
 
-def test_the_file_is_a_sequence_file(run):
+def _rewrite(part: Path, column: str, change) -> None:
+    """Rewrite one column of a file in place, keeping its metadata (version, discounts, algo)."""
+    table = pq.read_table(part)
+    values = change(table.column(column).to_pylist())
+    field = table.schema.field(column)
+    pq.write_table(table.set_column(table.schema.get_field_index(column), field,
+                                    pa.array(values, type=field.type)), part)
+
+
+def test_the_file_holds_one_packed_sample_per_episode(run):
     root, _ = run
     part = root / "trajectories/iteration=0000/part-00.parquet"
     meta = pq.read_schema(part).metadata
-    assert meta[b"longturn.mode"] == b"sequence" and pq.read_metadata(part).num_rows == 3
+    assert meta[b"longturn.schema_version"] == b"2" and b"longturn.mode" not in meta
+    table = pq.read_table(part)
+    assert table.num_rows == 3
+    assert [len(r) for r in table.column("replies").to_pylist()] == [2, 2, 2]
+    assert table.column("env_index").null_count == 3  # packed: no env slot
 
 
-def test_gae_recomputes_sequence_files_and_catches_a_tampered_one(run, capsys):
-    root, _ = run
+def test_gae_recomputes_packed_files_and_catches_a_tampered_one(run, capsys, tmp_path):
+    root, samples = run
     data = audit_json(capsys, "gae", str(root))
     assert data["ok"] and len(data["files"]) == 2
     assert [f["iteration"] for f in data["files"]] == [0, 1]
@@ -142,48 +166,53 @@ def test_gae_recomputes_sequence_files_and_catches_a_tampered_one(run, capsys):
     code, text, _ = audit(capsys, "gae", str(root))
     assert code == 0 and "— OK at tolerance" in text
 
-    part = root / "trajectories/iteration=0000/part-00.parquet"
-    table = pq.read_table(part)  # keeps the metadata (mode, discounts, algo)
-    advantages = table.column("advantages").to_pylist()
-    start = table.column("segment_starts").to_pylist()[1][1]
-    advantages[1][start] += 0.5
-    column = pa.array(advantages, type=table.schema.field("advantages").type)
-    pq.write_table(table.set_column(table.schema.get_field_index("advantages"), "advantages",
-                                    column), part)
-    code, text, _ = audit(capsys, "gae", str(root))
+    tampered = tmp_path / "tampered"
+    shutil.copytree(root, tampered)
+    part = tampered / "trajectories/iteration=0000/part-00.parquet"
+    start = samples[0][1]["replies"][1]["start"]
+
+    def shift(advantages):
+        advantages[1][start] += 0.5
+        return advantages
+
+    _rewrite(part, "advantages", shift)
+    code, text, _ = audit(capsys, "gae", str(tampered))
     assert code == 1 and "MISMATCH" in text and "iteration=0000" in text
-    data = json.loads(audit(capsys, "gae", str(root), "--json")[1])
+    data = json.loads(audit(capsys, "gae", str(tampered), "--json")[1])
     assert data["worst"]["max_abs_error"] == pytest.approx(0.5, abs=1e-5)
     assert data["worst"]["iteration"] == 0
 
 
-def test_gae_on_critic_free_sequence_files(tmp_path, capsys):
+def test_gae_on_critic_free_packed_files(tmp_path, capsys):
     algo = {**ALGO, "advantage": "grpo"}
-    by_iteration = write_run(tmp_path / "grpo", algo)
-    assert by_iteration[0][0]["values"] is None
-    advantages = [a for r in by_iteration[0] for a in r["advantages"]]
+    samples = write_run(tmp_path / "grpo", algo)
+    assert samples[0][0]["values"] is None
+    advantages = [a for s in samples[0] for a in s["advantages"]]
     assert max(map(abs, advantages)) > 0.1  # the group's rewards differ: something to check
     data = audit_json(capsys, "gae", str(tmp_path / "grpo"))
     assert data["ok"] and data["worst"]["max_abs_error"] < 1e-5
 
 
-def test_gae_on_an_unscored_sequence_file_is_one_line(tmp_path, capsys):
+def test_gae_on_an_unscored_packed_file_is_one_line(tmp_path, capsys):
     record = episode(np.random.default_rng(0), 1, task="arith", success=True,
                      reward_after=[0.0, 1.0])
     for key in ("values", "token_rewards", "advantages", "returns", "bootstrap_value"):
         record[key] = None
-    write_sequences([record], tmp_path / "eval/turns.parquet", {"policy_version": "p0"})
+    write_samples([sample_from_episode(record)], tmp_path / "eval/turns.parquet",
+                  {"policy_version": "p0"})
     code, _, err = audit(capsys, "gae", str(tmp_path / "eval"))
     assert code == 2 and err.count("\n") == 1 and "gamma_step" in err
 
 
 def test_show_renders_the_conversation_reply_by_reply(run, capsys):
-    root, by_iteration = run
-    record = by_iteration[0][1]  # ep-2: cut short, bootstrapped
+    root, samples = run
+    sample = samples[0][1]  # ep-2: cut short, bootstrapped
     data = audit_json(capsys, "show", "ep-2", str(root))
     assert (data["task"], data["episode_seed"], data["iteration"]) == ("arith", 42, 0)
     assert data["termination"] == "max_assistant_turns" and data["truncated"] is True
     assert data["bootstrap_value"] == pytest.approx(0.3)
+    assert data["reward"] == pytest.approx(0.1)
+    assert (data["prompt_tokens"], data["sampled_tokens"]) == (PROMPT, 7)
     assert [m["role"] for m in data["messages"]] == ["system", "user", "assistant", "tool",
                                                      "assistant"]
     assert [m["reply"] for m in data["messages"]] == [None, None, 0, None, 1]
@@ -191,11 +220,13 @@ def test_show_renders_the_conversation_reply_by_reply(run, capsys):
     replies = data["replies"]
     assert [r["tokens"] for r in replies] == [3, 4]
     assert [r["reward"] for r in replies] == pytest.approx([0.1, 0.0])
-    for reply, start in zip(replies, record["segment_starts"]):
-        assert reply["start"] == start
-        assert reply["value"] == pytest.approx(record["values"][start])
-        assert reply["advantage"] == pytest.approx(record["advantages"][start])
-        assert reply["return"] == pytest.approx(record["returns"][start])
+    for reply, stored in zip(replies, sample["replies"]):
+        start = stored["start"]
+        assert reply["start"] == start and reply["end"] == stored["end"]
+        assert reply["value"] == pytest.approx(sample["values"][start])
+        assert reply["advantage"] == pytest.approx(sample["advantages"][start])
+        assert reply["return"] == pytest.approx(sample["returns"][start])
+    assert replies[1]["start"] == 3 + 1 + 3  # reply 0, its closing, the tool result
     assert replies[0]["advantage"] != 0.0
 
     code, text, _ = audit(capsys, "show", "ep-2", str(root))
@@ -207,74 +238,138 @@ def test_show_renders_the_conversation_reply_by_reply(run, capsys):
     assert "── assistant · reply 1 · 4 tokens" in text
     assert "── tool (calculator)" in text and "RESULT-4" in text
     assert SYSTEM in text
-    first = record["segment_starts"][0]
-    assert (f"reward after it 0.1000 · V {record['values'][first]:.4f} · advantage "
-            f"{record['advantages'][first]:.4f} · return {record['returns'][first]:.4f}") in text
+    assert (f"reward after it 0.1000 · V {sample['values'][0]:.4f} · advantage "
+            f"{sample['advantages'][0]:.4f} · return {sample['returns'][0]:.4f}") in text
 
 
 def test_show_without_prompt_and_one_reply(run, capsys):
-    root, by_iteration = run
+    root, samples = run
     code, text, _ = audit(capsys, "show", "ep-1", str(root), "--no-prompt")
     assert code == 0 and SYSTEM not in text and "What is 1 + 2?" not in text
     assert "reply 0" in text and "RESULT-3" in text
     data = audit_json(capsys, "show", "ep-1", str(root), "--turn", "1")
     assert [r["reply"] for r in data["replies"]] == [1]
     assert [m["role"] for m in data["messages"]] == ["tool", "assistant"]  # since reply 0
-    record = by_iteration[0][0]
+    sample = samples[0][0]
     assert data["replies"][0]["advantage"] == pytest.approx(
-        record["advantages"][record["segment_starts"][1]])
+        sample["advantages"][sample["replies"][1]["start"]])
     code, _, err = audit(capsys, "show", "ep-1", str(root), "--turn", "5")
     assert code == 2 and "no reply 5" in err
     code, _, err = audit(capsys, "show", "no-such-episode", str(root))
     assert code == 2 and err.count("\n") == 1 and "no-such-episode" in err
 
 
-def test_summary_counts_episodes(run, capsys):
+def test_show_writes_the_frames_as_stored(tmp_path, capsys):
+    record = episode(np.random.default_rng(1), 1, task="arith", success=True,
+                     reward_after=[0.0, 1.0])
+    frames = [to_png(np.full((4, 4, 3), k * 60, dtype=np.uint8)) for k in range(2)]
+    record.update(images=frames, image_starts=[1, 3])
+    write_samples([sample_from_episode(record)], tmp_path / "eval/turns.parquet", {})
+    data = audit_json(capsys, "show", "ep-1", str(tmp_path / "eval"), "--frames",
+                      str(tmp_path / "frames"))
+    assert data["images"] == 2
+    assert [Path(p).read_bytes() for p in data["frames"]] == frames
+    assert [Path(p).name for p in data["frames"]] == ["ep-1-0.png", "ep-1-1.png"]
+
+
+def test_summary_counts_replies_episodes_and_tool_calls(run, capsys):
     root, _ = run
     data = audit_json(capsys, "summary", str(root))
-    assert data["mode"] == "sequence" and data["iterations"] == [0, 1]
-    assert data["tasks"] == ["arith", "lookup"]
+    assert data["iterations"] == [0, 1] and data["tasks"] == ["arith", "lookup"]
     overall = data["overall"]
-    assert (overall["episodes"], overall["successes"]) == (4, 2)
+    assert (overall["turns"], overall["samples"], overall["episodes"]) == (8, 4, 4)
+    assert (overall["ended"], overall["successes"]) == (4, 2)
     assert overall["success_rate"] == pytest.approx(0.5)
-    assert overall["mean_reward"] == pytest.approx((1.1 + 0.1 - 0.2 + 1.0) / 4)
-    assert overall["mean_replies"] == pytest.approx(2.0)
-    assert overall["tool_calls_per_episode"] == pytest.approx(1.0)
+    assert overall["mean_reward"] == pytest.approx((1.1 + 0.1 - 0.2 + 1.0) / 8)
+    assert overall["valid_action_ratio"] is None  # tool calls, no parsed env actions
+    assert (overall["tool_calls"], overall["tool_calls_per_episode"]) == (4, pytest.approx(1.0))
     assert overall["tool_call_validity"] == pytest.approx(0.75)
-    assert (overall["done"], overall["max_assistant_turns"], overall["max_user_turns"],
-            overall["token_budget"]) == (3, 1, 0, 0)
-    assert data["tokenization_check"]["identical"] == 4
+    assert (overall["done"], overall["max_assistant_turns"], overall["continues"]) == (3, 1, 4)
+    assert data["tokenization_check"] == {"identical": 4}
     assert [(r["iteration"], r["episodes"]) for r in data["per_iteration"]] == [(0, 3), (1, 1)]
     per_task = {r["task"]: r for r in data["per_task"]}
     assert per_task["lookup"]["tool_call_validity"] == pytest.approx(0.5)
+    assert [per_task[t]["max_assistant_turns"] for t in ("lookup", "arith")] == [0, 1]
     assert per_task["arith"]["success_rate"] == pytest.approx(0.5)
     code, text, _ = audit(capsys, "summary", str(root))
-    assert code == 0 and "sequence mode" in text and "success: 2/4 (0.500)" in text
-    assert "tool-call validity: 0.750" in text
-    assert "termination: done 3 · max_assistant_turns 1" in text
+    assert code == 0 and "success: 2/4 episodes that ended on their own (0.500)" in text
+    assert "turns (replies): 8 in 4 sample(s)" in text
+    assert "tool-call validity: 0.750" in text and "valid-action ratio: -" in text
+    assert "done 3 · max_assistant_turns 1" in text and "tokenization check: identical 4" in text
     assert "per iteration:" in text and "per task:" in text
 
 
-@pytest.mark.parametrize("args", [["episodes"], ["plot", "--out", "PLOTS"], ["diff", "RUN"]])
-def test_turn_only_commands_refuse_sequence_files(run, capsys, tmp_path, args):
-    root, _ = run
-    argv = [a.replace("PLOTS", str(tmp_path / "plots")) for a in args]
-    argv = [*argv[:1], str(root), *(str(root) if a == "RUN" else a for a in argv[1:])]
-    code, out, err = audit(capsys, *argv)
-    assert code == 2 and out == "" and err.count("\n") == 1
-    assert "sequence-mode" in err and f"`{args[0]}` reads turn-mode files" in err
-    assert "summary, show, gae, sql" in err
-    assert not (tmp_path / "plots").exists()
+def test_episodes_over_packed_samples(run, capsys):
+    root, samples = run
+    episodes = {e["episode_id"]: e for e in audit_json(capsys, "episodes", str(root))}
+    assert sorted(episodes) == ["ep-1", "ep-2", "ep-3", "ep-4"]
+    for sample in (s for rows in samples.values() for s in rows):
+        listed = episodes[sample["episode_id"]]
+        assert listed["length"] == len(sample["replies"]) == 2
+        assert listed["return"] == pytest.approx(sum(r["reward"] for r in sample["replies"]))
+        assert listed["first_iteration"] == listed["last_iteration"] == sample["iteration"]
+    assert (episodes["ep-2"]["ended_by"], episodes["ep-2"]["success"]) == (
+        "max_assistant_turns", False)
+    assert (episodes["ep-1"]["ended_by"], episodes["ep-1"]["success"]) == ("done", True)
+    assert episodes["ep-1"]["valid_action_ratio"] is None and episodes["ep-1"]["env_return"] is None
+    won = audit_json(capsys, "episodes", str(root), "--success", "yes")
+    assert sorted(e["episode_id"] for e in won) == ["ep-1", "ep-4"]
+    later = audit_json(capsys, "episodes", str(root), "--iteration", "1", "--task", "lookup")
+    assert [e["episode_id"] for e in later] == ["ep-4"]
 
 
-def test_sql_over_sequence_files(run, capsys):
+def test_plot_over_packed_samples(run, capsys, tmp_path):
     root, _ = run
+    data = audit_json(capsys, "plot", str(root), "--out", str(tmp_path / "plots"))
+    assert sorted(Path(p).name for p in data["written"]) == ["advantages.png", "returns.png"]
+    assert data["skipped"] == ["action_mix.png"]  # tool-call replies execute no env action
+    for path in data["written"]:
+        assert Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    code, text, _ = audit(capsys, "plot", str(root), "--out", str(tmp_path / "plots"))
+    assert code == 0 and "skipped action_mix.png: no executed actions" in text
+
+
+def test_diff_names_a_changed_tool_result_by_the_reply_before_it(run, capsys, tmp_path):
+    root, samples = run
+    copy = tmp_path / "copy"
+    shutil.copytree(root, copy)
+    assert audit_json(capsys, "diff", str(root), str(copy))["identical"]
+    part = copy / "trajectories/iteration=0000/part-00.parquet"
+    at = samples[0][2]["replies"][0]["end"] + 2  # inside the tool result after reply 0
+
+    def change(ids):
+        ids[2][at] += 1
+        return ids
+
+    _rewrite(part, "response_ids", change)
+    code, out, _ = audit(capsys, "diff", str(root), str(copy), "--json")
+    first = json.loads(out)["first_difference"]
+    assert code == 1
+    assert (first["iteration"], first["row"], first["column"], first["token"], first["episode_id"],
+            first["turn"]) == (0, 2, "response_ids", at, "ep-3", 0)
+    code, out, _ = audit(capsys, "diff", str(root), str(copy))
+    assert f"sample 2 (episode ep-3, turn 0): response_ids differ at token {at}" in out
+
+
+def test_sql_over_packed_samples(run, capsys):
+    root, samples = run
     rows = audit_json(capsys, "sql", "SELECT iteration, rank, count(*) AS n, "
-                      "sum(tool_errors) AS e, sum(len(segment_starts)) AS replies FROM turns "
-                      "GROUP BY ALL ORDER BY 1",
-                      str(root))
+                      "sum(tool_errors) AS e, sum(len(replies)) AS replies FROM samples "
+                      "GROUP BY ALL ORDER BY 1", str(root))
     assert rows == [{"iteration": 0, "rank": 0, "n": 3, "e": 1, "replies": 6},
                     {"iteration": 1, "rank": 0, "n": 1, "e": 0, "replies": 2}]
+    replies = audit_json(capsys, "sql", "SELECT episode_id, turn, len(response_ids) AS k, "
+                         "reward, \"values\"[1] AS v FROM turns ORDER BY episode_id, turn",
+                         str(root))
+    every = [(s["episode_id"], r) for rows_ in samples.values() for s in rows_
+             for r in s["replies"]]
+    assert [(r["episode_id"], r["turn"], r["k"]) for r in replies] == [
+        (e, r["turn"], r["end"] - r["start"]) for e, r in sorted(every, key=lambda x: x[0])]
+    assert [r["v"] for r in replies[:2]] == pytest.approx(
+        [samples[0][0]["values"][r["start"]] for r in samples[0][0]["replies"]])
+    sampled = audit_json(capsys, "sql", "SELECT sum(len(response_ids)) AS k FROM turns", str(root))
+    assert sampled == [{"k": sum(sum(s["loss_mask"]) for rows_ in samples.values()
+                                 for s in rows_)}]
     rows = audit_json(capsys, "sql", "SELECT count(*) AS n FROM turns WHERE truncated",
                       str(root / "trajectories/iteration=0000/part-00.parquet"))
     assert rows == [{"n": 1}]

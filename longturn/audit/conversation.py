@@ -90,8 +90,9 @@ def show_conversation(sample: pd.DataFrame, where: str, with_prompt: bool = True
     replies = every
     if turn is not None:
         if turn not in by_turn:
+            span = f"{every[0]['reply']}..{every[-1]['reply']}"
             raise ReplyNotFound(f"{where}: episode '{episode_id}' has no reply {turn} "
-                                f"({len(every)} replies: {every[0]['reply']}..{every[-1]['reply']})")
+                                f"({len(every)} replies: {span})")
         after, until = at.get(turn - 1, -1), at.get(turn + 1, len(messages))
         shown = [m for m in shown if after < m["index"] < until]
         replies = [by_turn[turn]]

@@ -72,8 +72,8 @@ def _describe(first: dict[str, Any]) -> str:
         return (f"{where}: the first {first['row']} samples match, then RUN_A has "
                 f"{first['rows_a']} samples and RUN_B {first['rows_b']}")
     return (f"{where}, sample {first['row']} (episode {first['episode_id']}, turn "
-            f"{first['turn']}): {first['column']} differ at token {first['token']} (lengths {first['length_a']} "
-            f"and {first['length_b']})")
+            f"{first['turn']}): {first['column']} differ at token {first['token']} (lengths "
+            f"{first['length_a']} and {first['length_b']})")
 
 
 def diff_runs(run_a: Run, run_b: Run) -> Output:

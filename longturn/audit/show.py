@@ -90,8 +90,8 @@ def _show_turns(frame: pd.DataFrame, where: str, with_prompt: bool, turn: int | 
                 frames_dir: str | Path | None) -> Output:
     episode_id = frame["episode_id"].iloc[0]
     frame = frame.sort_values(["iteration", "turn"], kind="stable")
-    head = (f"episode {episode_id} · task {frame['task'].iloc[0]} · {len(frame)} turn(s) stored · "
-            f"return {frame['reward'].sum():.4f} · {frame['reason'].iloc[-1]}")
+    head = (f"episode {episode_id} · task {frame['task'].iloc[0]} · {len(frame)} turn(s) "
+            f"stored · return {frame['reward'].sum():.4f} · {frame['reason'].iloc[-1]}")
     if turn is not None:
         frame = frame[frame["turn"] == turn]
         if frame.empty:
