@@ -28,6 +28,7 @@ from longturn.rollout.samples import sample_from_turn
 from longturn.run.eval_journal import PARTIAL, EvalJournal
 from longturn.trajectories import (SAMPLE_SCHEMA, SCHEMA_VERSION, file_metadata, write_episodes,
                                    write_samples, write_turns)
+from longturn.vision.frames import to_png
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -384,6 +385,27 @@ def test_an_evaluation_dir(eval_run, capsys):
     assert plotted["skipped"] == ["returns.png", "advantages.png"]
     code, _, err = audit(capsys, "gae", str(eval_run))
     assert code == 2 and "turns.parquet" in err and "gamma_step" in err
+
+
+def test_show_writes_each_turns_frames(tmp_path, capsys):
+    """Window samples with image observations: each turn's prompt holds the frames of its
+    history window, written as `<episode>-t<turn>-<k>.png`, the bytes as stored."""
+    frames = [to_png(np.full((4, 4, 3), 40 * k, dtype=np.uint8)) for k in range(3)]
+    samples = [sample_from_turn({
+        "episode_id": "eval-goto-0", "task": "goto", "iteration": 0, "env_index": 0,
+        "turn": t, "step": t, "prompt_ids": [1, 2, 3], "response_ids": [5, 6],
+        "prompt_text": f"see {t}", "response_text": "THINK: x. ACTION: left", "action": "left",
+        "action_valid": True, "reward": 0.0, "images": frames[:t + 1],
+        "image_starts": list(range(t + 1))}) for t in range(2)]
+    write_samples(samples, tmp_path / "eval/turns.parquet", {})
+    data = audit_json(capsys, "show", "eval-goto-0", str(tmp_path / "eval"), "--frames",
+                      str(tmp_path / "frames"))
+    assert [t["images"] for t in data["turns"]] == [1, 2]
+    assert [Path(p).name for p in data["frames"]] == [
+        "eval-goto-0-t0-0.png", "eval-goto-0-t1-0.png", "eval-goto-0-t1-1.png"]
+    assert [Path(p).read_bytes() for p in data["frames"]] == [frames[0], *frames[:2]]
+    code, text, _ = audit(capsys, "show", "eval-goto-0", str(tmp_path / "eval"))
+    assert code == 0 and "(2 image observation(s) in this prompt)" in text
 
 
 def test_an_evaluation_that_died_is_read_from_its_journal(eval_run, tmp_path, capsys):
