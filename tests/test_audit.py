@@ -408,6 +408,16 @@ def test_show_writes_each_turns_frames(tmp_path, capsys):
     assert code == 0 and "(2 image observation(s) in this prompt)" in text
 
 
+def test_samples_without_a_task_are_counted(tmp_path, capsys):
+    """A gymnasium env has no task name: its samples still count, under task None."""
+    samples = [sample_from_turn({"episode_id": "gym-0", "turn": t, "step": t, "env_index": 0,
+                                 "response_ids": [5], "reward": 1.0, "action": "0",
+                                 "action_valid": True}) for t in range(2)]
+    write_samples(samples, tmp_path / "eval/turns.parquet", {})
+    data = audit_json(capsys, "summary", str(tmp_path / "eval"))
+    assert [(r["task"], r["turns"]) for r in data["per_task"]] == [(None, 2)]
+
+
 def test_an_evaluation_that_died_is_read_from_its_journal(eval_run, tmp_path, capsys):
     """Killed after two episodes: the audit reads the journal's parts (a part whose episode
     file was never written does not count)."""

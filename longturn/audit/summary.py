@@ -51,10 +51,11 @@ def _stats(group: pd.DataFrame, tools: bool) -> dict[str, float | int]:
 
 def _by(frame: pd.DataFrame, key: str, tools: bool) -> pd.DataFrame:
     rows = [{key: value.item() if hasattr(value, "item") else value, **_stats(group, tools)}
-            for value, group in frame.groupby(key, sort=True)]
+            for value, group in frame.groupby(key, sort=True, dropna=False)]
     table_ = pd.DataFrame(rows)
-    reasons = list(reason_counts(frame["reason"]))  # a reason one group lacks counts 0 there
-    table_[reasons] = table_[reasons].fillna(0).astype(int)
+    if len(table_):  # a reason one group lacks counts 0 there
+        reasons = list(reason_counts(frame["reason"]))
+        table_[reasons] = table_[reasons].fillna(0).astype(int)
     return table_
 
 
