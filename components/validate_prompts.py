@@ -20,7 +20,7 @@ from longturn.run.models import check_model_dir, load_tokenizer
 from longturn.rollout.sequence_metrics import json_safe
 from longturn.run.sequence_validation import (render_sequence_report, sequence_gate_failures,
                                          validate_sequence_tasks)
-from longturn.trajectories import write_sequences, write_table
+from longturn.trajectories import write_samples, write_table
 from longturn.run.validation import (PASSED_MARKER, PASSED_TEXT, GateFailed, gate_failures,
                                  validate_task)
 from longturn.run.validation_report import render_report
@@ -56,7 +56,7 @@ def body(args, params) -> int:
     meta = {"sampling": sampling.__dict__}
     samples = [s for r in results for s in r.samples]
     if sequence:
-        write_sequences(samples, out / "samples.parquet", meta)
+        write_samples(samples, out / "samples.parquet", meta)
     else:
         write_table(samples, out / "samples.parquet", None, meta)
     metrics = {"tasks": {r.task: json_safe(r.metrics) for r in results}, "passed": not failures,

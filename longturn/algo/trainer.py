@@ -28,7 +28,7 @@ import torch.distributed as dist
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM
 
-from longturn.algo.batches import read_training_batch
+from longturn.algo.batches import read_sample_batch
 from longturn.algo.critic import ValueModel
 from longturn.algo.gae import GAEParams
 from longturn.algo.estimator import Estimator
@@ -37,8 +37,7 @@ from longturn.algo.lora import apply_lora, merge_and_save, merged_state_dict
 from longturn.algo.model_set import ModelSet
 from longturn.algo.ppo_steps import Engines, UpdateStats, batch_stats, minibatch_step, schedule
 from longturn.algo.rng_state import load_rng_states, save_rng_states
-from longturn.algo.scoring import score_group_rows, score_rows
-from longturn.algo.sequence_scoring import score_sequences
+from longturn.algo.sample_scoring import score_samples
 from longturn.atomic import atomic_dir
 from longturn.device import resolve_device
 from longturn.distributed import (all_reduce_tensor, barrier, init_distributed, is_main_process,
@@ -209,32 +208,23 @@ class PPOTrainer:
         return GroupParams(estimator=s.estimator.name, gamma_step=self.gae_params.gamma_step,
                            norm_std=s.group_norm_std, step_weight=s.step_weight)
 
-    def score(self, rows: list[dict[str, Any]], reuse_logprobs: bool = False) -> list[dict[str, Any]]:
-        """Fill old/ref logprobs, values, next_value, token_rewards, advantages, returns
-        (``reuse_logprobs``: keep the old/ref logprobs rows already have; see score_rows).
+    def score(self, samples: list[dict[str, Any]],
+              reuse_logprobs: bool = False) -> list[dict[str, Any]]:
+        """Fill the training columns of this rank's samples (algo/sample_scoring.py): logprobs,
+        values, token rewards, advantages, returns and each reply's next_value, whatever context
+        the samples were played with (``reuse_logprobs``: keep the old/ref logprobs they carry).
         Critic-free: values and next_value stay empty, advantages come from the groups."""
-        self.actor_engine.eval()
-        if self.critic_engine is None:
-            return score_group_rows(rows, self.models, self.settings, self.group_params(),
-                                    self.pad_id, self.progress)
-        self.critic_engine.eval()
-        return score_rows(rows, self.models, self.settings, self.gae_params, self.pad_id,
-                          reuse_logprobs, self.progress)
-
-    def score_sequences(self, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Sequence mode: fill the training columns of whole episodes (algo/sequence_scoring.py),
-        GAE over model tokens with a critic, else the group estimator with replies as turns."""
         self.actor_engine.eval()
         if self.critic_engine is not None:
             self.critic_engine.eval()
-            return score_sequences(records, self.models, self.settings, self.gae_params, None,
-                                   self.pad_id, self.progress)
-        return score_sequences(records, self.models, self.settings, None, self.group_params(),
-                               self.pad_id, self.progress)
+        gae, group = ((self.gae_params, None) if self.settings.has_critic
+                      else (None, self.group_params()))
+        return score_samples(samples, self.models, self.settings, gae, group, self.pad_id,
+                             reuse_logprobs, self.progress)
 
     def update(self, parquet_paths: list[str], train_actor: bool = True) -> dict[str, float]:
-        """One PPO update from this rank's Parquet files (turn or sequence mode, as their
-        metadata says); scalars averaged over ranks.
+        """One PPO update from this rank's sample files (docs/design.md §4); scalars averaged
+        over ranks.
 
         `train_actor=False` updates the critic only (critic warm-up: the actor never moves).
 
@@ -249,7 +239,7 @@ class PPOTrainer:
         # group advantages are already normalised within their groups: whitening them again over
         # the batch's tokens would shift every one by a token-weighted mean (longer turns count
         # more) and undo the group baseline
-        batch = read_training_batch(parquet_paths, whiten=s.whiten_advantages and s.has_critic,
+        batch = read_sample_batch(parquet_paths, whiten=s.whiten_advantages and s.has_critic,
                                 values=s.has_critic)
         self._check_same_size(len(batch))
         stats = UpdateStats()

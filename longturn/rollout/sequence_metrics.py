@@ -1,4 +1,4 @@
-"""What a batch of sequence-mode episodes says: success, reward, replies, tool-call validity,
+"""What a batch of whole-episode samples (docs/design.md §4) says: success, reward, replies, tool-call validity,
 image observations, why episodes ended and how the tokenization check went; summed over ranks
 in training.
 
@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from longturn.rollout.sequence_episode import REASONS
+from longturn.rollout.sequence_episode import REASONS, TOKEN_BUDGET
 from longturn.stats import wilson_interval
 
 OUTCOMES = ("identical", "same_text", "strippable", "skipped")
@@ -22,23 +22,31 @@ _SUMS = ("episodes", "successes", "reward", "assistant_turns", "user_turns", "to
          "tool_errors", "tokens", "model_tokens", "images")
 
 
-def _totals(records: list[dict[str, Any]]) -> dict[str, float]:
+def _totals(samples: list[dict[str, Any]]) -> dict[str, float]:
     out = dict.fromkeys(_SUMS, 0.0)
-    for r in records:
+    for s in samples:
+        replies = s["replies"] or []
         out["episodes"] += 1
-        out["successes"] += bool(r.get("success"))
-        out["reward"] += float(r["reward"])
+        out["successes"] += bool(replies and replies[-1]["success"])
+        out["reward"] += float(sum(r["reward"] or 0.0 for r in replies))
         for key in ("assistant_turns", "user_turns", "tool_calls", "tool_errors"):
-            out[key] += int(r[key])
-        out["tokens"] += len(r["input_ids"])
-        out["model_tokens"] += int(sum(r["loss_mask"]))
-        out["images"] += len(r.get("images") or [])
+            out[key] += int(s[key] or 0)
+        out["tokens"] += len(s["prompt_ids"]) + len(s["response_ids"])
+        out["model_tokens"] += int(sum(s["loss_mask"]))
+        out["images"] += len(s.get("images") or [])
     for reason in REASONS:
-        out[f"termination/{reason}"] = float(sum(r["termination"] == reason for r in records))
+        out[f"termination/{reason}"] = float(sum(ending(s) == reason for s in samples))
     for outcome in OUTCOMES:
-        out[f"tokenization/{outcome}"] = float(sum((r.get("tokenization_check") or "skipped")
-                                                   == outcome for r in records))
+        out[f"tokenization/{outcome}"] = float(sum((s.get("tokenization_check") or "skipped")
+                                                   == outcome for s in samples))
     return out
+
+
+def ending(sample: dict[str, Any]) -> str:
+    """Why a whole episode ended: its last reply says; an episode with no reply never had room
+    for one (its first messages filled the token budget)."""
+    replies = sample["replies"]
+    return replies[-1]["termination"] if replies else TOKEN_BUDGET
 
 
 def json_safe(metrics: dict[str, Any]) -> dict[str, Any]:
@@ -46,13 +54,13 @@ def json_safe(metrics: dict[str, Any]) -> dict[str, Any]:
     return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in metrics.items()}
 
 
-def sequence_metrics(records: list[dict[str, Any]],
+def sequence_metrics(samples: list[dict[str, Any]],
                      sum_over_ranks: Callable[[np.ndarray], np.ndarray] | None = None
                      ) -> dict[str, Any]:
     """Rates and means over these episodes (every rank's with `sum_over_ranks`), the success
     rate with its Wilson 95 % interval, and the counts. `tool_call_validity` is the share of
     tool calls that ran (not malformed, unknown or failing): NaN when no call was made."""
-    totals = _totals(records)
+    totals = _totals(samples)
     keys = sorted(totals)
     values = np.array([totals[k] for k in keys], dtype=np.float64)
     if sum_over_ranks is not None:

@@ -17,7 +17,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from longturn.atomic import write_json
 from longturn.params.config import Params
@@ -30,8 +32,9 @@ from longturn.rollout.env_slots import AgentSettings, EpisodeJob, env_factory_fr
 from longturn.engines.registry import make_engine, sampling_from_params
 from longturn.run.sequence_evaluation import evaluate_sequences
 from longturn.stats import standard_error, wilson_interval
-from longturn.trajectories import (TURN_SCHEMA, file_metadata, write_arrow, write_episodes,
-                                   write_turns)
+from longturn.rollout.samples import samples_from_turns
+from longturn.trajectories import (SAMPLE_SCHEMA, SCHEMA_VERSION, file_metadata, write_arrow,
+                                   write_episodes, write_samples)
 
 log = logging.getLogger(__name__)
 
@@ -101,16 +104,20 @@ def evaluate(engine: Engine, tokenizer: Any, params: Params, out_dir: str | Path
     meta = {"policy_version": policy_version, "sampling": sampling.__dict__,
             "env": params.env.model_dump(), "prompt": params.prompt.model_dump()}
     journal = EvalJournal.open(out, evaluation_key(params, policy_version, run_id, model_dir),
-                               TURN_SCHEMA, file_metadata(meta),
+                               SAMPLE_SCHEMA, file_metadata(meta, version=SCHEMA_VERSION),
                                flush_every=math.ceil(e.parallel_envs / 8))
+
+    def finished(episode: dict[str, Any], turns: list[dict[str, Any]]) -> None:
+        journal.add(episode, samples_from_turns(turns))
+
     if len(journal.finished) < len(jobs):
         play_episodes(engine, tokenizer, env_factory_from_params(params), jobs, e.parallel_envs,
                       sampling, AgentSettings.from_params(params), extra=extra,
-                      progress=progress, on_episode=journal.add,
+                      progress=progress, on_episode=finished,
                       finished={i: ep["length"] for i, ep in journal.finished.items()})
         journal.flush()
     episodes = journal.episodes([job.episode_id for job in jobs])
-    turns = journal.turns().sort_by([("step", "ascending"), ("env_index", "ascending")])
+    turns = in_lock_step_order(journal.turns())
     metrics = metrics_by_task(episodes, tasks)
     write_outputs(out, metrics, episodes, turns, meta)
     journal.remove()
@@ -121,6 +128,14 @@ def evaluate(engine: Engine, tokenizer: Any, params: Params, out_dir: str | Path
     return metrics
 
 
+def in_lock_step_order(samples: pa.Table) -> pa.Table:
+    """Window samples (one reply each) by lock-step, then env slot: the order they were played."""
+    step = pc.struct_field(pc.list_element(samples["replies"], 0), "step")
+    order = np.lexsort((samples["env_index"].to_numpy(zero_copy_only=False),
+                        step.to_numpy(zero_copy_only=False)))
+    return samples.take(pa.array(order))
+
+
 def write_outputs(out: Path, metrics: dict[str, Any], episodes: list[dict[str, Any]],
                   turns: pa.Table | list[dict[str, Any]], meta: dict[str, Any]) -> None:
     """metrics.json, episodes.parquet, turns.parquet: smallest first, and each tried even when
@@ -128,9 +143,9 @@ def write_outputs(out: Path, metrics: dict[str, Any], episodes: list[dict[str, A
     first error is raised after the last write. `turns`: a table in its final schema, or rows."""
     def write_turn_file() -> None:
         if isinstance(turns, pa.Table):
-            write_arrow(turns, out / "turns.parquet", file_metadata(meta))
+            write_arrow(turns, out / "turns.parquet", file_metadata(meta, version=SCHEMA_VERSION))
         else:
-            write_turns(turns, out / "turns.parquet", meta)
+            write_samples(turns, out / "turns.parquet", meta)
 
     writes = [(lambda: write_json(out / "metrics.json", metrics)),
               (lambda: write_episodes(episodes, out / "episodes.parquet", meta)),

@@ -23,7 +23,9 @@ from longturn.run.eval_journal import EvalJournal
 from longturn.run.eval_key import evaluation_key
 from longturn.rollout.sequence_metrics import json_safe, sequence_metrics
 from longturn.rollout.sequence_setup import SequenceRun
-from longturn.trajectories import SEQUENCE_SCHEMA, file_metadata, write_arrow, write_episodes
+from longturn.rollout.samples import sample_from_episode
+from longturn.trajectories import (SAMPLE_SCHEMA, SCHEMA_VERSION, file_metadata, write_arrow,
+                                   write_episodes)
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +43,10 @@ def episode_row(record: dict[str, Any]) -> dict[str, Any]:
             "aborted": False, "termination": record["termination"]}
 
 
-def summary(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """sequence_metrics plus the keys the report reads in turn mode; NaN as null (JSON)."""
-    m = sequence_metrics(records)
+def summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """sequence_metrics of whole-episode samples plus the keys the report reads in turn mode;
+    NaN as null (JSON)."""
+    m = sequence_metrics(samples)
     m.update(completed_episodes=m["episodes"], aborted_episodes=0,
              success_denominator="completed_episodes", mean_length=m["mean_assistant_turns"],
              valid_action_ratio=m["tool_call_validity"])
@@ -70,7 +73,7 @@ def evaluate_sequences(engine: Engine, tokenizer: Any, params: Params, out_dir: 
     meta = {"policy_version": policy_version, "sampling": sampling.__dict__,
             "sequence": params.rollout.sequence.model_dump()}
     journal = EvalJournal.open(out, evaluation_key(params, policy_version, run_id, model_dir),
-                               SEQUENCE_SCHEMA, file_metadata({"mode": "sequence", **meta}),
+                               SAMPLE_SCHEMA, file_metadata(meta, version=SCHEMA_VERSION),
                                flush_every=e.parallel_envs)
     for start in range(0, len(jobs), e.parallel_envs):  # parallel_envs episodes at a time
         chunk = jobs[start:start + e.parallel_envs]
@@ -80,18 +83,18 @@ def evaluate_sequences(engine: Engine, tokenizer: Any, params: Params, out_dir: 
                           ids[start:start + e.parallel_envs])
         for record in played:
             record.update(run_id=run_id, policy_version=policy_version, iteration=0)
-            journal.add(episode_row(record), [record])
+            journal.add(episode_row(record), [sample_from_episode(record)])
         journal.flush()
     position = {episode_id: i for i, episode_id in enumerate(ids)}
     table = journal.turns()
     played = table["episode_id"].to_pylist()
     table = table.take(sorted(range(table.num_rows), key=lambda r: position[played[r]]))
-    records = table.to_pylist()
-    metrics = {"overall": summary(records),
-               "tasks": {t: summary([r for r in records if r["task"] == t]) for t in tasks}}
+    samples = table.to_pylist()
+    metrics = {"overall": summary(samples),
+               "tasks": {t: summary([s for s in samples if s["task"] == t]) for t in tasks}}
     write_json(out / "metrics.json", metrics)
     write_episodes(journal.episodes(ids), out / "episodes.parquet", meta)
-    write_arrow(table, out / "turns.parquet", file_metadata({"mode": "sequence", **meta}))
+    write_arrow(table, out / "turns.parquet", file_metadata(meta, version=SCHEMA_VERSION))
     journal.remove()
     o = metrics["overall"]
     log.info("eval %s: success %d/%d, replies %.1f per episode, tool calls %.1f (%s valid); "

@@ -18,7 +18,8 @@ from typing import Any
 
 from longturn.params.config import Params
 from longturn.engines.base import Engine, SamplingParams
-from longturn.rollout.sequence_metrics import sequence_metrics
+from longturn.rollout.samples import samples_from_episodes
+from longturn.rollout.sequence_metrics import ending, sequence_metrics
 from longturn.rollout.sequence_setup import SequenceRun
 from longturn.run.validation import TaskValidation
 from longturn.vision.encoder import IMAGE_PLACEHOLDER
@@ -35,12 +36,13 @@ def reply_validity(messages: list[dict[str, Any]]) -> list[bool]:
     return out
 
 
-def task_metrics(records: list[dict[str, Any]], budget: int) -> dict[str, Any]:
-    replies = [v for r in records for v in reply_validity(json.loads(r["messages"]))]
-    prompts = [r["segment_starts"][0] if r["segment_starts"] else len(r["input_ids"])
-               for r in records]
-    m = sequence_metrics(records)
-    m.update(samples=len(records), prompt_tokens_max=max(prompts),
+def task_metrics(samples: list[dict[str, Any]], budget: int) -> dict[str, Any]:
+    replies = [v for s in samples for v in reply_validity(json.loads(s["messages"]))]
+    # what the model saw before its first reply (an episode with no reply: all of it)
+    prompts = [len(s["prompt_ids"]) + (0 if s["replies"] else len(s["response_ids"]))
+               for s in samples]
+    m = sequence_metrics(samples)
+    m.update(samples=len(samples), prompt_tokens_max=max(prompts),
              prompt_tokens_mean=sum(prompts) / len(prompts), max_tokens=budget,
              prompt_fits_budget=max(prompts) < budget,
              valid_reply_ratio=sum(replies) / len(replies) if replies else 0.0,
@@ -54,10 +56,11 @@ def validate_sequence_tasks(engine: Engine, tokenizer: Any, params: Params,
     run = SequenceRun.from_params(params, list(params.eval.tasks or params.env.tasks))
     results = []
     for task in run.tasks:
-        records = run.play(engine, tokenizer, sampling, [run.record(task, s) for s in seeds],
-                           [f"validation-{task}-{s}" for s in seeds])
-        result = TaskValidation(task, records,
-                                task_metrics(records, params.rollout.sequence.max_tokens))
+        samples = samples_from_episodes(run.play(
+            engine, tokenizer, sampling, [run.record(task, s) for s in seeds],
+            [f"validation-{task}-{s}" for s in seeds]))
+        result = TaskValidation(task, samples,
+                                task_metrics(samples, params.rollout.sequence.max_tokens))
         results.append(result)
     return results
 
@@ -124,9 +127,11 @@ def render_sequence_report(results: list[TaskValidation], failures: list[str], g
                            if k.startswith("tokenization/") and v)
         lines += [f"## {r.task}", "", f"Episodes ended: {ended}. Tokenization check: {checks}.",
                   ""]
-        for record in r.samples[:examples]:
-            lines += [f"Seed {record['episode_seed']}: {record['termination']}, reward "
-                      f"{record['reward']:.2f}, {record['tool_calls']} tool call(s), "
-                      f"{record['tool_errors']} failed", ""]
-            lines += _fence(_fold_images(tokenizer.decode(record["input_ids"]))) + [""]
+        for sample in r.samples[:examples]:
+            reward = sum(reply["reward"] or 0.0 for reply in sample["replies"])
+            lines += [f"Seed {sample['episode_seed']}: {ending(sample)}, reward "
+                      f"{reward:.2f}, {sample['tool_calls']} tool call(s), "
+                      f"{sample['tool_errors']} failed", ""]
+            ids = [*sample["prompt_ids"], *sample["response_ids"]]
+            lines += _fence(_fold_images(tokenizer.decode(ids))) + [""]
     return "\n".join(lines)

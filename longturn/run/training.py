@@ -30,7 +30,7 @@ from longturn.run.models import load_tokenizer
 from longturn.profiling import IterationProfiler
 from longturn.run.wiring import (Collector, batch_metrics, close_collector, critic_dir, file_metadata,
                              gae_params, make_collector, run_fingerprint, score_and_write,
-                             trainer_settings)
+                             to_samples, trainer_settings)
 
 log = logging.getLogger(__name__)
 
@@ -221,9 +221,10 @@ def _iteration(params: Params, paths: TrainPaths, trainer: PPOTrainer,
         rows = collector.collect(engine, tokenizer, sampling, iteration, extra, progress)
     with clock.phase("scoring"):  # includes writing the iteration's Parquet part
         part = iteration_dir(paths.trajectories, iteration) / f"part-{rank:02d}.parquet"
-        score_and_write(params, trainer, rows, part, file_metadata(params, iteration))
+        samples = to_samples(params, rows)
+        score_and_write(trainer, samples, part, file_metadata(params, iteration))
         barrier()
-    metrics = batch_metrics(params, rows, collector)
+    metrics = batch_metrics(params, rows, samples, collector)
     with clock.phase("update"):
         metrics.update(trainer.update([str(part)]))
     return metrics

@@ -27,10 +27,10 @@ from longturn.engines.registry import make_engine, sampling_from_params
 from longturn.errors import UserError
 from longturn.run.metrics import MetricsLog
 from longturn.run.models import load_tokenizer
-from longturn.trajectories import write_turns
+from longturn.trajectories import write_samples
 from longturn.run.checkpoints import iteration_dir
 from longturn.run.wiring import (close_collector, estimator, file_metadata, gae_params,
-                                 make_collector, score_and_write, trainer_settings)
+                                 make_collector, to_samples, trainer_settings)
 
 log = logging.getLogger(__name__)
 
@@ -67,24 +67,21 @@ def run_critic_warmup(params: Params, base: Path, out: Path, live_dir: Path, wor
         shutil.rmtree(out, ignore_errors=True)
     if not estimator(params).has_critic:
         return write_no_critic_note(params, out, work_dir, live_dir)
-    rows = collect_frozen(params, base, rank, progress)
+    samples = to_samples(params, collect_frozen(params, base, rank, progress))
     trainer = PPOTrainer(base, base, trainer_settings(params), gae_params(params),
                          load_tokenizer(base), progress=progress)
     w = params.warmup
     rng = np.random.default_rng(params.seed)
-    size = max(1, math.ceil(w.sample_fraction * len(rows)))
+    size = max(1, math.ceil(w.sample_fraction * len(samples)))
     live = MetricsLog(live_dir, [], namespace="warmup")
     losses = []
     for it in range(w.iterations):
-        picked = sorted(rng.choice(len(rows), size=size, replace=False))
+        picked = sorted(rng.choice(len(samples), size=size, replace=False))
         part = iteration_dir(work_dir, it) / f"part-{rank:02d}.parquet"
-        # the actor is frozen: logprobs stay, only values and GAE targets change
-        if params.rollout.mode == "sequence":  # the picked episodes, scored whole
-            score_and_write(params, trainer, [rows[i] for i in picked], part,
-                            file_metadata(params, it))
-        else:  # every turn scored (a picked turn's successor is needed for its next_value)
-            trainer.score(rows, reuse_logprobs=it > 0)
-            write_turns([rows[i] for i in picked], part, file_metadata(params, it))
+        # the actor is frozen: logprobs stay, only values and advantages change; every sample
+        # is scored (a picked turn's successor is needed for its next_value), the picked written
+        trainer.score(samples, reuse_logprobs=it > 0)
+        write_samples([samples[i] for i in picked], part, file_metadata(params, it))
         metrics = trainer.update([str(part)], train_actor=False)
         losses.append(metrics["value_loss"])
         live.log({key: metrics[key] for key in ("value_loss", "explained_variance",
@@ -93,7 +90,7 @@ def run_critic_warmup(params: Params, base: Path, out: Path, live_dir: Path, wor
     _check(losses, w.max_final_loss)  # the gate, before anything is exported
     trainer.export_critic(out)
     return {"first_value_loss": losses[0], "final_value_loss": losses[-1],
-            "turns": float(len(rows)), "iterations": float(w.iterations)}
+            "turns": float(len(samples)), "iterations": float(w.iterations)}
 
 
 NO_CRITIC = "NO_CRITIC.md"

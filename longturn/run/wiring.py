@@ -26,7 +26,8 @@ from longturn.rollout.env_slots import AgentSettings, env_factory_from_params
 from longturn.rollout.sequence_collector import SequenceCollector
 from longturn.rollout.sequence_metrics import sequence_metrics
 from longturn.rollout.sequence_setup import SequenceRun
-from longturn.trajectories import write_sequences, write_turns
+from longturn.rollout.samples import samples_from_episodes, samples_from_turns
+from longturn.trajectories import write_samples
 
 # what the train loop collects with
 Collector = FixedTurnCollector | EpisodeGroupCollector | SequenceCollector
@@ -106,23 +107,28 @@ def run_fingerprint(params: Params) -> str:
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def score_and_write(params: Params, trainer: PPOTrainer, rows: list[dict[str, Any]],
-                    path: Path, metadata: dict[str, Any], reuse_logprobs: bool = False) -> Path:
-    """Fill the training columns of a batch and write it as the update's Parquet part: turn
-    rows, or sequence-mode episodes (``reuse_logprobs``: turn mode only, see score_rows)."""
+def to_samples(params: Params, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What the collector played, as training samples (docs/design.md §4): a turn of the history
+    window is a sample of one reply, a whole episode one sample holding all its replies."""
     if params.rollout.mode == "sequence":
-        trainer.score_sequences(rows)
-        return write_sequences(rows, path, metadata)
-    trainer.score(rows, reuse_logprobs=reuse_logprobs)
-    return write_turns(rows, path, metadata)
+        return samples_from_episodes(rows)
+    return samples_from_turns(rows)
 
 
-def batch_metrics(params: Params, rows: list[dict[str, Any]],
+def score_and_write(trainer: PPOTrainer, samples: list[dict[str, Any]], path: Path,
+                    metadata: dict[str, Any], reuse_logprobs: bool = False) -> Path:
+    """Fill the training columns of a batch of samples and write it as the update's Parquet
+    part (``reuse_logprobs``: keep the old/ref logprobs the samples carry: the warm-up)."""
+    trainer.score(samples, reuse_logprobs=reuse_logprobs)
+    return write_samples(samples, path, metadata)
+
+
+def batch_metrics(params: Params, rows: list[dict[str, Any]], samples: list[dict[str, Any]],
                   collector: Collector) -> dict[str, float]:
     """What a collected batch says, over every rank: turn metrics and the action mix, or the
-    sequence-mode episode metrics (`turns` counts replies there)."""
+    whole-episode metrics of its samples (`turns` counts replies there)."""
     if params.rollout.mode == "sequence":
-        metrics = {k: float(v) for k, v in sequence_metrics(rows, sum_over_ranks).items()}
+        metrics = {k: float(v) for k, v in sequence_metrics(samples, sum_over_ranks).items()}
         metrics["turns"] = metrics["mean_assistant_turns"] * metrics["episodes"]
         metrics["episodes_ended"] = metrics["episodes"]  # whole episodes: every one ended
         return metrics
