@@ -5,7 +5,7 @@ replies): a window-N turn is a sample with one reply, a whole episode one sample
 replies. Column names are a contract: add columns freely, never rename. Training-only columns
 (values, advantages, …) are null in evaluation files. Reading goes through `read_table`, so a
 damaged file or a missing column is an error naming the file and the column, not Arrow's schema
-dump. TURN_SCHEMA and SEQUENCE_SCHEMA are schema version 1, kept until every stage writes samples.
+dump. Files of schema version 1 (a row per turn, or a row per episode) are refused by name.
 """
 
 from __future__ import annotations
@@ -24,101 +24,11 @@ from longturn.atomic import atomic_file, fsync_file, named_disk_errors
 from longturn.errors import TrajectoryFileError
 
 SCHEMA_VERSION = "2"  # one sample schema: SAMPLE_SCHEMA
-# TURN_SCHEMA / SEQUENCE_SCHEMA files; stays the default of `file_metadata` until every writer of
-# those schemas is gone, so no v1 file ever claims version 2
-V1_SCHEMA_VERSION = "1"
+V1_SCHEMA_VERSION = "1"  # a row per turn, or per episode in "sequence mode": no longer read
 
 _i32_list = pa.list_(pa.int32())
 _f32_list = pa.list_(pa.float32())
 
-TURN_SCHEMA = pa.schema(
-    [
-        ("run_id", pa.string()),
-        ("policy_version", pa.string()),
-        ("iteration", pa.int32()),
-        ("env_index", pa.int32()),
-        ("env_name", pa.string()),
-        ("task", pa.string()),
-        ("episode_id", pa.string()),
-        ("episode_seed", pa.int64()),
-        ("turn", pa.int32()),
-        ("step", pa.int32()),
-        ("prompt_ids", _i32_list),
-        ("response_ids", _i32_list),
-        ("prompt_text", pa.string()),
-        ("response_text", pa.string()),
-        ("raw_action", pa.string()),
-        ("action", pa.string()),
-        ("action_valid", pa.bool_()),
-        ("action_failure", pa.string()),
-        ("env_reward", pa.float32()),
-        ("reward", pa.float32()),
-        ("terminated", pa.bool_()),
-        ("truncated", pa.bool_()),
-        ("success", pa.bool_()),
-        ("segment_end", pa.bool_()),
-        ("aborted", pa.bool_()),
-        ("termination", pa.string()),  # why the episode ended at this turn (envs/termination.py)
-        ("finish_reason", pa.string()),
-        ("history_dropped", pa.int32()),
-        ("engine_logprobs", _f32_list),
-        ("old_logprobs", _f32_list),
-        ("ref_logprobs", _f32_list),
-        ("values", _f32_list),
-        ("next_value", pa.float32()),
-        ("token_rewards", _f32_list),
-        ("advantages", _f32_list),
-        ("returns", _f32_list),
-        ("bootstrap_prompt_ids", _i32_list),  # prompt of the next observation, when bootstrapped
-        ("logprob_gap", pa.float32()),  # mean |engine − trainer| untempered logprob of the turn
-        ("observation", pa.string()),  # the env's observation text the turn acted on
-        ("group_id", pa.string()),  # critic-free estimators: episodes started from one seed
-    ]
-)
-
-# Sequence mode (docs/design.md §4b): one row per episode, every per-token list as long as
-# input_ids; context tokens have loss_mask 0 and 0 in every per-token training column.
-SEQUENCE_SCHEMA = pa.schema(
-    [
-        ("run_id", pa.string()),
-        ("policy_version", pa.string()),
-        ("iteration", pa.int32()),
-        ("task", pa.string()),
-        ("episode_id", pa.string()),
-        ("episode_seed", pa.int64()),
-        ("input_ids", _i32_list),
-        ("loss_mask", pa.list_(pa.int8())),  # 1: a token the model sampled (trained)
-        ("engine_logprobs", _f32_list),
-        ("segment_starts", _i32_list),  # assistant segments: [start, end) into input_ids
-        ("segment_ends", _i32_list),
-        ("segment_rewards", _f32_list),  # reward credited after each segment (tools, user)
-        ("reward", pa.float32()),
-        ("success", pa.bool_()),  # the task's own verdict on the finished conversation
-        # done | max_assistant_turns | max_user_turns | token_budget | time_limit
-        ("termination", pa.string()),
-        ("truncated", pa.bool_()),
-        ("assistant_turns", pa.int32()),
-        ("user_turns", pa.int32()),
-        ("tool_calls", pa.int32()),
-        ("tool_errors", pa.int32()),
-        ("tokenization_check", pa.string()),  # identical | same_text | strippable | skipped
-        ("messages", pa.string()),  # the conversation as JSON, as the template re-renders it
-        ("metrics", pa.string()),  # tool and interaction metrics summed, as JSON
-        ("images", pa.list_(pa.binary())),  # image observations as PNG, in sequence order
-        ("image_starts", _i32_list),  # where each image's placeholder tokens begin
-        ("old_logprobs", _f32_list),
-        ("ref_logprobs", _f32_list),
-        ("values", _f32_list),
-        ("token_rewards", _f32_list),
-        ("advantages", _f32_list),
-        ("returns", _f32_list),
-        ("bootstrap_value", pa.float32()),
-        ("group_id", pa.string()),
-    ]
-)
-
-# One reply of a sample (docs/design.md §4): its sampled tokens are response_ids[start:end]; the
-# rest is what followed it (the env step, the reward, why the episode ended).
 REPLY_TYPE = pa.struct(
     [
         ("start", pa.int32()),
@@ -219,7 +129,7 @@ def git_commit() -> str:
 
 
 def file_metadata(extra: dict[str, Any] | None = None,
-                  version: str = V1_SCHEMA_VERSION) -> dict[bytes, bytes]:
+                  version: str = SCHEMA_VERSION) -> dict[bytes, bytes]:
     """Parquet key-value metadata: schema version, git commit, plus caller's keys (JSON values)."""
     meta = {"longturn.schema_version": version, "longturn.git_commit": git_commit()}
     for key, value in (extra or {}).items():
@@ -259,9 +169,6 @@ def write_arrow(table: pa.Table, path: str | Path, metadata: dict[bytes, bytes],
     return Path(path)
 
 
-def write_turns(rows: Iterable[dict[str, Any]], path: str | Path,
-                metadata: dict[str, Any] | None = None) -> Path:
-    return write_table(rows, path, TURN_SCHEMA, metadata)
 
 
 def write_episodes(rows: Iterable[dict[str, Any]], path: str | Path,
@@ -269,10 +176,6 @@ def write_episodes(rows: Iterable[dict[str, Any]], path: str | Path,
     return write_table(rows, path, EPISODE_SCHEMA, metadata)
 
 
-def write_sequences(rows: Iterable[dict[str, Any]], path: str | Path,
-                    metadata: dict[str, Any] | None = None) -> Path:
-    """Sequence-mode episodes; the file metadata says `mode: sequence`."""
-    return write_table(rows, path, SEQUENCE_SCHEMA, {"mode": "sequence", **(metadata or {})})
 
 
 def write_samples(rows: Iterable[dict[str, Any]], path: str | Path,
@@ -335,9 +238,6 @@ def require_samples(path: str | Path) -> None:
                               f"{SCHEMA_VERSION} (docs/design.md §4): rerun the stage that wrote it")
 
 
-def is_sequence_file(path: str | Path) -> bool:
-    """Whether a trajectory file holds sequence-mode episodes (its metadata says so)."""
-    return read_metadata(path).get("mode") == "sequence"
 
 
 def read_schema(path: str | Path) -> pa.Schema:
@@ -356,8 +256,7 @@ def read_table(path: str | Path, columns: Sequence[str] | None = None) -> pa.Tab
     """These columns (all without) of a Parquet file; a missing column is named, with the
     file's closest column outside the contract when it looks renamed."""
     names = read_schema(path).names
-    contract = (set(SAMPLE_SCHEMA.names) | set(TURN_SCHEMA.names)
-                | set(SEQUENCE_SCHEMA.names) | set(EPISODE_SCHEMA.names))
+    contract = set(SAMPLE_SCHEMA.names) | set(EPISODE_SCHEMA.names)
     for column in columns or ():
         if column not in names:
             strangers = [n for n in names if n not in contract]

@@ -1,4 +1,4 @@
-"""Tensors for PPO from turn rows: tempered logprobs, padding, and the per-rank training batch.
+"""Tensors for PPO from samples: tempered logprobs, padding, and the per-rank training batch.
 
 The trainer reads ONLY the Parquet file (docs/design.md §3: the file is the hand-off), so this
 module turns its list columns back into right-padded [B, R] tensors, micro-batch by micro-batch.
@@ -19,12 +19,9 @@ import torch
 from longturn.algo.gae import masked_whiten
 from longturn.engines.logprobs import PackedBatch, token_logprobs
 from longturn.errors import TrajectoryFileError
-from longturn.trajectories import (SCHEMA_VERSION, is_sequence_file, read_metadata,
-                                  read_schema, read_table, require_samples)
+from longturn.trajectories import read_table, require_samples
 from longturn.vision.frames import from_png
 
-TRAIN_COLUMNS = ("prompt_ids", "response_ids", "old_logprobs", "ref_logprobs", "values",
-                 "advantages", "returns", "aborted")
 _FLOAT_LISTS = ("old_logprobs", "ref_logprobs", "values", "advantages", "returns")
 
 
@@ -143,85 +140,6 @@ def _split_lists(column: pa.ChunkedArray, dtype: type) -> list[np.ndarray]:
     return np.split(values, offsets[1:-1] - offsets[0]) if len(array) else []
 
 
-def read_turn_batch(paths: Sequence[str | Path], whiten: bool = True,
-                    values: bool = True) -> TurnBatch:
-    """Read the training columns of these Parquet files and whiten advantages over the batch.
-
-    Whitening is a masked mean/std over every token of the non-aborted turns of this rank.
-    `values=False` (a critic-free estimator) neither reads nor requires the values column.
-    """
-    if not paths:
-        raise ValueError("update needs at least one Parquet file")
-    wanted = [c for c in TRAIN_COLUMNS if values or c != "values"]
-    tables = [read_table(p, wanted) for p in paths]
-    for path, part in zip(paths, tables):
-        _check_training_columns(path, part, wanted)
-    table = pa.concat_tables(tables)
-    prompts = [list(map(int, r)) for r in _split_lists(table.column("prompt_ids"), np.int64)]
-    responses = [list(map(int, r)) for r in _split_lists(table.column("response_ids"), np.int64)]
-    columns = {k: _split_lists(table.column(k), np.float32) for k in _FLOAT_LISTS
-               if k in wanted}
-    if not values:
-        columns["values"] = [np.zeros(len(r), dtype=np.float32) for r in responses]
-    for name, rows in columns.items():
-        for i, (row, resp) in enumerate(zip(rows, responses)):
-            if len(row) != len(resp) or not len(resp):
-                raise ValueError(f"row {i}: {len(row)} {name} for {len(resp)} response tokens")
-    aborted = np.asarray(table.column("aborted").fill_null(False).to_pylist(), dtype=bool)
-    if aborted.all():
-        raise ValueError("every turn of the batch is aborted: nothing to train on")
-    masks = [np.full(len(r), not a) for r, a in zip(responses, aborted)]
-    whitened = _whiten(columns["advantages"], masks, whiten)
-    return TurnBatch(prompts, responses, columns, aborted, whitened, has_values=values)
-
-
-SEQUENCE_TRAIN_COLUMNS = ("input_ids", "loss_mask", "segment_starts", "old_logprobs",
-                          "ref_logprobs", "values", "advantages", "returns")
-
-
-def read_sequence_batch(paths: Sequence[str | Path], whiten: bool = True,
-                        values: bool = True) -> TurnBatch:
-    """A sequence-mode file (one row per episode) as a TurnBatch: the context before the first
-    reply is the prompt, the rest the response, whose token mask is the loss mask (§4b).
-    An episode with no reply (its prompt alone filled the token budget) has nothing to train but
-    stays as a fully masked row (its last token as the response, marked aborted): every rank
-    then holds one row per episode it played, as the distributed update needs."""
-    if not paths:
-        raise ValueError("update needs at least one Parquet file")
-    wanted = [c for c in SEQUENCE_TRAIN_COLUMNS if values or c != "values"]
-    if all("images" in read_schema(p).names for p in paths):
-        wanted += ["images", "image_starts"]
-    tables = [read_table(p, wanted) for p in paths]
-    for path, part in zip(paths, tables):
-        _check_training_columns(path, part, [c for c in wanted if c in SEQUENCE_TRAIN_COLUMNS
-                                             and c != "segment_starts"])
-    rows = pa.concat_tables(tables).to_pydict()
-    prompts, responses, masks, images = [], [], [], []
-    no_images = [None] * len(rows["input_ids"])
-    frames, frame_starts = rows.get("images", no_images), rows.get("image_starts", no_images)
-    columns: dict[str, list[np.ndarray]] = {k: [] for k in _FLOAT_LISTS}
-    for i, (ids, starts) in enumerate(zip(rows["input_ids"], rows["segment_starts"])):
-        if not starts and len(ids) < 2:
-            raise ValueError(f"episode row {i}: {len(ids)} token(s) and no reply: not an episode")
-        first = starts[0] if starts else len(ids) - 1
-        prompts.append(list(ids[:first]))
-        responses.append(list(ids[first:]))
-        masks.append(np.asarray(rows["loss_mask"][i][first:], dtype=bool) if starts
-                     else np.zeros(1, dtype=bool))
-        images.append(list(zip(frame_starts[i] or [], frames[i] or [])))
-        for name in _FLOAT_LISTS:
-            full = rows[name][i] if name in rows else [0.0] * len(ids)
-            if len(full) != len(ids):
-                raise ValueError(f"episode row {i}: {len(full)} {name} for {len(ids)} tokens")
-            columns[name].append(np.asarray(full[first:], dtype=np.float32))
-    aborted = np.array([not starts for starts in rows["segment_starts"]], dtype=bool)
-    if aborted.all():
-        raise ValueError("no episode of the batch has a reply: nothing to train on")
-    whitened = _whiten(columns["advantages"], masks, whiten)
-    return TurnBatch(prompts, responses, columns, aborted, whitened, has_values=values,
-                     token_mask=masks, images=images if any(images) else None)
-
-
 SAMPLE_TRAIN_COLUMNS = ("prompt_ids", "response_ids", "loss_mask", "replies", "old_logprobs",
                         "ref_logprobs", "values", "advantages", "returns")
 
@@ -276,16 +194,6 @@ def _aborted_replies(column: pa.ChunkedArray) -> list[tuple[int, int, int]]:
     starts = pc.struct_field(flat, "start").to_numpy(zero_copy_only=False)
     ends = pc.struct_field(flat, "end").to_numpy(zero_copy_only=False)
     return [(int(row_of[k]), int(starts[k]), int(ends[k])) for k in np.flatnonzero(aborted)]
-
-
-def read_training_batch(paths: Sequence[str | Path], whiten: bool = True,
-                        values: bool = True) -> TurnBatch:
-    """Samples, turn or sequence files, as their metadata says (schema version, `mode`)."""
-    if paths and read_metadata(paths[0]).get("schema_version") == SCHEMA_VERSION:
-        return read_sample_batch(paths, whiten, values)
-    if paths and is_sequence_file(paths[0]):
-        return read_sequence_batch(paths, whiten, values)
-    return read_turn_batch(paths, whiten, values)
 
 
 def _check_training_columns(path: str | Path, table: pa.Table, names: Sequence[str]) -> None:

@@ -29,11 +29,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from longturn.algo.estimator import ESTIMATORS, Estimator
+from longturn.algo.estimator import Estimator
 
-# read from the Estimator table; goes when algo/scoring.py, algo/sequence_scoring.py and
-# audit/sequences.py move to samples (issue 22): ask Estimator.named(name).has_critic instead
-CRITIC_FREE = tuple(name for name, e in ESTIMATORS.items() if not e.has_critic)
 STD_EPS = 1e-6  # keeps Â finite for a group of equal returns; a numerical guard, not a setting
 
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 

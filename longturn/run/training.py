@@ -22,7 +22,7 @@ from longturn.algo.trainer import PPOTrainer
 from longturn.run.checkpoints import COMPLETE, CheckpointStore, iteration_dir
 from longturn.params.config import Params
 from longturn.device import resolve_device
-from longturn.distributed import barrier, init_distributed, is_main_process, sum_over_ranks
+from longturn.distributed import barrier, init_distributed, is_main_process
 from longturn.run.dvc_remote import push_training_outputs
 from longturn.engines.registry import make_engine, sampling_from_params
 from longturn.run.metrics import MetricsLog, PhaseClock
