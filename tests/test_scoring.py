@@ -1,5 +1,6 @@
-"""score_rows: next_value rules (docs/design.md §4), KL token rewards, GAE that passes the Parquet
-audit, tempered logprobs; audit_gae catches a tampered file."""
+"""score_samples on window turns (samples of one reply): next_value rules (docs/design.md §4), KL
+token rewards, GAE that passes the Parquet audit, tempered logprobs; audit_samples_file catches a
+tampered file."""
 
 from __future__ import annotations
 
@@ -17,11 +18,13 @@ from longturn.algo.critic import ValueModel, state_values
 from longturn.algo.gae import GAEParams
 from longturn.algo.model_set import ModelSet
 from longturn.engines.logprobs import forward_logprobs
-from longturn.algo.scoring import audit_gae, score_rows
-from longturn.trajectories import write_turns
+from longturn.algo.sample_scoring import audit_samples_file, score_samples
+from longturn.rollout.samples import samples_from_turns
+from longturn.trajectories import write_samples
 
 PAD = 2
 GAE = GAEParams(gamma_step=0.9, lambda_step=0.8)
+GAE_META = {"gamma_step": 0.9, "lambda_step": 0.8, "gamma_token": 1.0, "lambda_token": 1.0}
 BETA = 0.05
 
 
@@ -74,14 +77,25 @@ def hand_rows() -> list[dict]:
             for step in range(3) for slot in range(3)]
 
 
+def score(rows: list[dict], models, settings: Settings | None = None, **kw) -> list[dict]:
+    """Turn rows as samples of one reply, scored with GAE."""
+    return score_samples(samples_from_turns(rows), ModelSet(*models), settings or Settings(), GAE,
+                         None, PAD, **kw)
+
+
 @pytest.fixture(scope="module")
 def scored(models) -> list[dict]:
-    actor, ref, critic = models
-    return score_rows(hand_rows(), ModelSet(actor, ref, critic), Settings(), GAE, PAD)
+    return score(hand_rows(), models)
 
 
-def _find(rows: list[dict], slot: int, step: int) -> dict:
-    return next(r for r in rows if r["env_index"] == slot and r["step"] == step)
+def _find(samples: list[dict], slot: int, step: int) -> dict:
+    return next(s for s in samples if s["env_index"] == slot and s["replies"][0]["step"] == step)
+
+
+def _reply(sample: dict) -> dict:
+    """A window sample's one reply."""
+    (reply,) = sample["replies"]
+    return reply
 
 
 def test_next_value_rules(scored: list[dict], models) -> None:
@@ -101,7 +115,8 @@ def test_next_value_rules(scored: list[dict], models) -> None:
             expected[(slot, 2)] = boot(_find(scored, slot, 2))
         expected[(1, 0)] = _find(scored, 1, 1)["values"][0]
     for (slot, step), value in expected.items():
-        assert _find(scored, slot, step)["next_value"] == pytest.approx(value, abs=1e-5), (slot, step)
+        assert _reply(_find(scored, slot, step))["next_value"] == pytest.approx(value, abs=1e-5), (
+            slot, step)
     assert all(r["values"][0] != 0 for r in scored)
 
 
@@ -109,7 +124,8 @@ def test_token_rewards_carry_kl_and_reward(scored: list[dict]) -> None:
     for row in scored:
         kl = np.asarray(row["old_logprobs"]) - np.asarray(row["ref_logprobs"])
         assert len(row["token_rewards"]) == len(row["response_ids"])
-        assert sum(row["token_rewards"]) == pytest.approx(row["reward"] - BETA * kl.sum(), abs=1e-5)
+        assert sum(row["token_rewards"]) == pytest.approx(_reply(row)["reward"] - BETA * kl.sum(),
+                                                          abs=1e-5)
         np.testing.assert_allclose(row["token_rewards"][:-1], -BETA * kl[:-1], atol=1e-6)
     assert any(abs(r["old_logprobs"][0] - r["ref_logprobs"][0]) > 1e-3 for r in scored)
 
@@ -119,66 +135,66 @@ def test_returns_follow_the_rule(scored: list[dict]) -> None:
     carry is cut (terminal, segment end, truncation), independently of the GAE code."""
     for slot, step in [(0, 1), (0, 2), (1, 1), (1, 2), (2, 2)]:
         row = _find(scored, slot, step)
-        target = sum(row["token_rewards"]) + GAE.gamma_step * row["next_value"]
+        target = sum(row["token_rewards"]) + GAE.gamma_step * _reply(row)["next_value"]
         assert row["returns"][0] == pytest.approx(target, abs=1e-5)
         np.testing.assert_allclose(np.asarray(row["returns"]) - row["values"], row["advantages"],
                                    atol=1e-5)
 
 
 def test_audit_passes_and_catches_tampering(scored: list[dict], tmp_path: Path) -> None:
-    path = write_turns(scored, tmp_path / "turns.parquet")
-    assert audit_gae(path, GAE) < 1e-5
+    path = write_samples(scored, tmp_path / "samples.parquet", GAE_META)
+    assert audit_samples_file(path) < 1e-5
     table = pq.read_table(path).to_pylist()
     table[0]["advantages"] = [a + 0.5 for a in table[0]["advantages"]]
-    assert audit_gae(write_turns(table, tmp_path / "bad.parquet"), GAE) == pytest.approx(0.5, abs=1e-4)
+    bad = write_samples(table, tmp_path / "bad.parquet", GAE_META)
+    assert audit_samples_file(bad) == pytest.approx(0.5, abs=1e-4)
 
 
 def test_old_logprobs_match_forward_logprobs_at_t1(models) -> None:
     actor, ref, critic = models
-    rows = score_rows(hand_rows(), ModelSet(actor, ref, critic), Settings(temperature=1.0), GAE, PAD)
+    rows = score(hand_rows(), models, Settings(temperature=1.0))
     plain = forward_logprobs(actor, [r["prompt_ids"] for r in rows],
                              [r["response_ids"] for r in rows], batch_size=3, pad_id=PAD)
     for row, expected in zip(rows, plain):
         np.testing.assert_allclose(row["old_logprobs"], expected, atol=1e-5)
-    tempered = score_rows(hand_rows(), ModelSet(actor, ref, critic), Settings(temperature=0.7), GAE, PAD)
+    tempered = score(hand_rows(), models, Settings(temperature=0.7))
     assert not np.allclose(tempered[0]["old_logprobs"], rows[0]["old_logprobs"])
 
 
 def test_bf16_scoring_is_close(models, scored: list[dict]) -> None:
-    actor, ref, critic = models
-    rows = score_rows(hand_rows(), ModelSet(actor, ref, critic), replace(Settings(), bf16=True), GAE, PAD)
+    rows = score(hand_rows(), models, replace(Settings(), bf16=True))
     for fast, exact in zip(rows, scored):
         np.testing.assert_allclose(fast["old_logprobs"], exact["old_logprobs"], atol=0.1)
         np.testing.assert_allclose(fast["values"], exact["values"], atol=0.1)
 
 
 def test_rejects_empty_response_and_missing_bootstrap(models) -> None:
-    actor, ref, critic = models
     rows = hand_rows()
     rows[0]["response_ids"] = []
     with pytest.raises(ValueError, match="zero response tokens"):
-        score_rows(rows, ModelSet(actor, ref, critic), Settings(), GAE, PAD)
+        score(rows, models)
     rows = hand_rows()
-    del _find(rows, 1, 2)["bootstrap_prompt_ids"]
+    del next(r for r in rows if r["env_index"] == 1 and r["step"] == 2)["bootstrap_prompt_ids"]
     with pytest.raises(ValueError, match="bootstrap_prompt_ids"):
-        score_rows(rows, ModelSet(actor, ref, critic), Settings(), GAE, PAD)
+        score(rows, models)
 
 
 def test_reuse_logprobs_keeps_policy_columns_and_refreshes_values(models) -> None:
     """The critic warm-up re-scores with the actor frozen: old/ref logprobs are kept as they are,
     values and GAE targets come from the current critic."""
     actor, ref, critic = models
-    rows = score_rows(hand_rows(), ModelSet(actor, ref, critic), Settings(), GAE, PAD)
+    rows = score(hand_rows(), models)
     old = [list(r["old_logprobs"]) for r in rows]
     for r in rows:
         r["old_logprobs"] = [x + 1.0 for x in r["old_logprobs"]]  # a marker a recompute would undo
     moved = copy.deepcopy(critic)
     with torch.no_grad():
         moved.value_head.bias.add_(1.0)
-    again = score_rows(rows, ModelSet(actor, ref, moved), Settings(), GAE, PAD, reuse_logprobs=True)
+    again = score_samples(rows, ModelSet(actor, ref, moved), Settings(), GAE, None, PAD,
+                          reuse_logprobs=True)
     for row, before in zip(again, old):
         assert row["old_logprobs"] == pytest.approx([x + 1.0 for x in before])
-    fresh = score_rows(hand_rows(), ModelSet(actor, ref, moved), Settings(), GAE, PAD)
+    fresh = score(hand_rows(), (actor, ref, moved))
     for row, expected in zip(again, fresh):
         assert row["values"] == pytest.approx(expected["values"], abs=1e-6)
         assert row["ref_logprobs"] == pytest.approx(expected["ref_logprobs"], abs=1e-6)
