@@ -20,7 +20,7 @@ from longturn.engines.registry import make_engine, sampling_from_params
 from longturn.rollout.group_collector import EpisodeGroupCollector
 from longturn.run.models import load_tokenizer
 from longturn.rollout.env_slots import AgentSettings, env_factory_from_params
-from longturn.algo.scoring import audit_gae
+from longturn.algo.sample_scoring import audit_samples_file
 from longturn.trajectories import read_metadata
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,10 +105,13 @@ def test_warmup_and_train_without_a_critic(tmp_path, tiny_model_dir, advantage) 
     assert len(parts) == 2
     for part in parts:
         table = pq.read_table(part).to_pandas()
-        assert table["values"].isna().all() and table["next_value"].isna().all()
+        replies = [r for rs in pq.read_table(part, columns=["replies"]).column(0).to_pylist()
+                   for r in rs]
+        assert len(replies) == len(table)  # window turns: a sample of one reply each
+        assert table["values"].isna().all() and all(r["next_value"] is None for r in replies)
         assert table["advantages"].notna().all() and table["group_id"].notna().all()
         assert read_metadata(part)["algo"].count(advantage) == 1
-        assert audit_gae(part) < 1e-5  # recomputed from the file's own columns and metadata
+        assert audit_samples_file(part) < 1e-5  # recomputed from the file's own columns
     checkpoint = out / "checkpoints/iteration=0001"
     assert (checkpoint / "actor").is_dir() and not (checkpoint / "critic").exists()
     assert (out / "final/config.json").is_file()
@@ -127,8 +130,9 @@ def test_group_advantages_reach_the_loss_unwhitened(tiny_model_dir, tmp_path, mo
     from longturn.algo import ppo_steps
     from longturn.algo.gae import GAEParams
     from longturn.algo.trainer import PPOTrainer
+    from longturn.rollout.samples import samples_from_turns
     from longturn.run.models import load_tokenizer
-    from longturn.trajectories import write_turns
+    from longturn.trajectories import write_samples
     from longturn.run.wiring import trainer_settings
 
     params, tokenizer, engine, collector = _grpo_collector(tiny_model_dir, "w")
@@ -142,14 +146,15 @@ def test_group_advantages_reach_the_loss_unwhitened(tiny_model_dir, tmp_path, mo
     for row in rows:  # distinct returns: a random policy's are all alike
         row["reward"] = float(row["env_index"])
     trainer = PPOTrainer(tiny_model_dir, None, settings, GAEParams(0.5, 1.0), tokenizer)
-    path = write_turns(trainer.score(rows), tmp_path / "turns.parquet")
+    samples = trainer.score(samples_from_turns(rows))
+    path = write_samples(samples, tmp_path / "samples.parquet")
     seen = []
     real = ppo_steps.policy_loss
     monkeypatch.setattr(ppo_steps, "policy_loss", lambda lp, old, adv, mask, *a, **k: (
         seen.append(adv[mask]), real(lp, old, adv, mask, *a, **k))[1])
     trainer.update([str(path)])
     used = np.sort(torch.cat(seen).cpu().numpy())
-    stored = np.sort(np.concatenate([r["advantages"] for r in rows]).astype(np.float32))
+    stored = np.sort(np.concatenate([s["advantages"] for s in samples]).astype(np.float32))
     # not already whitened (γ 0.5 discounts the ±1 episode advantages back to each turn)
     assert abs(stored.std() - 1) > 0.05 or abs(stored.mean()) > 1e-3
     np.testing.assert_allclose(used, stored, atol=1e-6)
