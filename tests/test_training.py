@@ -1,17 +1,23 @@
-"""Toy-size train loop: Parquet per iteration, GAE audit, resume without loss or duplicates."""
+"""Toy-size train loop: Parquet per iteration, GAE audit (in process and by `longturn audit`),
+resume without loss or duplicates."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from longturn.algo.sample_scoring import audit_samples_file
+from longturn.algo.scoring import GAE_METADATA_KEYS
+from longturn.audit.cli import main as audit_main
 from longturn.params.config import parse_params
-from longturn.algo.scoring import audit_gae
 from longturn.run.training import TrainPaths, run_training
 from longturn.run.wiring import gae_params
+from longturn.trajectories import read_metadata
+from reply_rows import read_reply_rows, reply_rows
 
 
 def toy_params(model_dir: str, iterations: int):
@@ -38,22 +44,35 @@ def responses(root: Path) -> list[list[int]]:
     return [list(map(list, pd.read_parquet(f)["response_ids"])) for f in files]
 
 
-def test_train_writes_audited_iterations_and_resumes(tmp_path, tiny_model_dir):
-    p = paths(tmp_path, tiny_model_dir)
+@pytest.fixture(scope="module")
+def resumed_run(tmp_path_factory, tiny_model_dir) -> tuple[Path, list[dict]]:
+    """2 iterations of 2 envs × 3 turns, then the same run asked for a third: (root, history)."""
+    root = tmp_path_factory.mktemp("resumed_run")
+    p = paths(root, tiny_model_dir)
     history = run_training(toy_params(tiny_model_dir, 2), p, progress=False)
     assert len(history) == 2
     # the same run asked for one more iteration continues instead of starting over
-    history = run_training(toy_params(tiny_model_dir, 3), p, progress=False)
+    return root, run_training(toy_params(tiny_model_dir, 3), p, progress=False)
+
+
+def test_train_writes_audited_iterations_and_resumes(resumed_run, tiny_model_dir):
+    tmp_path, history = resumed_run
     assert len(history) == 3
     dirs = sorted(d.name for d in (tmp_path / "trajectories").iterdir())
     assert dirs == ["iteration=0000", "iteration=0001", "iteration=0002"]
+    gae = dataclasses.asdict(gae_params(toy_params(tiny_model_dir, 3)))
     for d in dirs:
         part = tmp_path / "trajectories" / d / "part-00.parquet"
         frame = pd.read_parquet(part)
-        assert len(frame) == 6 and frame["segment_end"].sum() == 2
+        # window samples: one reply each, spanning the response; each slot's last turn ends a
+        # segment
+        assert len(frame) == 6 and (frame["replies"].map(len) == 1).all()
+        assert reply_rows(frame)["segment_end"].sum() == 2
         assert frame[["old_logprobs", "values", "advantages", "returns"]].notna().all().all()
-        assert audit_gae(part, gae_params(toy_params(tiny_model_dir, 3))) < 1e-4
-        assert audit_gae(part) < 1e-4  # parameters read from the file's metadata
+        # the file records the run's discounts, and its advantages follow from them
+        meta = read_metadata(part)
+        assert {k: float(meta[k]) for k in GAE_METADATA_KEYS} == pytest.approx(gae)
+        assert audit_samples_file(part) < 1e-4
     assert [c.name for c in (tmp_path / "checkpoints").glob("iteration=*")] == ["iteration=0002"]
     curve = pd.read_csv(tmp_path / "live/plots/metrics/train/value_loss.tsv", sep="\t")
     assert list(curve["step"]) == [0, 1, 2]
@@ -67,6 +86,53 @@ def test_train_writes_audited_iterations_and_resumes(tmp_path, tiny_model_dir):
         assert metrics["lr_actor"] > 0 and metrics["epochs_run"] >= 1 and "successes" in metrics
     assert (tmp_path / "live/plots/metrics/train/action_mix/go_forward.tsv").is_file()
     assert (tmp_path / "final/config.json").is_file()
+
+
+def audit_json(capsys, *args: str):
+    """`longturn audit ARGS --json` in process: exit 0 and its JSON."""
+    code = audit_main([*args, "--json"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    return json.loads(out.out)
+
+
+def test_longturn_audit_reads_the_real_run(resumed_run, capsys):
+    """`longturn audit` summary, gae and episodes on what the train loop wrote (window samples,
+    episodes of at most 4 turns spanning iterations of 3), checked against the files."""
+    root, _ = resumed_run
+    turns = read_reply_rows(sorted(root.glob("trajectories/iteration=*/part-00.parquet")))
+    assert len(turns) == 18
+
+    summary = audit_json(capsys, "summary", str(root))
+    assert summary["iterations"] == [0, 1, 2] and summary["ranks"] == [0]
+    assert summary["tasks"] == ["goto"]
+    overall = summary["overall"]
+    assert overall["turns"] == overall["samples"] == 18
+    assert overall["episodes"] == turns["episode_id"].nunique()
+    ended = turns["terminated"] | turns["truncated"] | turns["aborted"]
+    assert overall["ended"] == int(ended.sum()) > 0  # max_turns 4 < 9 turns per slot
+    assert overall["continues"] == 18 - overall["ended"]
+    assert overall["time_limit"] == int((turns["truncated"] & ~turns["success"]).sum())
+    assert overall["valid_action_ratio"] == pytest.approx(turns["action_valid"].mean())
+    assert overall["mean_reward"] == pytest.approx(turns["reward"].mean())
+    assert [r["turns"] for r in summary["per_iteration"]] == [6, 6, 6]
+
+    gae = audit_json(capsys, "gae", str(root))
+    assert gae["ok"] and len(gae["files"]) == 3 and gae["worst"]["max_abs_error"] < 1e-4
+
+    episodes = audit_json(capsys, "episodes", str(root))
+    by_id = {e["episode_id"]: e for e in episodes}
+    assert sorted(by_id) == sorted(turns["episode_id"].unique())
+    assert sum(e["length"] for e in episodes) == 18
+    for episode_id, group in turns.groupby("episode_id"):
+        assert by_id[episode_id]["length"] == len(group)
+        assert sorted(group["turn"]) == list(range(len(group)))
+        assert by_id[episode_id]["return"] == pytest.approx(group["reward"].sum(), abs=1e-5)
+        assert by_id[episode_id]["first_iteration"] == group["iteration"].min()
+        assert by_id[episode_id]["last_iteration"] == group["iteration"].max()
+    assert any(e["first_iteration"] < e["last_iteration"] for e in episodes)
+    first = audit_json(capsys, "episodes", str(root), "--iteration", "0")
+    assert {e["episode_id"] for e in first} == set(turns[turns["iteration"] == 0]["episode_id"])
 
 
 TIMING = {"tokens_per_s", "turns_per_s"}  # and every seconds_* key
