@@ -1,4 +1,5 @@
-"""Dual-discount GAE (docs/design.md §5): the vectorised scan against the rule itself."""
+"""Dual-discount GAE (docs/design.md §5): the vectorised scan against the rule itself
+(tests/gae_reference.py)."""
 
 from __future__ import annotations
 
@@ -15,25 +16,7 @@ from longturn.algo.gae import (
     gae_for_table,
     masked_whiten,
 )
-
-
-def reference_gae(values, rewards, lengths, next_values, carries, p: GAEParams):
-    """The §5 rule with explicit loops over turns and tokens, newest first."""
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    adv = np.zeros(len(values))
-    next_first_adv = 0.0  # A_{t+1,0}
-    for t in reversed(range(len(lengths))):
-        s, n = int(starts[t]), int(lengths[t])
-        v, r = values[s:s + n], rewards[s:s + n]
-        a_turn = [0.0] * n
-        delta = r[n - 1] + p.gamma_step * next_values[t] - v[n - 1]
-        a_turn[n - 1] = delta + p.gamma_step * p.lambda_step * carries[t] * next_first_adv
-        for k in reversed(range(n - 1)):
-            delta = r[k] + p.gamma_token * v[k + 1] - v[k]
-            a_turn[k] = delta + p.gamma_token * p.lambda_token * a_turn[k + 1]
-        adv[s:s + n] = a_turn
-        next_first_adv = a_turn[0]
-    return adv, adv + np.asarray(values)
+from gae_reference import reference_gae
 
 
 unit = st.floats(0.0, 1.0, allow_nan=False)

@@ -14,7 +14,8 @@ from longturn.algo import ppo_steps
 from longturn.algo.critic import ValueModel
 from longturn.algo.gae import GAEParams
 from longturn.algo.trainer import PPOTrainer, ds_config
-from longturn.trajectories import write_turns
+from longturn.rollout.samples import samples_from_turns
+from longturn.trajectories import write_samples
 from trainer_settings import make_settings
 from two_rank_update import make_rows
 
@@ -58,7 +59,7 @@ def test_first_update_logprobs_equal_scored_old_logprobs(tiny_model_dir, critic_
     monkeypatch.setattr(ppo_steps, "policy_loss", spy)
     trainer = PPOTrainer(tiny_model_dir, critic_dir, settings, GAE, tokenizer)
     assert trainer.models.depth == (1 if lora else 0)
-    path = write_turns(trainer.score(rows), tmp_path / "turns.parquet")
+    path = write_samples(trainer.score(samples_from_turns(rows)), tmp_path / "samples.parquet")
     metrics = trainer.update([str(path)])
     new, old, mask = seen[0]  # the only mini-batch: before any optimizer step
     delta = float((new - old).abs()[mask].max())

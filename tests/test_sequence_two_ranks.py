@@ -1,5 +1,5 @@
 """Sequence mode on two ranks: an episode that produced no reply stays in its rank's batch as a
-fully masked row, so both ranks hold as many rows and the distributed update runs."""
+fully masked sample, so both ranks hold as many rows and the distributed update runs."""
 
 from __future__ import annotations
 
@@ -11,31 +11,33 @@ from pathlib import Path
 
 import numpy as np
 
-from longturn.algo.batches import read_sequence_batch
+from longturn.algo.batches import read_sample_batch
 from longturn.distributed import free_port
-from longturn.trajectories import write_sequences
+from longturn.rollout.samples import samples_from_episodes
+from longturn.trajectories import write_samples
 from two_rank_sequence_update import rank_records
 
 SCRIPT = Path(__file__).with_name("two_rank_sequence_update.py")
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def scored(records: list[dict]) -> list[dict]:
+def scored(samples: list[dict]) -> list[dict]:
     """Training columns as zeros: enough for the batch reader."""
-    for r in records:
-        zeros = [0.0] * len(r["input_ids"])
-        r.update(old_logprobs=zeros, ref_logprobs=zeros, values=zeros, advantages=zeros,
+    for s in samples:
+        zeros = [0.0] * len(s["response_ids"])
+        s.update(old_logprobs=zeros, ref_logprobs=zeros, values=zeros, advantages=zeros,
                  returns=zeros)
-    return records
+    return samples
 
 
 def test_an_episode_without_a_reply_is_a_fully_masked_row(tmp_path):
-    records = scored(rank_records(0))
-    batch = read_sequence_batch([write_sequences(records, tmp_path / "part.parquet")])
+    records = rank_records(0)
+    samples = scored(samples_from_episodes(records))
+    batch = read_sample_batch([write_samples(samples, tmp_path / "part.parquet")])
     assert len(batch) == len(records) == 2
     no_reply = records[1]["input_ids"]
     assert batch.prompt_ids[1] + batch.response_ids[1] == no_reply
-    assert not batch.loss_tokens(1).any() and batch.n_tokens([1]) == 0
+    assert batch.aborted[1] and not batch.loss_tokens(1).any() and batch.n_tokens([1]) == 0
     assert batch.n_tokens([0]) == sum(records[0]["loss_mask"])
     assert np.isfinite(np.concatenate(batch.whitened)).all()
 

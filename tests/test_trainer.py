@@ -17,7 +17,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from longturn.algo.critic import ValueModel, response_values
 from longturn.algo.gae import GAEParams
 from longturn.algo.trainer import PPOTrainer
-from longturn.trajectories import write_turns
+from longturn.rollout.samples import samples_from_turns
+from longturn.trajectories import write_samples
 from trainer_settings import make_settings
 from two_rank_update import make_rows
 
@@ -50,8 +51,9 @@ def _trainer(model_dir: str, critic_dir: str, tokenizer, **changes) -> PPOTraine
 
 
 def _batch(trainer: PPOTrainer, seed: int, path: Path) -> str:
-    rows = trainer.score(make_rows(seed, trainer.tokenizer, n_slots=3, n_steps=3))
-    return str(write_turns(rows, path))
+    samples = trainer.score(samples_from_turns(make_rows(seed, trainer.tokenizer, n_slots=3,
+                                                         n_steps=3)))
+    return str(write_samples(samples, path))
 
 
 def _params(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -177,10 +179,11 @@ def test_updates_raise_the_rewarded_response_and_lower_the_penalised_one(
     bad = tokenizer.encode(" THINK: wait. ACTION: pick up", add_special_tokens=False)
 
     def rows() -> list[dict]:
-        return [{"iteration": 0, "env_index": i, "step": 0, "turn": 0, "episode_id": f"e{i}",
-                 "episode_seed": i, "prompt_ids": prompt, "response_ids": good if i % 2 else bad,
-                 "reward": 1.0 if i % 2 else -1.0, "terminated": True, "truncated": False,
-                 "segment_end": True, "aborted": False} for i in range(4)]
+        return samples_from_turns([
+            {"iteration": 0, "env_index": i, "step": 0, "turn": 0, "episode_id": f"e{i}",
+             "episode_seed": i, "prompt_ids": prompt, "response_ids": good if i % 2 else bad,
+             "reward": 1.0 if i % 2 else -1.0, "terminated": True, "truncated": False,
+             "segment_end": True, "aborted": False} for i in range(4)])
 
     def logprob_sums() -> tuple[float, float]:
         scored = trainer.score(rows()[:2])
@@ -188,7 +191,7 @@ def test_updates_raise_the_rewarded_response_and_lower_the_penalised_one(
 
     good_before, bad_before = logprob_sums()
     for step in range(3):
-        trainer.update([str(write_turns(trainer.score(rows()), tmp_path / f"b{step}.parquet"))])
+        trainer.update([str(write_samples(trainer.score(rows()), tmp_path / f"b{step}.parquet"))])
     good_after, bad_after = logprob_sums()
     assert good_after > good_before + 0.1 and bad_after < bad_before - 0.1
 

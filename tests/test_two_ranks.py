@@ -48,7 +48,8 @@ def test_two_ranks_train_on_the_global_token_mean(tiny_model_dir: str, tmp_path:
 
     from longturn.algo.gae import GAEParams
     from longturn.algo.trainer import PPOTrainer
-    from longturn.trajectories import write_turns
+    from longturn.rollout.samples import samples_from_turns
+    from longturn.trajectories import write_samples
 
     ranks = _run_two_ranks(tiny_model_dir, tmp_path / "ranks", "2", "6")  # one step per rank
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -56,8 +57,8 @@ def test_two_ranks_train_on_the_global_token_mean(tiny_model_dir: str, tmp_path:
     assert tokens[0] != tokens[1]  # a mean of per-rank means would weigh tokens unequally
     trainer = PPOTrainer(tiny_model_dir, tiny_model_dir, settings(2, 12), GAEParams(0.99, 0.95),
                          tokenizer)
-    rows = trainer.score(rank_rows(0, tokenizer) + rank_rows(1, tokenizer))
-    single = trainer.update([str(write_turns(rows, tmp_path / "all.parquet"))])
+    samples = trainer.score(samples_from_turns(rank_rows(0, tokenizer) + rank_rows(1, tokenizer)))
+    single = trainer.update([str(write_samples(samples, tmp_path / "all.parquet"))])
     assert single["n_turns"] == 12
     for key in ("grad_norm_actor", "grad_norm_critic", "policy_loss", "value_loss"):
         assert ranks[0]["metrics"][key] == pytest.approx(single[key], rel=1e-4, abs=1e-7), key

@@ -1,5 +1,6 @@
 """Helper for tests/test_sequence_two_ranks.py: sequence-mode episodes per rank where rank 0 holds
-one that produced no reply, and (run as a script under torchrun) one PPO update per rank on them.
+one that produced no reply, and (run as a script under torchrun) one PPO update per rank on them
+as packed samples (docs/design.md §4).
 
     python -m torch.distributed.run --nproc_per_node 2 tests/two_rank_sequence_update.py \
         MODEL_DIR OUT_DIR
@@ -48,7 +49,8 @@ def main(model_dir: str, out_dir: str) -> None:
 
     from longturn.algo.gae import GAEParams
     from longturn.algo.trainer import PPOTrainer
-    from longturn.trajectories import write_sequences
+    from longturn.rollout.samples import samples_from_episodes
+    from longturn.trajectories import write_samples
     from trainer_settings import make_settings
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -57,8 +59,8 @@ def main(model_dir: str, out_dir: str) -> None:
     trainer = PPOTrainer(model_dir, model_dir, settings, GAEParams(0.99, 0.95), tokenizer)
     out = Path(out_dir)
     before = trainer.weights_digest()
-    records = trainer.score_sequences(rank_records(trainer.rank))
-    part = write_sequences(records, out / f"part-{trainer.rank}.parquet")
+    samples = trainer.score(samples_from_episodes(rank_records(trainer.rank)))
+    part = write_samples(samples, out / f"part-{trainer.rank}.parquet")
     metrics = trainer.update([str(part)])
     result = {"rank": trainer.rank, "before": before, "after": trainer.weights_digest(),
               "metrics": metrics}

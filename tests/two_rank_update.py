@@ -1,5 +1,6 @@
 """Helper for the trainer tests: synthetic turn rows, and (run as a script under torchrun) one PPO
-update per rank on that rank's own rows, ending with a hash of the rank's parameters.
+update per rank on that rank's own rows (as samples of one reply, docs/design.md §4), ending with
+a hash of the rank's parameters.
 
     python -m torch.distributed.run --nproc_per_node 2 tests/two_rank_update.py MODEL_DIR OUT_DIR \
         [ZERO_STAGE] [MINI_BATCH_SIZE]
@@ -72,15 +73,16 @@ def main(model_dir: str, out_dir: str, zero_stage: int = 2, mini_batch_size: int
 
     from longturn.algo.gae import GAEParams
     from longturn.algo.trainer import PPOTrainer
-    from longturn.trajectories import write_turns
+    from longturn.rollout.samples import samples_from_turns
+    from longturn.trajectories import write_samples
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     trainer = PPOTrainer(model_dir, model_dir, settings(zero_stage, mini_batch_size),
                          GAEParams(0.99, 0.95), tokenizer)
     out = Path(out_dir)
     before = trainer.weights_digest()
-    rows = trainer.score(rank_rows(trainer.rank, tokenizer))
-    part = write_turns(rows, out / f"part-{trainer.rank}.parquet")
+    samples = trainer.score(samples_from_turns(rank_rows(trainer.rank, tokenizer)))
+    part = write_samples(samples, out / f"part-{trainer.rank}.parquet")
     metrics = trainer.update([str(part)])
     after = trainer.weights_digest()
     trainer.export_actor(out / "actor")  # rank 0 writes; collective under ZeRO-3
