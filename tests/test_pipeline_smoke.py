@@ -19,10 +19,11 @@ import pytest
 import yaml
 
 from components import prepare_model, validate_prompts, zero_shot_eval
-from longturn.algo.gae import GAEParams
+from longturn.algo.sample_scoring import audit_samples_file
+from longturn.algo.scoring import GAE_METADATA_KEYS
 from longturn.run.evaluation import summarise
-from longturn.algo.scoring import audit_gae
-from longturn.trajectories import TURN_SCHEMA, read_metadata
+from longturn.trajectories import SAMPLE_SCHEMA, read_metadata
+from reply_rows import reply_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,10 +59,16 @@ def test_three_stages_write_consistent_results(tmp_path, tiny_model_dir):
     assert len(pd.read_parquet(val / "samples.parquet")) == 4
     assert zero_shot_eval.main(["--params", p, "--model-dir", str(base), "--out", str(ev)]) == 0
 
-    turns = pq.read_table(ev / "turns.parquet")
-    assert set(TURN_SCHEMA.names) <= set(turns.schema.names)
-    assert read_metadata(ev / "turns.parquet")["schema_version"] == "1"
-    turns = turns.to_pandas()
+    samples = pq.read_table(ev / "turns.parquet")
+    assert set(SAMPLE_SCHEMA.names) <= set(samples.schema.names)
+    assert read_metadata(ev / "turns.parquet")["schema_version"] == "2"
+    samples = samples.to_pandas()
+    # a window turn is a sample with one reply spanning its response; evaluation trains nothing
+    assert (samples["replies"].map(len) == 1).all()
+    assert samples["advantages"].isna().all() and samples["values"].isna().all()
+    turns = reply_rows(samples)
+    assert (turns["start"] == 0).all()
+    assert (turns["end"] == turns["response_ids"].map(len)).all()
     episodes = pd.read_parquet(ev / "episodes.parquet")
     metrics = json.loads((ev / "metrics.json").read_text())
     assert len(episodes) == 6 and episodes["episode_id"].is_unique
@@ -139,8 +146,11 @@ def test_dvc_repro_and_single_stage_rerun(tmp_path, tiny_model_dir):
         assert f"Running stage '{stage}'" in out
     parts = sorted(repo.glob("data/train/trajectories/iteration=*/part-00.parquet"))
     assert len(parts) == 2
-    for part in parts:
-        assert audit_gae(part, GAEParams(**params["gae"])) < 1e-4
+    for part in parts:  # the file records the discounts params.yaml set, and keeps their rule
+        meta = read_metadata(part)
+        assert {k: float(meta[k]) for k in GAE_METADATA_KEYS} == pytest.approx(
+            {k: float(params["gae"][k]) for k in GAE_METADATA_KEYS})
+        assert audit_samples_file(part) < 1e-4
     report = (repo / "data/report/report.md").read_text()
     assert "goto" in report and (repo / "data/report/tasks.png").is_file()
     # each curve is labelled by the stage that logged it

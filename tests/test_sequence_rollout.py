@@ -208,29 +208,37 @@ def test_real_engine_tiny_model_passes_the_strict_check(tiny_model_dir):
 
 def test_parquet_round_trip_loss_mask_decodes_to_the_replies(tokenizer, tmp_path):
     from longturn.algo.gae import GAEParams
-    from longturn.algo.sequence_gae import sequence_gae
-    from longturn.trajectories import read_metadata, read_table, write_sequences
+    from longturn.algo.reply_chains import ADVANTAGE_INPUTS, sample_advantages
+    from longturn.rollout.samples import samples_from_episodes
+    from longturn.trajectories import read_metadata, read_table, write_samples
 
     p = make_problem(5)
     replies = [call(p.expression), "no tag here", f"ANSWER: {p.answer}"]
     records = run(tokenizer, {5: replies, 6: ["ANSWER: 0", "ANSWER: 1"]})
-    path = write_sequences([dict(r, iteration=0, run_id="t") for r in records],
-                           tmp_path / "part-00.parquet", {"algo": "gae"})
-    assert read_metadata(path)["mode"] == "sequence"
+    samples = samples_from_episodes(dict(r, iteration=0, run_id="t") for r in records)
+    path = write_samples(samples, tmp_path / "part-00.parquet", {"algo": "gae"})
+    assert read_metadata(path)["schema_version"] == "2"
     table = read_table(path).to_pylist()
     first = table[0]
-    assert len(first["input_ids"]) == len(first["loss_mask"]) == len(first["engine_logprobs"])
-    assert trained_text(tokenizer, first) == "<|im_end|>".join(replies) + "<|im_end|>"
-    context = tokenizer.decode([t for t, m in zip(first["input_ids"], first["loss_mask"]) if not m])
+    # one packed sample: the context before the first reply, then everything after it
+    assert first["prompt_ids"] + first["response_ids"] == records[0]["input_ids"]
+    assert first["env_index"] is None and len(first["replies"]) == 3
+    assert len(first["response_ids"]) == len(first["loss_mask"]) == len(first["engine_logprobs"])
+    sampled = [t for t, m in zip(first["response_ids"], first["loss_mask"]) if m]
+    assert tokenizer.decode(sampled) == "<|im_end|>".join(replies) + "<|im_end|>"
+    context = tokenizer.decode([t for t, m in zip(first["response_ids"], first["loss_mask"])
+                                if not m])
     assert "<|im_start|>tool" in context and "<|im_start|>user" in context
-    assert table[1]["termination"] == "done" and table[1]["user_turns"] == 1
+    assert table[1]["replies"][-1]["termination"] == "done" and table[1]["user_turns"] == 1
     # GAE over the row's own columns: the final reward reaches every model token, nothing else
-    n = len(first["input_ids"])
+    n = len(first["response_ids"])
     rewards = [0.0] * n
-    for end, r in zip(first["segment_ends"], first["segment_rewards"]):
-        rewards[end - 1] += r
-    adv, _ = sequence_gae([0.0] * n, rewards, first["segment_starts"], first["segment_ends"],
-                          not first["truncated"], 0.0, GAEParams(gamma_step=1.0, lambda_step=1.0))
+    for reply, r in zip(first["replies"], records[0]["segment_rewards"]):
+        assert reply["reward"] == r
+        rewards[reply["end"] - 1] += r
+    columns = {k: [first[k]] for k in ADVANTAGE_INPUTS}
+    columns.update(values=[[0.0] * n], token_rewards=[rewards])
+    [adv], _ = sample_advantages(columns, GAEParams(gamma_step=1.0, lambda_step=1.0), None)
     assert [a for a, m in zip(adv.tolist(), first["loss_mask"]) if m] == \
         [1.0] * sum(first["loss_mask"])
     assert all(a == 0 for a, m in zip(adv.tolist(), first["loss_mask"]) if not m)

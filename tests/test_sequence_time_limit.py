@@ -1,6 +1,7 @@
 """An env episode cut by its time limit (gymnasium `truncated`) in sequence mode: recorded as
 truncated (`time_limit`) and bootstrapped with the critic's value of the final context, as turn
-mode does; an episode the env terminated is `done` and gets 0 after its last reply."""
+mode does; an episode the env terminated is `done` and gets 0 after its last reply. The episodes
+are scored as packed samples (one row holding all their replies), as the trainer scores them."""
 
 from __future__ import annotations
 
@@ -16,12 +17,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from longturn.algo.critic import ValueModel, state_values
 from longturn.algo.gae import GAEParams
 from longturn.algo.model_set import ModelSet
-from longturn.algo.sequence_scoring import score_sequences
+from longturn.algo.sample_scoring import score_samples
 from longturn.engines.base import Completion
+from longturn.rollout.samples import samples_from_episodes
 from longturn.rollout.sequence_rollout import sequence_rollout
 from longturn.tasks.env_frames import EnvInteraction, EnvTask
 from settings_from_params import sampling_settings, sequence_settings
-from test_sequence_gae import reference
+from gae_reference import packed_reference
 
 GAE = GAEParams(gamma_step=0.9, lambda_step=0.8, gamma_token=1.0, lambda_token=0.95)
 
@@ -71,7 +73,8 @@ class Settings:
 
 @pytest.fixture(scope="module")
 def episodes(tiny_model_dir):
-    """One episode the env terminates and one it truncates, scored with a random critic."""
+    """One episode the env terminates and one it truncates, scored with a random critic:
+    {ending: (rollout record, scored sample)}, critic."""
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     tasks = [EnvTask(f"{__name__}:Corridor", task, image=False).record(seed=3)
              for task in ("goal", "time")]
@@ -82,29 +85,37 @@ def episodes(tiny_model_dir):
     torch.manual_seed(5)
     actor = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     critic = ValueModel.from_pretrained(tiny_model_dir, head_std=0.5).eval()
-    score_sequences(records, ModelSet(actor, copy.deepcopy(actor), critic), Settings(), GAE, None,
-                    tokenizer.pad_token_id or 0)
-    return dict(zip(("terminated", "truncated"), records)), critic
+    samples = score_samples(samples_from_episodes(records),
+                            ModelSet(actor, copy.deepcopy(actor), critic), Settings(), GAE, None,
+                            tokenizer.pad_token_id or 0)
+    return dict(zip(("terminated", "truncated"), zip(records, samples))), critic
 
 
 def test_the_time_limit_is_recorded_as_truncated(episodes):
     by_ending, _ = episodes
-    assert [(r["termination"], r["truncated"], r["assistant_turns"]) for r in by_ending.values()] \
-        == [("done", False, 2), ("time_limit", True, 2)]
+    assert [(r["termination"], r["truncated"], r["assistant_turns"])
+            for r, _ in by_ending.values()] == [("done", False, 2), ("time_limit", True, 2)]
+    # the sample says the same on its last reply
+    assert [(s["replies"][-1]["termination"], s["replies"][-1]["truncated"],
+             s["replies"][-1]["terminated"], len(s["replies"])) for _, s in by_ending.values()] \
+        == [("done", False, True, 2), ("time_limit", True, False, 2)]
 
 
 def test_a_truncated_episode_is_bootstrapped_and_a_terminated_one_is_not(episodes):
     by_ending, critic = episodes
-    ended, cut = by_ending["terminated"], by_ending["truncated"]
-    assert ended["bootstrap_value"] is None
+    (ended_record, ended), (cut_record, cut) = by_ending["terminated"], by_ending["truncated"]
+    assert ended["replies"][-1]["next_value"] is None
+    # the final context is the whole episode: the sample's prompt then its response
+    assert cut["prompt_ids"] + cut["response_ids"] == cut_record["input_ids"]
     with torch.no_grad():
-        v_end = float(state_values(critic, [cut["input_ids"]], 0)[0])
-    assert cut["bootstrap_value"] == pytest.approx(v_end, abs=1e-5)
-    for record, done, boot in ((ended, True, 0.0), (cut, False, v_end)):
-        expected = reference(record["values"], record["token_rewards"], record["loss_mask"],
-                             done, boot, GAE)
-        assert record["advantages"] == pytest.approx(expected, abs=1e-5)
+        v_end = float(state_values(critic, [cut_record["input_ids"]], 0)[0])
+    assert cut["replies"][-1]["next_value"] == pytest.approx(v_end, abs=1e-5)
+    assert all(r["next_value"] is None for r in cut["replies"][:-1])  # follows from values
+    for sample, done, boot in ((ended, True, 0.0), (cut, False, v_end)):
+        expected = packed_reference(sample["values"], sample["token_rewards"],
+                                    sample["loss_mask"], done, boot, GAE)
+        assert sample["advantages"] == pytest.approx(expected, abs=1e-5)
     # the last reply's last token: its reward plus γ_step·V(final context) − V
-    last = cut["segment_ends"][-1] - 1
+    last = cut["replies"][-1]["end"] - 1
     assert cut["advantages"][last] == pytest.approx(
         cut["token_rewards"][last] + GAE.gamma_step * v_end - cut["values"][last], abs=1e-5)
