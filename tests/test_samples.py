@@ -1,6 +1,7 @@
-"""Sample schema v2 (docs/design.md §4): today's turn rows and sequence records, converted to
-samples and written as v2, train exactly as their v1 files do; the file keeps every column; a v1
-file and a sample whose replies do not tile its loss tokens are refused."""
+"""Sample schema v2 (docs/design.md §4): turn rows and sequence records, converted to samples and
+written as v2, are read back as the training batch they describe (the loss tokens are the loss
+mask less aborted replies, advantages whitened over them); the file keeps every column; a v1 file
+and a sample whose replies do not tile its loss tokens are refused."""
 
 from __future__ import annotations
 
@@ -15,12 +16,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from longturn.algo.batches import (TurnBatch, read_sample_batch, read_sequence_batch,
-                                   read_training_batch, read_turn_batch)
+from longturn.algo.batches import TurnBatch, read_sample_batch
 from longturn.errors import TrajectoryFileError
 from longturn.rollout.samples import (sample_from_episode, sample_from_turn,
                                       samples_from_episodes, samples_from_turns)
-from longturn.trajectories import (SAMPLE_SCHEMA, write_samples, write_sequences, write_turns)
+from longturn.trajectories import (SAMPLE_SCHEMA, V1_SCHEMA_VERSION, file_metadata, rows_table,
+                                   write_arrow, write_samples)
 from longturn.vision.frames import to_png
 
 PNGS = [to_png(np.full((2, 3, 3), k * 40, dtype=np.uint8)) for k in range(3)]
@@ -36,7 +37,7 @@ def _floats(draw: st.DrawFn, n: int) -> list[float]:
 
 @st.composite
 def turn_rows(draw: st.DrawFn, critic: bool) -> dict:
-    """A scored turn row as a collector and `score_rows` leave it."""
+    """A scored turn row as a collector and scoring leave it."""
     n = draw(st.integers(1, 6))
     aborted = draw(st.booleans())
     terminated = not aborted and draw(st.booleans())
@@ -70,7 +71,7 @@ def turn_rows(draw: st.DrawFn, critic: bool) -> dict:
 @st.composite
 def sequence_records(draw: st.DrawFn, critic: bool) -> dict:
     """A scored sequence record: prompt, then replies each followed by context (the template's
-    closing, tool results); training columns 0 on context, as `score_sequences` leaves them."""
+    closing, tool results); training columns 0 on context, as scoring leaves them."""
     ids = draw(st.lists(TOKEN, min_size=1, max_size=6))
     mask = [0] * len(ids)
     starts, ends = [], []
@@ -122,66 +123,96 @@ def _split(rows: list[dict], cuts: list[int]) -> list[list[dict]]:
     return [rows[a:b] for a, b in zip(cuts, cuts[1:]) if b > a]
 
 
-def _write(parts: list[list[dict]], directory: Path, writer, name: str) -> list[Path]:
-    return [writer(part, directory / f"{name}{k}.parquet") for k, part in enumerate(parts)]
+def _write(parts: list[list[dict]], directory: Path) -> list[Path]:
+    return [write_samples(part, directory / f"s{k}.parquet") for k, part in enumerate(parts)]
 
 
-def assert_same_batch(v2: TurnBatch, v1: TurnBatch) -> None:
-    """Everything the update reads from a batch, and the micro-batch tensors it trains on."""
-    assert v2.prompt_ids == v1.prompt_ids
-    assert v2.response_ids == v1.response_ids
-    assert v2.columns.keys() == v1.columns.keys()
-    for name in v1.columns:
-        for a, b in zip(v2.columns[name], v1.columns[name], strict=True):
-            assert a.dtype == b.dtype and np.array_equal(a, b), name
-    assert np.array_equal(v2.aborted, v1.aborted)
-    for a, b in zip(v2.whitened, v1.whitened, strict=True):
-        assert np.array_equal(a, b)
-    for i in range(len(v1)):
-        assert np.array_equal(v2.loss_tokens(i), v1.loss_tokens(i))
-    assert v2.images == v1.images and v2.has_values == v1.has_values
-    everything = list(range(len(v1)))
-    assert v2.n_tokens(everything) == v1.n_tokens(everything)
-    a, b = v2.select(everything), v1.select(everything)
-    for name, value in vars(b).items():
-        if isinstance(value, torch.Tensor):
-            assert torch.equal(getattr(a, name), value), name
-    assert a.images is None if b.images is None else all(
-        [s for s, _ in x] == [s for s, _ in y] and all(np.array_equal(f, g) for (_, f), (_, g)
-                                                        in zip(x, y)) for x, y in zip(a.images,
-                                                                                      b.images))
+TRAINING_LISTS = ("old_logprobs", "ref_logprobs", "values", "advantages", "returns")
+
+
+def assert_batch_holds(batch: TurnBatch, samples: list[dict], whiten: bool, critic: bool) -> None:
+    """Everything the update reads from a batch, and the micro-batch tensors it trains on, as the
+    samples say (docs/design.md §4): a token trains when its loss_mask is 1 and its reply was not
+    aborted; a sample with no such token is an aborted row; advantages are whitened over every
+    trained token of the batch (biased std); a critic-free batch has zero values."""
+    assert batch.prompt_ids == [s["prompt_ids"] for s in samples]
+    assert batch.response_ids == [s["response_ids"] for s in samples]
+    masks = []
+    for s in samples:
+        mask = np.asarray(s["loss_mask"], dtype=bool)
+        for reply in s["replies"]:
+            if reply["aborted"]:
+                mask[reply["start"]:reply["end"]] = False
+        masks.append(mask)
+    assert set(batch.columns) == set(TRAINING_LISTS)
+    for name in TRAINING_LISTS:
+        for got, s in zip(batch.columns[name], samples, strict=True):
+            want = (np.asarray(s[name], dtype=np.float32) if critic or name != "values"
+                    else np.zeros(len(s["response_ids"]), dtype=np.float32))
+            assert got.dtype == np.float32 and np.array_equal(got, want), name
+    assert batch.aborted.tolist() == [not m.any() for m in masks]
+    for i, mask in enumerate(masks):
+        assert np.array_equal(batch.loss_tokens(i), mask)
+    advantages = [np.asarray(s["advantages"], dtype=np.float64) for s in samples]
+    if whiten:
+        trained = np.concatenate([a[m] for a, m in zip(advantages, masks)])
+        mean, var = trained.mean(), trained.var()
+        advantages = [np.where(m, (a - mean) / np.sqrt(var + 1e-8), a)
+                      for a, m in zip(advantages, masks)]
+    for got, want in zip(batch.whitened, advantages, strict=True):
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    frames = [list(zip(s["image_starts"] or [], s["images"] or [])) for s in samples]
+    assert batch.images == (frames if any(frames) else None)
+    assert batch.has_values == critic
+    everything = list(range(len(samples)))
+    assert batch.n_tokens(everything) == sum(int(m.sum()) for m in masks)
+    micro = batch.select(everything)
+    width = max(len(s["response_ids"]) for s in samples)
+    assert micro.mask.shape == (len(samples), width)
+    for i, (s, mask) in enumerate(zip(samples, masks)):
+        n = len(s["response_ids"])
+        assert micro.mask[i, :n].tolist() == mask.tolist() and not micro.mask[i, n:].any()
+        assert torch.equal(micro.advantages[i, :n], torch.tensor(batch.whitened[i]))
+        for name in ("old_logprobs", "ref_logprobs", "values", "returns"):
+            assert torch.equal(getattr(micro, name)[i, :n],
+                               torch.tensor(batch.columns[name][i])), name
+            assert not getattr(micro, name)[i, n:].any(), name
+    if micro.images is not None:
+        for got, want in zip(micro.images, frames):
+            assert [start for start, _ in got] == [start for start, _ in want]
 
 
 @SETTINGS
 @given(critic=st.booleans(), whiten=st.booleans(), data=st.data(),
        cuts=st.lists(st.integers(0, 20), max_size=2))
-def test_turn_rows_as_samples_train_like_their_v1_file(critic, whiten, data, cuts) -> None:
+def test_turn_rows_as_samples_train_as_they_say(critic, whiten, data, cuts) -> None:
     rows = data.draw(st.lists(turn_rows(critic), min_size=1, max_size=8))
     if all(r["aborted"] for r in rows):
         rows[0]["aborted"] = False
-    parts = _split(rows, cuts)
+    samples = samples_from_turns(rows)
     with tempfile.TemporaryDirectory() as tmp:
-        v1 = read_turn_batch(_write(parts, Path(tmp), write_turns, "turns"), whiten, critic)
-        v2_paths = _write([samples_from_turns(p) for p in parts], Path(tmp), write_samples, "s")
-        assert_same_batch(read_sample_batch(v2_paths, whiten, critic), v1)
-        assert_same_batch(read_training_batch(v2_paths, whiten, critic), v1)
+        batch = read_sample_batch(_write(_split(samples, cuts), Path(tmp)), whiten, critic)
+    assert_batch_holds(batch, samples, whiten, critic)
+    assert batch.aborted.tolist() == [r["aborted"] for r in rows]
 
 
 @SETTINGS
 @given(critic=st.booleans(), whiten=st.booleans(), data=st.data(),
        cuts=st.lists(st.integers(0, 20), max_size=2))
-def test_sequence_records_as_samples_train_like_their_v1_file(critic, whiten, data,
-                                                              cuts) -> None:
+def test_sequence_records_as_samples_train_as_they_say(critic, whiten, data, cuts) -> None:
     records = data.draw(st.lists(sequence_records(critic), min_size=1, max_size=6))
     if not any(r["segment_starts"] for r in records):
         records[0] = data.draw(sequence_records(critic).filter(lambda r: r["segment_starts"]))
-    parts = _split(records, cuts)
+    samples = samples_from_episodes(records)
     with tempfile.TemporaryDirectory() as tmp:
-        v1 = read_sequence_batch(_write(parts, Path(tmp), write_sequences, "seq"), whiten,
-                                 critic)
-        v2_paths = _write([samples_from_episodes(p) for p in parts], Path(tmp), write_samples,
-                          "s")
-        assert_same_batch(read_sample_batch(v2_paths, whiten, critic), v1)
+        batch = read_sample_batch(_write(_split(samples, cuts), Path(tmp)), whiten, critic)
+    assert_batch_holds(batch, samples, whiten, critic)
+    for i, record in enumerate(records):  # the sampled tokens, where the episode had them
+        first = record["segment_starts"][0] if record["segment_starts"] else len(
+            record["input_ids"]) - 1
+        assert batch.prompt_ids[i] + batch.response_ids[i] == record["input_ids"]
+        assert batch.loss_tokens(i).tolist() == [bool(m) for m in record["loss_mask"][first:]]
 
 
 @SETTINGS
@@ -235,7 +266,9 @@ def test_an_aborted_reply_of_a_packed_sample_is_out_of_the_loss(tmp_path: Path) 
 
 
 def test_a_v1_file_is_refused_in_one_line(tmp_path: Path) -> None:
-    path = write_turns([{"prompt_ids": [1], "response_ids": [2]}], tmp_path / "turns.parquet")
+    row = {"prompt_ids": [1], "response_ids": [2]}
+    path = write_arrow(rows_table([row], None), tmp_path / "turns.parquet",
+                       file_metadata(version=V1_SCHEMA_VERSION))
     with pytest.raises(TrajectoryFileError) as err:
         read_sample_batch([path])
     assert str(err.value) == (f"{path} was written by schema version 1 (before one sample "
