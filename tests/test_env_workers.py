@@ -16,7 +16,7 @@ import pytest
 
 from components import zero_shot_eval
 from flaky_envs import FlakyCorridor
-from longturn.algo.batches import read_turn_batch
+from longturn.algo.batches import read_sample_batch
 from longturn.rollout.fixed_turn_collector import FixedTurnCollector
 from longturn.params.config import parse_params
 from longturn.engines.base import Completion
@@ -28,6 +28,7 @@ from longturn.run.evaluation import evaluate, write_outputs
 from longturn.run.metrics import rollout_metrics
 from longturn.run.models import load_tokenizer
 from longturn.run.training import run_training
+from reply_rows import reply_rows
 from settings_from_params import agent_settings, sampling_settings
 from test_pipeline_smoke import write_params
 from test_training import paths, toy_params
@@ -211,10 +212,10 @@ def test_training_goes_on_past_a_hanging_env(tmp_path, tiny_model_dir) -> None:
     assert metrics["termination/timeout"] == 2 and metrics["episodes_aborted"] == 2
     assert metrics["termination/env_error"] == 0
     part = tmp_path / "trajectories/iteration=0000/part-00.parquet"
-    frame = pd.read_parquet(part)
+    frame = reply_rows(pd.read_parquet(part))  # window samples: one reply each
     assert frame.loc[frame["aborted"], "step"].tolist() == [2, 2]  # the 3rd step of each env
     assert frame.loc[frame["aborted"], "termination"].tolist() == ["timeout", "timeout"]
-    batch = read_turn_batch([part])
+    batch = read_sample_batch([part])
     kept = sum(len(r) for r, a in zip(frame["response_ids"], frame["aborted"]) if not a)
     assert batch.n_tokens(range(len(batch))) == kept  # aborted turns carry no loss token
     for _, slot in frame.groupby("env_index"):
@@ -255,7 +256,7 @@ def test_eval_counts_aborted_episodes_apart(tmp_path, tiny_model_dir) -> None:
     assert overall["mean_length"] == 2.0  # over the completed episodes only
     assert episodes["termination"].to_dict() == {1000: "time_limit", 1001: "env_error",
                                                  1002: "time_limit", 1003: "timeout"}
-    turns = pd.read_parquet(tmp_path / "turns.parquet")
+    turns = reply_rows(pd.read_parquet(tmp_path / "turns.parquet"))
     assert len(turns) == 5 and turns["aborted"].sum() == 1
 
 
@@ -278,7 +279,7 @@ def test_a_failed_write_keeps_the_outputs_written_before_it(tmp_path, monkeypatc
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(evaluation, "write_turns", full_disk)
+    monkeypatch.setattr(evaluation, "write_samples", full_disk)
     episodes = [{"task": "t", "episode_seed": 1, "success": True, "length": 1, "return": 1.0,
                  "env_return": 1.0, "valid_actions": 1, "aborted": False}]
     metrics = evaluation.metrics_by_task(episodes, ["t"])

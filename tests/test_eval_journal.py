@@ -13,7 +13,8 @@ import pytest
 from longturn.errors import OutputNotWritable
 from longturn.run.eval_journal import PARTIAL, EvalJournal
 from longturn.run.eval_key import code_digest, weights_digest
-from longturn.trajectories import TURN_SCHEMA, file_metadata
+from longturn.rollout.samples import samples_from_turns
+from longturn.trajectories import SAMPLE_SCHEMA, file_metadata
 
 KEY = {"journal": "1", "params": "p", "weights": "w", "code": "c"}
 
@@ -26,12 +27,13 @@ def episode(seed: int, length: int = 2) -> tuple[dict, list[dict]]:
            "valid_actions": 1, "valid_action_ratio": 0.5, "terminated": False,
            "truncated": True, "aborted": False, "termination": "time_limit"}
     turns = [{"episode_id": eid, "task": "goto", "episode_seed": seed, "turn": t, "step": t,
-              "env_index": 0, "prompt_ids": [1, 2, t], "reward": 0.25} for t in range(length)]
-    return row, turns
+              "env_index": 0, "prompt_ids": [1, 2, t], "response_ids": [3], "reward": 0.25}
+             for t in range(length)]
+    return row, samples_from_turns(turns)  # window samples, as evaluation journals them
 
 
 def journal(out, key=KEY, flush_every=1) -> EvalJournal:
-    return EvalJournal.open(out, key, TURN_SCHEMA, file_metadata({"policy_version": "base"}),
+    return EvalJournal.open(out, key, SAMPLE_SCHEMA, file_metadata({"policy_version": "base"}),
                             flush_every)
 
 

@@ -1,6 +1,6 @@
 """Profile `tools` (sequence mode) through the real `dvc exp run` of all seven stages, at toy
 size on the tiny model: validation reports tool-call validity, evaluations count endings per
-reason, training writes audited sequence Parquet whose loss mask is exactly the replies."""
+reason, training writes audited packed samples whose loss mask is exactly the replies."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 import pandas as pd
 from transformers import AutoTokenizer
 
-from longturn.algo.sequence_scoring import audit_sequence_file
+from longturn.algo.sample_scoring import audit_samples_file
 from longturn.params.profiles import resolve_profile
 from longturn.trajectories import read_metadata
 from test_pipeline_smoke import ROOT, STAGES, _dvc, _git, scratch_repo
@@ -46,18 +46,23 @@ def test_dvc_exp_run_of_the_tools_profile(tmp_path, tiny_model_dir):
         assert overall["episodes"] == 2 and set(metrics["tasks"]) == {"arithmetic"}
         assert sum(v for k, v in overall.items() if k.startswith("termination/")) == 2
         assert 0 <= overall["success_ci95_low"] <= overall["success_ci95_high"] <= 1
-        assert read_metadata(repo / f"data/eval/{side}/turns.parquet")["mode"] == "sequence"
+        turns = repo / f"data/eval/{side}/turns.parquet"
+        assert read_metadata(turns)["schema_version"] == "2"
+        # one packed sample per episode: no env slot, the conversation kept, nothing scored
+        samples = pd.read_parquet(turns)
+        assert len(samples) == 2 and samples["env_index"].isna().all()
+        assert samples["messages"].notna().all() and samples["advantages"].isna().all()
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     part = repo / "data/train/trajectories/iteration=0000/part-00.parquet"
-    assert audit_sequence_file(part) < 1e-4
+    assert audit_samples_file(part) < 1e-4
     for row in pd.read_parquet(part).itertuples():
-        masked = [t for t, m in zip(row.input_ids, row.loss_mask) if m]
+        masked = [t for t, m in zip(row.response_ids, row.loss_mask) if m]
         closing = tokenizer.convert_tokens_to_ids("<|im_end|>")
         assistant = [m["content"] for m in json.loads(row.messages) if m["role"] == "assistant"]
         replies = assistant[len(assistant) - row.assistant_turns:]  # after the worked example
         # the masked tokens are the replies as sampled: decoded, reply by reply, they are the
         # assistant messages (plus the end-of-turn token each sampled)
-        spans = [row.input_ids[s:e] for s, e in zip(row.segment_starts, row.segment_ends)]
+        spans = [list(row.response_ids[r["start"]:r["end"]]) for r in row.replies]
         assert masked == [t for span in spans for t in span]
         assert [tokenizer.decode([t for t in span if t != closing]) for span in spans] == replies
     report = (repo / "data/report/report.md").read_text()

@@ -1,5 +1,6 @@
 """Sequence mode through the train loop on a tiny random model: episodes scored, written as
-sequence Parquet, audited, and trained on with GAE (a critic) and with GRPO (groups)."""
+packed samples (one row per episode holding all its replies), audited, and trained on with GAE (a
+critic) and with GRPO (groups)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pandas as pd
 import pytest
 from transformers import AutoTokenizer
 
-from longturn.algo.sequence_scoring import audit_sequence_file
+from longturn.algo.sample_scoring import audit_samples_file
 from longturn.params.config import parse_params
 from longturn.tasks.arithmetic import DEMONSTRATION
 from longturn.run.training import run_training
@@ -47,26 +48,34 @@ def test_sequence_training_writes_audited_episodes(tmp_path, tiny_model_dir, adv
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     for it in range(2):
         part = tmp_path / "trajectories" / f"iteration={it:04d}" / "part-00.parquet"
-        assert read_metadata(part)["mode"] == "sequence"
+        assert read_metadata(part)["schema_version"] == "2"
         frame = pd.read_parquet(part)
         assert len(frame) == 4
+        # packed samples: a whole episode per row, no env slot, its conversation kept
+        assert frame["env_index"].isna().all() and frame["messages"].notna().all()
         for row in frame.itertuples():
-            n = len(row.input_ids)
+            n = len(row.response_ids)
             for column in ("loss_mask", "old_logprobs", "advantages", "returns", "token_rewards"):
                 assert len(getattr(row, column)) == n, column
+            # the prompt is the context before the first reply, which starts the response
+            assert row.replies[0]["start"] == 0 and len(row.prompt_ids) > 0
             # the loss mask covers exactly the sampled replies
-            sampled = [t for t, m in zip(row.input_ids, row.loss_mask) if m]
-            replies = [t for s, e in zip(row.segment_starts, row.segment_ends)
-                       for t in row.input_ids[s:e]]
+            sampled = [t for t, m in zip(row.response_ids, row.loss_mask) if m]
+            replies = [t for r in row.replies for t in row.response_ids[r["start"]:r["end"]]]
             assert sampled == replies and sampled
             assert all(a == 0 for a, m in zip(row.advantages, row.loss_mask) if not m)
             assistant = [m["content"] for m in json.loads(row.messages) if m["role"] == "assistant"]
             # the worked example's replies come first, then the model's
-            assert len(assistant) - EXAMPLE_REPLIES == row.assistant_turns == len(row.segment_starts)
-            assert row.termination in ("done", "max_assistant_turns", "max_user_turns",
-                                       "token_budget")
-            assert tokenizer.decode(row.input_ids[row.segment_starts[0]:row.segment_ends[0]])
-        assert audit_sequence_file(part) < 1e-4
+            assert len(assistant) - EXAMPLE_REPLIES == row.assistant_turns == len(row.replies)
+            assert [r["turn"] for r in row.replies] == list(range(len(row.replies)))
+            # how the episode ended is on its last reply only
+            *before, last = row.replies
+            assert last["termination"] in ("done", "max_assistant_turns", "max_user_turns",
+                                           "token_budget")
+            assert all(r["termination"] is None for r in before)
+            first = row.replies[0]
+            assert tokenizer.decode(row.response_ids[first["start"]:first["end"]])
+        assert audit_samples_file(part) < 1e-4
         # the update trained on the sampled tokens only: context inside the response is out
         assert history[it]["n_tokens"] == sum(sum(m) for m in frame["loss_mask"])
         if advantage == "grpo":
