@@ -49,9 +49,11 @@ def model_sources(cases: list[Case], args: argparse.Namespace, work: Path) -> di
         if any(c.vision for c in cases):
             vision = str(tiny_llava(text, work / "tiny_llava"))
     elif any(c.vision for c in cases):
-        if not args.vision_model or not (Path(args.vision_model) / "config.json").is_file():
-            raise ParityError(f"--vision-model {args.vision_model}: the vision case needs a "
-                              "LLaVA Hugging Face dir (or use --tiny)")
+        if not args.vision_model:
+            raise ParityError("case d (vision) needs --vision-model DIR, a LLaVA Hugging Face "
+                              "dir (or use --tiny)")
+        if not (Path(args.vision_model) / "config.json").is_file():
+            raise ParityError(f"--vision-model {args.vision_model}: no config.json there")
         vision = str(Path(args.vision_model).resolve())
     for case in cases:
         out[case.letter] = vision if case.vision else text

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from parity import ParityError  # noqa: E402
-from parity.cases import CASES, apply, pick  # noqa: E402
+from parity.cases import CASES, apply, overrides, pick  # noqa: E402
 from parity.compare import compare_records, compare_weights  # noqa: E402
 from parity.normalize import normalise  # noqa: E402
 from parity.trees import Tree, check_imports_inside, resolve  # noqa: E402
@@ -231,6 +231,15 @@ def test_overrides_take_the_first_key_a_params_file_has_and_name_a_missing_one()
     assert params == {"rollout": {"mode": "turn", "n_envs": 2}, "context": {"max_tokens": 9}}
     with pytest.raises(ParityError, match=r"here: no key 'rollout.turns' in the params file"):
         apply(params, {"rollout.turns": 3}, "here")
+
+
+def test_without_a_model_a_case_keeps_its_profiles_own_and_tiny_shortens_replies():
+    gigpo = pick("c")[0]
+    full = overrides(gigpo, None, tiny=False)
+    assert "model.source" not in full and "engine.sampling.max_new_tokens" not in full
+    assert full["algo.advantage"] == "gigpo" and full["rollout.n_envs"] == 4  # the case wins
+    tiny = overrides(gigpo, "/m", tiny=True)
+    assert tiny["model.source"] == "/m" and tiny["engine.sampling.max_new_tokens"] == 8
 
 
 def test_cases_are_the_four_of_issue_22_and_an_unknown_letter_is_named():

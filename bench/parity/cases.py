@@ -76,8 +76,10 @@ def pick(letters: str) -> list[Case]:
     return [c for c in CASES if c.letter in wanted]
 
 
-def overrides(case: Case, model_source: str, tiny: bool) -> dict[Key, Any]:
-    return {**COMMON, **(TINY if tiny else {}), **case.overrides, MODEL_SOURCE: model_source}
+def overrides(case: Case, model_source: str | None, tiny: bool) -> dict[Key, Any]:
+    """Everything a case sets; model.source only when given (None: the profile's own model)."""
+    model = {} if model_source is None else {MODEL_SOURCE: model_source}
+    return {**COMMON, **(TINY if tiny else {}), **case.overrides, **model}
 
 
 def set_key(params: dict, key: Key, value: Any, where: str) -> None:

@@ -24,7 +24,8 @@ class RunOutputs:
     final: Path
 
 
-def write_params(tree: Tree, case: Case, run: Path, model_source: str, tiny: bool) -> Path:
+def write_params(tree: Tree, case: Case, run: Path, model_source: str | None,
+                 tiny: bool) -> Path:
     """`longturn params PROFILE` in the tree, then the case's overrides applied with yaml."""
     written = run / "profile.yaml"
     run_console_script(tree, ["params", case.profile, "--out", str(written)], run / "params.log")
@@ -36,7 +37,8 @@ def write_params(tree: Tree, case: Case, run: Path, model_source: str, tiny: boo
     return path
 
 
-def run_case(tree: Tree, case: Case, run: Path, model_source: str, tiny: bool) -> RunOutputs:
+def run_case(tree: Tree, case: Case, run: Path, model_source: str | None,
+             tiny: bool) -> RunOutputs:
     """Every stage of `case` in `tree`; a failing stage is an error naming it, with its log's
     last lines."""
     run.mkdir(parents=True, exist_ok=True)
