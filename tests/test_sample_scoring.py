@@ -1,7 +1,9 @@
-"""score_samples (one scoring over samples, schema v2) gives the numbers of the two scorings it
-replaces: score_rows / score_group_rows on window turn rows and score_sequences on whole-episode
-records, compared through the converters (rollout/samples.py) on the tiny random model; and
-audit_samples_file recomputes a written file's advantages and catches a tampered one."""
+"""score_samples (one scoring over samples, schema v2) on the tiny random model, window turns and
+packed episodes alike, against expectations built apart from it: the next value after each reply
+by the rules of docs/design.md §4 (bootstraps from the critic directly), GAE over each chain by the
+plain loops of tests/gae_reference.py, group estimators fed each reply's reward, packed replies
+scored like the same replies alone (frames included); and audit_samples_file recomputes a written
+file's advantages and catches a tampered one."""
 
 from __future__ import annotations
 
@@ -16,18 +18,18 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from longturn.algo.critic import ValueModel
+from gae_reference import packed_reference, reference_gae
+from longturn.algo.critic import ValueModel, state_values
 from longturn.algo.gae import GAEParams
-from longturn.algo.group_advantages import GroupParams
+from longturn.algo.group_advantages import GroupParams, turn_advantages
 from longturn.algo.model_set import ModelSet
 from longturn.algo.reply_chains import ADVANTAGE_INPUTS
 from longturn.algo.sample_scoring import audit_samples_file, sample_advantages, score_samples
-from longturn.algo.scoring import score_group_rows, score_rows
-from longturn.algo.sequence_scoring import score_sequences
 from longturn.errors import TrajectoryFileError
-from longturn.rollout.samples import samples_from_episodes, samples_from_turns
+from longturn.rollout.samples import sample_from_turn, samples_from_episodes, samples_from_turns
 from longturn.run.models import prepare_base_model
-from longturn.trajectories import write_samples, write_turns
+from longturn.trajectories import (V1_SCHEMA_VERSION, file_metadata, rows_table, write_arrow,
+                                   write_samples)
 from longturn.vision.encoder import load_vision
 from longturn.vision.frames import to_png
 from vlm_fixtures import TOKENS_PER_IMAGE, build_tiny_llava
@@ -35,14 +37,13 @@ from vlm_fixtures import TOKENS_PER_IMAGE, build_tiny_llava
 PAD = 2
 GAE = GAEParams(gamma_step=0.9, lambda_step=0.8, gamma_token=0.99, lambda_token=0.95)
 GAE_META = {"gamma_step": 0.9, "lambda_step": 0.8, "gamma_token": 0.99, "lambda_token": 0.95}
-EXACT = ("old_logprobs", "ref_logprobs", "values")  # token for token
-CLOSE = ("token_rewards", "advantages", "returns")  # within 1e-6
+BETA = 0.05
 
 
 @dataclass
 class Settings:
     temperature: float = 0.7
-    kl_beta: float = 0.05
+    kl_beta: float = BETA
     kl_estimator: str = "k1"
     mini_batch_size: int = 3
     bf16: bool = False
@@ -156,56 +157,118 @@ def grouped_records() -> list[dict[str, Any]]:
             for g in range(2) for e in range(3)]
 
 
-def assert_same(new: list[dict], expected: list[dict], gaps: bool = True) -> None:
-    """Columns of score_samples equal the converted columns of the old scoring."""
-    assert len(new) == len(expected)
-    for i, (got, want) in enumerate(zip(new, expected)):
-        for column in EXACT:
-            assert got[column] == want[column], (i, column)
-        for column in CLOSE:
-            np.testing.assert_allclose(got[column], want[column], rtol=0, atol=1e-6,
-                                       err_msg=f"sample {i} {column}")
-        for k, (a, b) in enumerate(zip(got["replies"], want["replies"], strict=True)):
-            assert a["next_value"] == b["next_value"], (i, k)
-            if gaps:
-                assert a["logprob_gap"] == b["logprob_gap"], (i, k)
-    assert any(any(r) for s in new for r in (s["advantages"],))
+def by_turn(samples: list[dict]) -> dict[tuple[int, int, int], dict]:
+    """Window samples by (iteration, slot, step)."""
+    return {(s["iteration"], s["env_index"], s["replies"][0]["step"]): s for s in samples}
 
 
-def test_window_rows_with_gae_match_score_rows(models: ModelSet) -> None:
-    old = score_rows(window_rows(), models, Settings(), GAE, PAD)
+def boot_value(models: ModelSet, prompt: list[int]) -> float:
+    """The critic's value of a state, straight from the critic."""
+    with torch.no_grad():
+        return float(state_values(models.critic, [prompt], PAD)[0])
+
+
+def assert_token_rewards(samples: list[dict]) -> None:
+    """−β·KL (k1) on every sampled token, each reply's reward on its last, 0 on context."""
+    for s in samples:
+        kl = np.asarray(s["old_logprobs"], dtype=np.float64) - np.asarray(s["ref_logprobs"])
+        want = -BETA * kl * np.asarray(s["loss_mask"])
+        for reply in s["replies"]:
+            want[reply["end"] - 1] += reply["reward"]
+        np.testing.assert_allclose(s["token_rewards"], want, rtol=0, atol=1e-6)
+
+
+def test_window_rows_follow_the_next_value_rules_and_gae_over_their_chains(
+        models: ModelSet) -> None:
+    """Two iterations, shuffled: the value after each turn is 0 (terminated, aborted), its
+    successor's first value (same slot, iteration and episode, next step), else the critic's
+    value of the bootstrap prompt; GAE runs along each slot's chain of one iteration, cut at
+    episode ends, segment ends and aborted turns."""
     new = score_samples(samples_from_turns(window_rows()), models, Settings(), GAE, None, PAD)
-    assert_same(new, samples_from_turns(old))
-    assert sum(r["replies"][0]["next_value"] == 0 for r in new) == 3  # two terminated, aborted
+    assert_token_rewards(new)
+    turns = by_turn(new)
+    for (it, slot, step), s in turns.items():
+        reply = s["replies"][0]
+        after = turns.get((it, slot, step + 1))
+        if reply["terminated"] or reply["aborted"]:
+            want = 0.0
+        elif after is not None and after["episode_id"] == s["episode_id"] and (
+                not reply["segment_end"]):
+            want = after["values"][0]
+        else:
+            want = boot_value(models, s["bootstrap_prompt_ids"])
+        assert reply["next_value"] == pytest.approx(want, abs=1e-5), (it, slot, step)
+    assert sum(s["replies"][0]["next_value"] == 0 for s in new) == 3  # two terminated, aborted
+    for it, slot in {(it, slot) for it, slot, _ in turns}:
+        chain = [turns[it, slot, step] for step in range(3)]
+        replies = [s["replies"][0] for s in chain]
+        # §5: the advantage flows back from the next turn of the same episode unless either
+        # turn is aborted (a failed env) or this one terminated or ended the segment
+        carries = [float(not (r["terminated"] or r["aborted"] or r["segment_end"])
+                         and not nxt["replies"][0]["aborted"]
+                         and nxt["episode_id"] == s["episode_id"])
+                   for s, r, nxt in zip(chain, replies, chain[1:])] + [0.0]
+        adv, ret = reference_gae(
+            np.concatenate([s["values"] for s in chain]),
+            np.concatenate([s["token_rewards"] for s in chain]),
+            [len(s["response_ids"]) for s in chain], [r["next_value"] for r in replies],
+            carries, GAE)
+        np.testing.assert_allclose(np.concatenate([s["advantages"] for s in chain]), adv,
+                                   rtol=0, atol=1e-5, err_msg=f"iteration {it} slot {slot}")
+        np.testing.assert_allclose(np.concatenate([s["returns"] for s in chain]), ret,
+                                   rtol=0, atol=1e-5)
+
+
+def expected_group_advantages(samples: list[dict], params: GroupParams) -> list[np.ndarray]:
+    """The group estimator with each reply a turn whose reward is its row's token rewards from
+    the previous reply's end to its own; every token of a reply gets the reply's advantage."""
+    spans = [(i, k, r) for i, s in enumerate(samples) for k, r in enumerate(s["replies"])]
+    rewards = [float(np.sum(samples[i]["token_rewards"][
+        samples[i]["replies"][k - 1]["end"] if k else 0:r["end"]])) for i, k, r in spans]
+    adv, _ = turn_advantages([samples[i]["group_id"] for i, _, _ in spans],
+                             [samples[i]["episode_id"] for i, _, _ in spans],
+                             [r["turn"] for _, _, r in spans], rewards,
+                             [r["observation"] for _, _, r in spans],
+                             [bool(r["aborted"]) for _, _, r in spans], params)
+    out = [np.zeros(len(s["response_ids"])) for s in samples]
+    for (i, _, r), a in zip(spans, adv):
+        out[i][r["start"]:r["end"]] = a
+    return out
 
 
 @pytest.mark.parametrize("estimator", ["grpo", "gigpo"])
-def test_group_rows_match_score_group_rows(models: ModelSet, estimator: str) -> None:
-    old = score_group_rows(group_rows(), models, Settings(), group(estimator), PAD)
+def test_group_rows_get_their_estimator_per_reply(models: ModelSet, estimator: str) -> None:
     new = score_samples(samples_from_turns(group_rows()), models, Settings(), None,
                         group(estimator), PAD)
-    assert_same(new, samples_from_turns(old))
     assert all(s["values"] is None and s["replies"][0]["next_value"] is None for s in new)
+    assert_token_rewards(new)
+    for got, want in zip(new, expected_group_advantages(new, group(estimator))):
+        np.testing.assert_allclose(got["advantages"], want, rtol=0, atol=1e-6)
+    aborted = [s for s in new if s["episode_id"] == "g1e1"]  # an env failure: out of the groups
+    assert aborted and all(not any(s["advantages"]) for s in aborted)
+    assert any(any(s["advantages"]) for s in new)
 
 
-def test_reuse_logprobs_matches_score_rows(models: ModelSet) -> None:
-    """The critic warm-up's re-score keeps the logprobs the rows carry (marked here)."""
-    rows = score_rows(window_rows(), models, Settings(), GAE, PAD)
-    for row in rows:
-        row["old_logprobs"] = [x + 1.0 for x in row["old_logprobs"]]
-    samples = samples_from_turns(copy.deepcopy(rows))
-    old = score_rows(rows, models, Settings(), GAE, PAD, reuse_logprobs=True)
-    new = score_samples(samples, models, Settings(), GAE, None, PAD, reuse_logprobs=True)
-    assert_same(new, samples_from_turns(old))
-
-
-def test_episodes_with_gae_match_score_sequences(models: ModelSet) -> None:
-    old = score_sequences(episode_records(), models, Settings(), GAE, None, PAD)
+def test_episodes_with_gae_follow_the_plain_loop(models: ModelSet) -> None:
+    """Each packed episode's replies form their own chain; one cut short is bootstrapped with
+    the critic's value of its whole final context; one without a reply gets zeros."""
     new = score_samples(samples_from_episodes(episode_records()), models, Settings(), GAE,
                         None, PAD)
-    assert_same(new, samples_from_episodes(old), gaps=False)
+    assert_token_rewards(new)
     boots = [s["replies"][-1]["next_value"] for s in new if s["replies"]]
     assert [b is not None for b in boots] == [False, True, True, False, False]
+    for s in new:
+        if not s["replies"]:
+            continue
+        cut = s["replies"][-1]["truncated"]
+        boot = s["replies"][-1]["next_value"]
+        if cut:
+            assert boot == pytest.approx(
+                boot_value(models, [*s["prompt_ids"], *s["response_ids"]]), abs=1e-5)
+        want = packed_reference(s["values"], s["token_rewards"], s["loss_mask"], not cut,
+                                boot or 0.0, GAE)
+        np.testing.assert_allclose(s["advantages"], want, rtol=0, atol=1e-5)
+        assert all(s["values"][i] == 0 for i, m in enumerate(s["loss_mask"]) if not m)
     no_reply = new[3]
     assert no_reply["advantages"] == [0.0] and no_reply["values"] == [0.0]
     # the engine-vs-trainer gap, new for packed replies: over each reply's own tokens
@@ -213,11 +276,16 @@ def test_episodes_with_gae_match_score_sequences(models: ModelSet) -> None:
 
 
 @pytest.mark.parametrize("estimator", ["grpo", "gigpo"])
-def test_grouped_episodes_match_score_sequences(models: ModelSet, estimator: str) -> None:
-    old = score_sequences(grouped_records(), models, Settings(), None, group(estimator), PAD)
+def test_grouped_episodes_get_their_estimator_per_reply(models: ModelSet,
+                                                        estimator: str) -> None:
     new = score_samples(samples_from_episodes(grouped_records()), models, Settings(), None,
                         group(estimator), PAD)
-    assert_same(new, samples_from_episodes(old), gaps=False)
+    assert_token_rewards(new)
+    firsts = {s["group_id"]: s["replies"][0]["observation"] for s in new}
+    assert all(s["replies"][0]["observation"] == firsts[s["group_id"]] for s in new)  # anchors
+    for got, want in zip(new, expected_group_advantages(new, group(estimator))):
+        np.testing.assert_allclose(got["advantages"], want, rtol=0, atol=1e-6)
+    assert all(s["values"] is None for s in new) and any(any(s["advantages"]) for s in new)
 
 
 @pytest.fixture(scope="module")
@@ -262,20 +330,47 @@ def with_frames(rec: dict[str, Any], image_id: int, seed: int) -> dict[str, Any]
             "segment_ends": ends, "engine_logprobs": engine, "images": pngs, "image_starts": at}
 
 
-def test_episodes_with_frames_match_score_sequences(vision_models) -> None:
-    """Frames in the prompt and inside the response; a cut-short episode is bootstrapped on
-    its final context with its frames."""
+def alone(sample: dict, start: int, response: list[int], slot: int) -> dict:
+    """`response` after a packed sample's context up to its response token `start`, as a window
+    turn of its own: that context (and its frames) the prompt; it ends its episode, so nothing
+    bootstraps."""
+    at = len(sample["prompt_ids"]) + start
+    ids = [*sample["prompt_ids"], *sample["response_ids"]]
+    frames = [(p, png) for p, png in zip(sample["image_starts"], sample["images"]) if p < at]
+    return sample_from_turn({
+        "iteration": 0, "env_index": slot, "step": 0, "turn": 0, "episode_id": f"alone{slot}",
+        "prompt_ids": ids[:at], "response_ids": response, "reward": 0.0,
+        "terminated": True, "segment_end": True, "aborted": False,
+        "images": [png for _, png in frames], "image_starts": [p for p, _ in frames]})
+
+
+def test_episodes_with_frames_score_like_their_replies_alone(vision_models) -> None:
+    """Frames in the prompt and inside the response: each packed reply's logprobs and values are
+    those of the same reply scored alone after the same context and frames; a cut-short episode
+    is bootstrapped on its final context with all its frames."""
     models, image_id = vision_models
 
     def records() -> list[dict[str, Any]]:
         return [with_frames(record(21, 2, True), image_id, 1),
                 with_frames(record(22, 3, False), image_id, 2)]
 
-    old = score_sequences(records(), models, Settings(), GAE, None, PAD)
     new = score_samples(samples_from_episodes(records()), models, Settings(), GAE, None, PAD)
     assert len(new[0]["images"]) == 2 and new[0]["image_starts"][1] > len(new[0]["prompt_ids"])
-    assert_same(new, samples_from_episodes(old), gaps=False)
-    assert new[0]["replies"][-1]["next_value"] is not None
+    spans = [(s, r["start"], r["end"]) for s in new for r in s["replies"]]
+    replies = [alone(s, a, s["response_ids"][a:b], j) for j, (s, a, b) in enumerate(spans)]
+    probe = alone(new[0], len(new[0]["response_ids"]), [11], len(spans))  # V(final context)
+    singles = score_samples(replies + [probe], models, Settings(), GAE, None, PAD)
+    for (s, a, b), single in zip(spans, singles):
+        for name in ("old_logprobs", "ref_logprobs", "values"):
+            np.testing.assert_allclose(s[name][a:b], single[name], rtol=0, atol=1e-5,
+                                       err_msg=name)
+    assert new[0]["replies"][-1]["next_value"] == pytest.approx(singles[-1]["values"][0],
+                                                                abs=1e-5)
+    blind = samples_from_episodes(records())
+    for s in blind:
+        s["images"], s["image_starts"] = None, None
+    score_samples(blind, models, Settings(), GAE, None, PAD)
+    assert not np.allclose(blind[0]["values"], new[0]["values"])  # the frames reach the models
 
 
 def test_a_packed_chain_stays_its_own() -> None:
@@ -325,8 +420,9 @@ def test_audit_finds_nothing_then_the_tampered_advantage(models: ModelSet, tmp_p
 
 
 def test_audit_refuses_a_version_1_file(models: ModelSet, tmp_path: Path) -> None:
-    path = write_turns(score_rows(window_rows(), models, Settings(), GAE, PAD),
-                       tmp_path / "turns.parquet", GAE_META)
+    samples = score_samples(samples_from_turns(window_rows()), models, Settings(), GAE, None, PAD)
+    path = write_arrow(rows_table(samples, None), tmp_path / "turns.parquet",
+                       file_metadata(GAE_META, version=V1_SCHEMA_VERSION))
     with pytest.raises(TrajectoryFileError, match="schema version 1"):
         audit_samples_file(path)
 
