@@ -27,7 +27,7 @@ import pytest
 from components import train, validate_prompts, zero_shot_eval
 from components.common import parser, run
 from longturn import atomic
-from longturn.algo.batches import read_turn_batch
+from longturn.algo.batches import read_sample_batch
 from longturn.run.checkpoints import CheckpointStore, verify
 from longturn.errors import ModelDirError, OutputNotWritable, SettingError, TrajectoryFileError
 from longturn.run.models import check_model_dir
@@ -275,9 +275,10 @@ def damaged_parquet(src: Path, dst: Path, how: str) -> Path:
     dst.parent.mkdir(parents=True, exist_ok=True)
     if how == "dropped":
         pq.write_table(table.drop(["old_logprobs"]), dst)
-    elif how == "renamed":
-        pq.write_table(table.rename_columns(
-            ["advantage" if c == "advantages" else c for c in table.column_names]), dst)
+    elif how == "renamed":  # rename_columns drops the file's metadata: put it back
+        renamed = table.rename_columns(
+            ["advantage" if c == "advantages" else c for c in table.column_names])
+        pq.write_table(renamed.replace_schema_metadata(table.schema.metadata), dst)
     else:
         dst.write_bytes(src.read_bytes()[:3000])
     return dst
@@ -292,7 +293,7 @@ def test_damaged_trajectory_names_file_and_column(finished_run, tmp_path, how, s
     src = finished_run / "train/trajectories/iteration=0001/part-00.parquet"
     path = damaged_parquet(src, tmp_path / "iteration=0001/part-00.parquet", how)
     with pytest.raises(TrajectoryFileError) as err:
-        read_turn_batch([src, path])
+        read_sample_batch([src, path])
     assert str(err.value).startswith(f"{path} {says}") and "\n" not in str(err.value)
 
 
@@ -303,7 +304,7 @@ def test_evaluation_file_is_not_a_training_batch(finished_run, tmp_path):
     pq.write_table(table.set_column(i, "old_logprobs", pa.nulls(len(table), table.field(i).type)),
                    evaluation)
     with pytest.raises(TrajectoryFileError) as err:
-        read_turn_batch([evaluation])
+        read_sample_batch([evaluation])
     assert str(err.value).startswith(f"{evaluation}: column 'old_logprobs' has nulls")
 
 
