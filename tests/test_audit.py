@@ -26,8 +26,8 @@ from longturn.algo.reply_chains import ADVANTAGE_INPUTS, sample_advantages
 from longturn.audit.cli import main
 from longturn.rollout.samples import sample_from_turn
 from longturn.run.eval_journal import PARTIAL, EvalJournal
-from longturn.trajectories import (SAMPLE_SCHEMA, SCHEMA_VERSION, file_metadata, write_episodes,
-                                   write_samples, write_turns)
+from longturn.trajectories import (SAMPLE_SCHEMA, SCHEMA_VERSION, V1_SCHEMA_VERSION, file_metadata,
+                                   rows_table, write_arrow, write_episodes, write_samples)
 from longturn.vision.frames import to_png
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -492,7 +492,8 @@ def test_a_file_of_schema_version_1_is_one_line(tmp_path, capsys, command):
     """Turn rows written as schema version 1 (before one sample schema): every subcommand names
     the file and the version, exit 2, and writes nothing."""
     rows = play(0, np.random.default_rng(0))[0]
-    old = write_turns(rows, tmp_path / "v1/trajectories/iteration=0000/part-00.parquet", GAE)
+    old = write_arrow(rows_table(rows, None), tmp_path / "v1/trajectories/iteration=0000/part-00.parquet",
+                      file_metadata(GAE, version=V1_SCHEMA_VERSION))
     args = [a.replace("PLOTS", str(tmp_path / "plots")) for a in command]
     args = [*args[:1], *(a for a in args[1:] if a != "RUN"), str(tmp_path / "v1")]
     if "RUN" in command:
