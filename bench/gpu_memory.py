@@ -13,8 +13,8 @@ their DeepSpeed engines, plus the frozen reference (a bf16 copy under bf16 for f
 none under LoRA, where it is the actor with adapters off). Then one mini-batch of synthetic turn
 rows (ppo.mini_batch_size turns: rollout.n_envs slots × steps, the last step bootstrapped; prompts
 of --prompt-tokens whose first --shared-prefix-tokens are common to all, as the real system prompt
-and worked example are; responses of --response-tokens) is scored, written with write_turns and
-used for one update: one optimizer step of actor and critic. Printed: the peak of each phase
+and worked example are; responses of --response-tokens) is scored as samples of one reply,
+written with write_samples and used for one update: one optimizer step of actor and critic. Printed: the peak of each phase
 (load, score, update): on CUDA torch.cuda.max_memory_allocated after reset_peak_memory_stats;
 on a CPU the process's peak resident set size (RSS, reset per phase through
 /proc/self/clear_refs), which also counts the Python process and its libraries.
@@ -68,7 +68,8 @@ from longturn.device import resolve_device  # noqa: E402
 from longturn.run.models import load_tokenizer  # noqa: E402
 from longturn.engines.shared_prefix import shared_prefix_length  # noqa: E402
 from longturn.run.wiring import gae_params, trainer_settings  # noqa: E402
-from longturn.trajectories import write_turns  # noqa: E402
+from longturn.rollout.samples import samples_from_turns  # noqa: E402
+from longturn.trajectories import write_samples  # noqa: E402
 from tiny_model import (TinyModelError, add_tiny_args, ensure_tiny_model,  # noqa: E402
                         fill_defaults, smollm2_tokenizer)
 
@@ -355,8 +356,9 @@ def measure(args: argparse.Namespace, model_dir: str, tmp: str) -> None:
         return PPOTrainer(model_dir, model_dir, settings, gae_params(params), tokenizer)
 
     trainer, loaded = run_phase(meter, "load", load)
-    scored, scoring = run_phase(meter, "score", lambda: trainer.score(rows))
-    path = write_turns(scored, Path(tmp) / "rows.parquet")
+    samples = samples_from_turns(rows)
+    scored, scoring = run_phase(meter, "score", lambda: trainer.score(samples))
+    path = write_samples(scored, Path(tmp) / "samples.parquet")
     _, updating = run_phase(meter, "update", lambda: trainer.update([str(path)]))
     counts = parameter_counts(trainer)
     report(args, params, settings, rows, (prompt, shared, response), meter,

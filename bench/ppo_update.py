@@ -8,8 +8,8 @@ How: one rollout batch (rollout.n_envs slots × --turns lock-steps) is gathered 
 collector (`make_collector(...).collect`), so prompts, flags and bootstrap prompts are exactly
 the collector's. By default the engine is a stand-in that answers every prompt with a canned
 THINK/ACTION reply of --response-tokens tokens (no generation cost, fixed response length);
---generate samples with the real engine instead. The batch is scored (`PPOTrainer.score`),
-written with `write_turns`, and `trainer.update([path])` is timed after --warmup untimed updates
+--generate samples with the real engine instead. The batch, as training samples (`to_samples`),
+is scored (`PPOTrainer.score`), written with `write_samples`, and `trainer.update([path])` is timed after --warmup untimed updates
 (the first one allocates the optimizer state; one untimed scoring call on a copy of the whole
 batch pays the other one-off costs: a slice of it could cut an episode, which scoring refuses).
 Scoring (old/ref logprobs, values) is timed separately: update() itself runs no extra forward.
@@ -71,8 +71,9 @@ from longturn.params.config import load_params  # noqa: E402
 from longturn.engines.base import Completion, SamplingParams  # noqa: E402
 from longturn.engines.registry import make_engine, sampling_from_params  # noqa: E402
 from longturn.run.models import load_tokenizer  # noqa: E402
-from longturn.run.wiring import gae_params, make_collector, trainer_settings  # noqa: E402
-from longturn.trajectories import write_turns  # noqa: E402
+from longturn.run.wiring import (gae_params, make_collector, to_samples,  # noqa: E402
+                                 trainer_settings)
+from longturn.trajectories import write_samples  # noqa: E402
 from cpu_threads import add_threads_arg, use_threads  # noqa: E402
 from tiny_model import add_tiny_args, fill_defaults, resolve_model_dir  # noqa: E402
 
@@ -234,12 +235,12 @@ def measure(settings: TrainerSettings, model_dir: str, rows: list[dict], params,
     trainer = PPOTrainer(model_dir, model_dir, settings, gae_params(params), tokenizer)
     # first calls pay one-off costs (allocator, kernel selection): not timed. The whole batch,
     # as a slice of it can cut an episode (no next turn, no bootstrap prompt: scoring refuses)
-    trainer.score(copy.deepcopy(rows))
-    fresh = copy.deepcopy(rows)
+    trainer.score(to_samples(params, copy.deepcopy(rows)))
+    fresh = to_samples(params, copy.deepcopy(rows))
     t0 = time.perf_counter()
     scored = trainer.score(fresh)
     score_seconds = time.perf_counter() - t0
-    write_turns(scored, path)
+    write_samples(scored, path)
     seconds = statistics.median(timed_updates(trainer, str(path), args.warmup, args.repeats))
     return Timing(score_seconds, seconds, trainer.models.depth), trainer
 

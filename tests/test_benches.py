@@ -215,7 +215,7 @@ def test_arch_configs_have_the_published_sizes(gpu_memory: ModuleType, tiny_dir:
 
 
 def test_synthetic_rows_never_cut_an_episode(gpu_memory: ModuleType) -> None:
-    from longturn.algo.scoring import successors
+    from longturn.algo.turn_grid import TurnGrid
 
     rows = gpu_memory.synthetic_rows(12, 8, prompt_tokens=20, shared_prefix=15,
                                      response_tokens=3, vocab=50, seed=1)
@@ -224,7 +224,9 @@ def test_synthetic_rows_never_cut_an_episode(gpu_memory: ModuleType) -> None:
     assert all(r["prompt_ids"][:15] == prefix and len(r["prompt_ids"]) == 20 for r in rows)
     assert len({tuple(r["prompt_ids"]) for r in rows}) == 12
     assert all(0 <= t < 50 for r in rows for t in r["prompt_ids"] + r["response_ids"])
-    for row, succ in zip(rows, successors(rows)):
+    grid = TurnGrid.build(*([r[k] for r in rows] for k in ("env_index", "step", "episode_id",
+                                                            "iteration")))
+    for row, succ in zip(rows, grid.next_row):
         assert succ >= 0 or (row["segment_end"] and row["bootstrap_prompt_ids"])
 
 
