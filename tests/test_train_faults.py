@@ -31,6 +31,7 @@ from longturn.engines.base import Completion
 from longturn.envs.failures import EnvGaveUp
 from longturn.tasks.arithmetic import DEMONSTRATION
 from longturn.run.training import run_training
+from reply_rows import reply_rows
 from test_pipeline_smoke import write_params
 from test_sequence_training import sequence_params
 from test_training import paths, toy_params
@@ -164,8 +165,8 @@ def test_read_only_remount_before_a_checkpoint_is_one_line_and_nothing_is_lost(
     remount = ReadOnlyRemount(monkeypatch, out)
     real_write = training.score_and_write
 
-    def write_then_remount(params, trainer, rows, part, metadata, **kwargs):
-        written = real_write(params, trainer, rows, part, metadata, **kwargs)
+    def write_then_remount(trainer, samples, part, metadata, **kwargs):
+        written = real_write(trainer, samples, part, metadata, **kwargs)
         if part.parent.name == "iteration=0001":
             remount.now()
         return written
@@ -212,7 +213,8 @@ def test_a_hanging_reset_aborts_one_episode_and_training_goes_on(tiny_model_dir,
     frames = [pd.read_parquet(out / f"trajectories/iteration={i:04d}/part-00.parquet")
               for i in (0, 1)]
     assert all(len(f) == 6 for f in frames)
-    turns = pd.concat(frames)
+    turns = reply_rows(pd.concat(frames, ignore_index=True))  # a window sample: one reply
+    assert len(turns) == 12
     assert hung not in set(turns["episode_seed"])  # the hung episode never played a turn
     assert not turns["aborted"].any()  # no turn was cut: only the reset hung
     assert (out / "final/config.json").is_file()
@@ -320,7 +322,9 @@ def test_sequence_training_survives_a_hostile_tool(tiny_model_dir, tmp_path, cap
             assert len(results) == EXAMPLE_TOOL_RESULTS + len(FAULTS), results
             assert dict(zip(FAULTS, results[EXAMPLE_TOOL_RESULTS:])) == TOOL_MESSAGES
             assert (row.tool_calls, row.tool_errors) == (len(FAULTS), len(FAULTS) - 1)
-            assert math.isfinite(row.reward)  # the raising episode reward counted 0
+            # the raising episode reward counted 0: every reply's reward and token reward finite
+            assert all(math.isfinite(r["reward"]) for r in row.replies)
+            assert all(math.isfinite(r) for r in row.token_rewards)
             assert row.assistant_turns >= 2  # the episode went on after the tool results
             assert row.tokenization_check == "identical"
     warned = [r.getMessage() for r in caplog.records if r.name == "longturn.tasks.tools"]
