@@ -134,7 +134,8 @@ def _split_lists(column: pa.ChunkedArray, dtype: type) -> list[np.ndarray]:
     """A list<…> column as one numpy array per row (fast path over offsets, no Python floats)."""
     array = column.combine_chunks()
     if array.null_count:
-        raise ValueError("a training column has nulls: score the samples (score_samples) before writing")
+        raise ValueError("a training column has nulls: score the samples (score_samples) before "
+                         "writing")
     offsets = array.offsets.to_numpy()
     values = array.flatten().to_numpy(zero_copy_only=False).astype(dtype, copy=False)
     return np.split(values, offsets[1:-1] - offsets[0]) if len(array) else []
