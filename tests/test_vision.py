@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlavaForConditionalGeneration
 
-from longturn.algo.sequence_scoring import audit_sequence_file
+from longturn.algo.sample_scoring import audit_samples_file
 from longturn.audit.run_files import open_run
 from longturn.audit.show import show_episode
 from longturn.params.config import parse_params
@@ -158,10 +158,13 @@ def test_ppo_trains_on_sequences_with_frames(tmp_path, vlm_dir, advantage):
     assert len(frame) == 2
     for row in frame.itertuples():
         assert len(row.images) == len(row.image_starts) >= 1
+        # the first frame is in the prompt (the first observation, before the first reply)
+        assert row.image_starts[0] < len(row.prompt_ids)
         sampled = np.asarray(row.loss_mask, dtype=bool)
+        assert sampled.any()
         # the trainer's forward saw the frames the engine saw: same logprobs (T = 1)
         assert np.allclose(row.old_logprobs[sampled], row.engine_logprobs[sampled], atol=1e-3)
-    assert audit_sequence_file(part) < 1e-4
+    assert audit_samples_file(part) < 1e-4
     assert history[0]["n_tokens"] == sum(sum(m) for m in frame["loss_mask"])
     assert history[0]["images_per_episode"] == frame["images"].map(len).mean()
     # the audit writes an episode's frames back out as they were stored
