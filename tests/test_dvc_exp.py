@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import yaml
 
+from longturn.trajectories import read_metadata
 from test_pipeline_smoke import _dvc, _git, dvc_run, scratch_repo, toy_params
 
 
@@ -46,7 +48,7 @@ def find_experiment(shown: list[dict], name: str) -> dict:
 
 
 def test_exp_run_switches_the_estimator_and_writes_no_critic(tmp_path, tiny_model_dir):
-    from longturn.algo.scoring import audit_gae
+    from longturn.algo.sample_scoring import audit_samples_file
 
     params = toy_params(tiny_model_dir)
     params["env"]["tasks"] = params["eval"]["tasks"] = ["goto"]
@@ -65,5 +67,8 @@ def test_exp_run_switches_the_estimator_and_writes_no_critic(tmp_path, tiny_mode
         assert f"Running stage '{stage}'" not in out
     assert [p.name for p in (repo / "data/critic/warm").iterdir()] == ["NO_CRITIC.md"]
     parts = sorted(repo.glob("data/train/trajectories/iteration=*/part-00.parquet"))
-    assert parts and all(audit_gae(part) < 1e-5 for part in parts)
+    assert parts and all(audit_samples_file(part) < 1e-5 for part in parts)
+    for part in parts:  # critic-free: no values, the estimator the metadata names
+        assert pd.read_parquet(part, columns=["values"])["values"].isna().all()
+        assert json.loads(read_metadata(part)["algo"])["advantage"] == "gigpo"
     assert "No critic: the estimator compares episodes" in (repo / "data/report/report.md").read_text()

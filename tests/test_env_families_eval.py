@@ -10,6 +10,7 @@ import pytest
 
 from components import zero_shot_eval
 from longturn.envs.registry import make_env
+from reply_rows import reply_rows
 from test_pipeline_smoke import toy_params, write_params
 
 
@@ -27,7 +28,7 @@ def test_zero_shot_eval_on_each_family(tmp_path, tiny_model_dir, name, task, kwa
     out = tmp_path / "eval"
     assert zero_shot_eval.main(["--params", path, "--model-dir", tiny_model_dir,
                                 "--out", str(out)]) == 0
-    turns = pd.read_parquet(out / "turns.parquet")
+    turns = reply_rows(pd.read_parquet(out / "turns.parquet"))  # window samples: a reply each
     assert len(turns) == 6 and set(turns["task"]) == {task} and set(turns["env_name"]) == {name}
     actions = make_env(name, task, **kwargs).actions
     assert set(turns["action"]) <= set(actions)
