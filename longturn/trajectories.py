@@ -91,6 +91,10 @@ SAMPLE_SCHEMA = pa.schema(
         ("user_turns", pa.int32()),
         ("assistant_turns", pa.int32()),
         ("replies", pa.list_(REPLY_TYPE)),
+        # the frames of bootstrap_prompt_ids (a history window cut short) and where each one's
+        # placeholders begin in it
+        ("bootstrap_images", pa.list_(pa.binary())),
+        ("bootstrap_image_starts", _i32_list),
     ]
 )
 

@@ -26,6 +26,8 @@ def agent_settings(**overrides: Any) -> AgentSettings:
 def sequence_settings(**overrides: Any) -> SequenceSettings:
     """rollout.sequence's limits, no tools, interaction or reward, no progress bar, then
     `overrides`."""
-    base = SequenceSettings.from_config(Params().rollout.sequence, tools=None, interaction=None,
-                                        reward_fn=None, progress=False)
+    params = Params()
+    base = SequenceSettings.from_config(params.rollout.sequence,
+                                        history_turns=params.prompt.history_turns, tools=None,
+                                        interaction=None, reward_fn=None, progress=False)
     return replace(base, **overrides)

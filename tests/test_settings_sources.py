@@ -61,7 +61,8 @@ PARAMS = parse_params({
     "env": {"invalid_action_penalty": 0.5, "max_turns": 7, "max_retries": 1},
     "engine": {"sampling": {"max_new_tokens": 9, "temperature": 0.5, "top_p": 0.8, "top_k": 4}},
     "rollout": {"sequence": {"max_assistant_turns": 6, "max_user_turns": 0, "max_tokens": 999,
-                             "max_tool_response_chars": 77, "tokenization_check": "off"}},
+                             "max_tool_response_chars": 77, "tokenization_check": "off",
+                             "context": "window"}},
     "algo": {"advantage": "gigpo", "norm_std": False, "step_weight": 0.25},
     "gae": {"gamma_step": 0.9},
 })
@@ -86,11 +87,13 @@ def test_sequence_settings_come_from_rollout_sequence_plus_the_loaded_objects():
     def reward(record, messages):
         return 1.0
 
-    settings = SequenceSettings.from_config(PARAMS.rollout.sequence, tools=None,
+    settings = SequenceSettings.from_config(PARAMS.rollout.sequence,
+                                            history_turns=PARAMS.prompt.history_turns, tools=None,
                                             interaction=None, reward_fn=reward, progress=False)
     assert settings == SequenceSettings(
         max_assistant_turns=6, max_user_turns=0, max_tokens=999, max_tool_response_chars=77,
-        tokenization_check="off", tools=None, interaction=None, reward_fn=reward, progress=False)
+        tokenization_check="off", context="window", history_turns=3, tools=None,
+        interaction=None, reward_fn=reward, progress=False)
 
 
 def test_group_params_come_from_the_algo_section_as_metadata_records_it():

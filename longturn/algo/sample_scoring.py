@@ -102,24 +102,26 @@ def _refuse_empty_replies(samples: Sequence[Sample], rows: Sequence[int]) -> Non
                          "token per turn")
 
 
-def sample_frames(sample: Sample) -> list[tuple[int, np.ndarray]]:
+def sample_frames(sample: Sample, prefix: str = "") -> list[tuple[int, np.ndarray]]:
     """A sample's frames (PNG bytes) with where each one's placeholders begin in
-    prompt_ids + response_ids; empty for a text-only sample."""
-    pngs, starts = sample.get("images") or [], sample.get("image_starts") or []
+    prompt_ids + response_ids (prefix "bootstrap_": in bootstrap_prompt_ids); empty for a
+    text-only sample."""
+    pngs, starts = sample.get(f"{prefix}images") or [], sample.get(f"{prefix}image_starts") or []
     if len(pngs) != len(starts):
-        raise ValueError(f"episode {sample.get('episode_id')!r}: {len(pngs)} images but "
-                         f"{len(starts)} image_starts")
+        raise ValueError(f"episode {sample.get('episode_id')!r}: {len(pngs)} {prefix}images but "
+                         f"{len(starts)} {prefix}image_starts")
     return [(int(s), from_png(png)) for s, png in zip(starts, pngs)]
 
 
 def _bootstrap_context(sample: Sample, frames: list[tuple[int, np.ndarray]]) -> dict[str, Any]:
     """What the critic values after a sample's last reply when its episode goes on beyond the
-    sample: the next observation's prompt (a window row at a segment end or time limit), or,
-    for a packed episode cut short (reply or token limit), its own final context and frames.
-    Empty when nothing is bootstrapped."""
+    sample: the next observation's prompt (a window row at a segment end or time limit; a
+    conversation's history window cut short, with the window's frames), or, for a packed
+    episode cut short (reply or token limit), its own final context and frames. Empty when
+    nothing is bootstrapped."""
     if sample.get("bootstrap_prompt_ids"):
         return {"bootstrap_prompt_ids": list(sample["bootstrap_prompt_ids"]),
-                "bootstrap_images": []}
+                "bootstrap_images": sample_frames(sample, "bootstrap_")}
     if is_packed(sample.get("env_index")) and sample["replies"][-1].get("truncated"):
         return {"bootstrap_prompt_ids": [*sample["prompt_ids"], *sample["response_ids"]],
                 "bootstrap_images": frames}

@@ -155,11 +155,17 @@ class SequenceParams(Section):
                                        # longturn.rollout.sequence_rollout:sequence_rollout)
     max_assistant_turns: int = at_most(L.CONTEXT_TOKENS, 4, ge=1)  # each reply is a token at least
     max_user_turns: int = at_most(L.CONTEXT_TOKENS, 2, ge=0)
-    max_tokens: int = at_most(L.CONTEXT_TOKENS, 2048, ge=16)  # token budget of the whole sequence
+    # token budget of what a reply is given plus the reply: the whole sequence (context episode),
+    # one window and its reply (context window)
+    max_tokens: int = at_most(L.CONTEXT_TOKENS, 2048, ge=16)
     max_tool_response_chars: int = at_most(L.TOOL_RESPONSE_CHARS, 1000, ge=1)
     # the delta-tokenized ids against a full re-render of the messages: strict fails on any text
     # difference; ignore_strippable allows whitespace and stripped <think> spans; off skips it
     tokenization_check: Literal["strict", "ignore_strippable", "off"] = "strict"
+    # what a reply is given: the whole episode so far (verl / slime: reply 100 costs 100 turns of
+    # context), or a history window of the task's messages and the last prompt.history_turns
+    # turns (Verlog's window, each reply its own sample; docs/sequence-mode.md)
+    context: Literal["episode", "window"] = "episode"
 
     @model_validator(mode="after")
     def _interaction_needs_file(self) -> "SequenceParams":

@@ -117,6 +117,24 @@ class ChatDeltas:
         return self.tokenizer.decode(self._collapse_images(ids), skip_special_tokens=False,
                                      clean_up_tokenization_spaces=False)
 
+    def image_starts(self, ids: list[int], count: int, where: str) -> list[int]:
+        """Where each of `count` images' placeholder runs begins in `ids` (ids this template
+        rendered); placeholders and images must match one to one, in order."""
+        if self.image_token is None:
+            if count:
+                raise UserError(f"{where}: the task gives image observations but the model has "
+                                "no image side (its model dir has no vision/; "
+                                "docs/image-observations.md)")
+            return []
+        image_id, width = self.image_token
+        at = [i for i, t in enumerate(ids) if t == image_id]
+        starts = at[::width]
+        if len(at) != width * count or any(at[k * width + width - 1] != s + width - 1
+                                           for k, s in enumerate(starts)):
+            raise UserError(f"{where}: {count} image(s) for {len(at) / width:g} <image> "
+                            "placeholder(s) in the messages")
+        return starts
+
     def _collapse_images(self, ids: list[int]) -> list[int]:
         if self.image_token is None:
             return list(ids)

@@ -4,7 +4,9 @@ or written.
 A window-N turn row becomes a sample with one reply. A whole episode (a sequence record, scored or
 not) becomes one sample holding all its replies: the context before its first reply is the
 prompt, everything after is the response, and every per-token list is cut at that same place, so
-its values stay where they were. Scored columns come along when present, null when not.
+its values stay where they were. Scored columns come along when present, null when not. An
+episode played with a history window (its record holds each reply's window) becomes one sample
+per reply instead: what that reply was given, and what it sampled.
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ _EPISODE_COLUMNS = ("run_id", "policy_version", "iteration", "task", "episode_id
                     "episode_seed", "group_id", "images", "image_starts", "messages", "metrics",
                     "tokenization_check", "tool_calls", "tool_errors", "user_turns",
                     "assistant_turns")
+# a windowed episode's columns on each of its samples, and its conversation's on the last one
+_WINDOW_ROW_COLUMNS = ("run_id", "policy_version", "iteration", "task", "episode_id",
+                       "episode_seed", "group_id")
+_CONVERSATION_COLUMNS = ("messages", "metrics", "tokenization_check", "tool_calls",
+                         "tool_errors", "user_turns", "assistant_turns")
 # a sequence record's per-token lists (as long as input_ids), cut where the response begins
 _EPISODE_TOKEN_LISTS = ("engine_logprobs", "old_logprobs", "ref_logprobs", "values",
                         "token_rewards", "advantages", "returns")
@@ -100,9 +107,52 @@ def _blank_reply() -> Row:
     return {field.name: None for field in REPLY_TYPE}
 
 
+def samples_from_window(record: Row, env_index: int) -> list[Row]:
+    """An episode played with a history window (rollout/history_window.py) as one sample per
+    reply: its window as the prompt (with the window's frames), its sampled ids as the response.
+    The replies of one episode share its slot `env_index` at consecutive lock-steps, so the turn
+    grid chains them as it chains an env slot's turns; the conversation's own columns go on the
+    last sample, and a reply that ends a cut-short episode bootstraps from the window a next
+    reply would have seen."""
+    ids = list(record["input_ids"])
+    starts, ends = list(record["segment_starts"]), list(record["segment_ends"])
+    pngs = list(record.get("images") or [])
+    packed = _episode_replies(record, ids, starts, ends, 0)  # flags on the last, observations
+    out = []
+    for k, (start, end) in enumerate(zip(starts, ends)):
+        sample = _blank_sample()
+        sample.update({name: record.get(name) for name in _WINDOW_ROW_COLUMNS})
+        sample.update(
+            env_index=int(env_index), prompt_ids=list(record["window_prompts"][k]),
+            response_ids=ids[start:end], loss_mask=[1] * (end - start),
+            engine_logprobs=list(record["engine_logprobs"][start:end]),
+            images=[pngs[j] for j in record["window_frames"][k]],
+            image_starts=list(record["window_image_starts"][k]),
+            replies=[{**packed[k], "start": 0, "end": end - start,
+                      "step": int(record["reply_steps"][k])}])
+        out.append(sample)
+    last = out[-1]
+    last.update({name: record.get(name) for name in _CONVERSATION_COLUMNS})
+    if record.get("bootstrap_prompt_ids"):
+        last.update(bootstrap_prompt_ids=list(record["bootstrap_prompt_ids"]),
+                    bootstrap_images=[pngs[j] for j in record["bootstrap_frames"]],
+                    bootstrap_image_starts=list(record["bootstrap_image_starts"]))
+    return out
+
+
 def samples_from_turns(rows: Iterable[Row]) -> list[Row]:
     return [sample_from_turn(row) for row in rows]
 
 
 def samples_from_episodes(records: Iterable[Row]) -> list[Row]:
-    return [sample_from_episode(record) for record in records]
+    """Every episode as its samples, in order, one flat list: a packed sample per whole
+    episode, a sample per reply of an episode played with a history window. A record's slot is
+    its `env_index` (SequenceRun.play sets it), else its place in `records`."""
+    out: list[Row] = []
+    for position, record in enumerate(records):
+        if record.get("window_prompts") and record["segment_starts"]:
+            slot = record.get("env_index")
+            out += samples_from_window(record, position if slot is None else slot)
+        else:
+            out.append(sample_from_episode(record))
+    return out

@@ -9,7 +9,13 @@ observation gap.
 
 Image observations (a vision-language model): each image's placeholder run in the context is
 recorded by its start, and the frames are buffered per turn; engine and trainer encode all of an
-episode's frames together, once per forward, and put the features at those starts.
+episode's frames together, once per forward, and put the features at those starts. Each frame
+also keeps the message it came with, so a history window can pick the frames of its messages.
+
+With a history window (`rollout.sequence.context: window`, rollout/history_window.py) the growing
+sequence is still kept (messages, tool calls, the tokenization check), but what the model is
+given for each reply is its window: `window` is the next one, and each reply's window and lock-step
+are recorded for its own sample (rollout/samples.py).
 """
 
 from __future__ import annotations
@@ -20,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from longturn.errors import UserError
 from longturn.rollout.chat_deltas import ChatDeltas
+from longturn.rollout.history_window import WindowPrompt, frame_owners
 from longturn.vision.frames import to_png
 
 # Why an episode ended. All but `done` cut it short: truncated, bootstrapped where a critic exists.
@@ -55,11 +61,18 @@ class SequenceEpisode:
     metrics: dict[str, float] = field(default_factory=dict)
     images: list[np.ndarray] = field(default_factory=list)  # frames, in sequence order
     image_starts: list[int] = field(default_factory=list)  # where each one's placeholders begin
+    frame_owner: list[int] = field(default_factory=list)  # per frame, the message it came with
+    head: int = 0  # the task's messages, before the first reply
+    window: WindowPrompt | None = None  # what the next reply is given (None: the whole sequence)
+    windows: list[tuple[int, WindowPrompt]] = field(default_factory=list)  # (step, window) a reply
 
     @classmethod
     def begin(cls, episode_id: str, task: dict[str, Any], deltas: ChatDeltas) -> "SequenceEpisode":
         ep = cls(episode_id, task, deltas, messages=deltas.prepare(task["messages"]))
-        ep._context(deltas.start(ep.messages), list(task.get("images") or []))
+        ep.head = len(ep.messages)
+        images = list(task.get("images") or [])
+        ep._context(deltas.start(ep.messages), images)
+        ep.frame_owner += frame_owners(ep.messages, len(images), 0)
         return ep
 
     @property
@@ -73,8 +86,19 @@ class SequenceEpisode:
         self.loss_mask += [0] * len(ids)
         self.logprobs += [0.0] * len(ids)
 
-    def add_reply(self, reply_ids: list[int], logprobs: list[float]) -> str:
-        """Append a sampled reply and the template's closing; returns the reply's content."""
+    def given(self) -> tuple[list[int], list[tuple[int, np.ndarray]]]:
+        """What the model is given for the next reply: its window, or the whole sequence; the
+        prompt ids and each frame with where its placeholders begin."""
+        if self.window is None:
+            return self.ids, list(zip(self.image_starts, self.images))
+        w = self.window
+        return w.ids, [(start, self.images[j]) for start, j in zip(w.starts, w.frames)]
+
+    def add_reply(self, reply_ids: list[int], logprobs: list[float], step: int = 0) -> str:
+        """Append a sampled reply (generated at lock-step `step`) and the template's closing;
+        returns the reply's content."""
+        if self.window is not None:
+            self.windows.append((step, self.window))
         start = len(self.ids)
         self.ids += reply_ids
         self.loss_mask += [1] * len(reply_ids)
@@ -92,22 +116,13 @@ class SequenceEpisode:
         """Append tool results or a user turn: their template delta (`ChatDeltas.append`),
         as context, with the frames its `<image>` placeholders stand for."""
         self._context(delta_ids, list(images))
+        self.frame_owner += frame_owners(messages, len(images), len(self.messages))
         self.messages += messages
 
     def _place_images(self, ids: list[int], images: list[np.ndarray]) -> None:
         """Record where each image of a context delta starts; placeholders and frames must
         match one to one."""
-        if self.deltas.image_token is None:
-            raise UserError(f"episode {self.episode_id}: the task gives image observations but "
-                            "the model has no image side (its model dir has no vision/; "
-                            "docs/image-observations.md)")
-        image_id, width = self.deltas.image_token
-        at = [i for i, t in enumerate(ids) if t == image_id]
-        starts = at[::width]
-        if len(at) != width * len(images) or any(at[k * width + width - 1] != s + width - 1
-                                                 for k, s in enumerate(starts)):
-            raise UserError(f"episode {self.episode_id}: {len(images)} image(s) for "
-                            f"{len(at) / width:g} <image> placeholder(s) in the messages")
+        starts = self.deltas.image_starts(ids, len(images), f"episode {self.episode_id}")
         self.image_starts += [len(self.ids) + s for s in starts]
         self.images += images
 
@@ -124,7 +139,26 @@ class SequenceEpisode:
         self.reason = reason
 
     def record(self) -> dict[str, Any]:
-        """The episode as one row of the sequence Parquet (docs/design.md, sequence mode)."""
+        """The episode as the rollout's record (docs/design.md §4b); with a history window also
+        each reply's window and lock-step, and the window a next reply would have seen when the
+        episode was cut short (`window` once it ended: its bootstrap)."""
+        return {**self._record(), **self._window_record()}
+
+    def _window_record(self) -> dict[str, Any]:
+        if not self.windows:
+            return {}
+        out: dict[str, Any] = {
+            "reply_steps": [step for step, _ in self.windows],
+            "window_prompts": [list(w.ids) for _, w in self.windows],
+            "window_frames": [list(w.frames) for _, w in self.windows],
+            "window_image_starts": [list(w.starts) for _, w in self.windows]}
+        if self.window is not None and self.reason != DONE:
+            out.update(bootstrap_prompt_ids=list(self.window.ids),
+                       bootstrap_frames=list(self.window.frames),
+                       bootstrap_image_starts=list(self.window.starts))
+        return out
+
+    def _record(self) -> dict[str, Any]:
         return {
             "episode_id": self.episode_id, "task": self.task.get("task", ""),
             "episode_seed": int(self.task.get("seed", 0)),

@@ -1,6 +1,11 @@
-"""What a batch of whole-episode samples (docs/design.md §4) says: success, reward, replies, tool-call validity,
+"""What a batch of conversation samples (docs/design.md §4) says: success, reward, replies, tool-call validity,
 image observations, why episodes ended and how the tokenization check went; summed over ranks
 in training.
+
+A whole episode is one sample; an episode played with a history window is a sample per reply,
+its conversation's columns on the last one. Episodes are counted by the samples that end them;
+tokens, model tokens and images are summed over every sample (in a window: what the model was
+given, reply by reply, so `mean_tokens` is what an episode cost).
 
 Counts are `termination/<reason>` (done, max_assistant_turns, max_user_turns, token_budget,
 time_limit) and `tokenization/<outcome>` (identical, same_text, strippable, skipped), every key
@@ -24,10 +29,12 @@ _SUMS = ("episodes", "successes", "reward", "assistant_turns", "user_turns", "to
 
 def _totals(samples: list[dict[str, Any]]) -> dict[str, float]:
     out = dict.fromkeys(_SUMS, 0.0)
+    ends = [s for s in samples if ends_episode(s)]
+    out["episodes"] = float(len(ends))
+    out["successes"] = float(sum(bool(s["replies"] and s["replies"][-1]["success"])
+                                 for s in ends))
     for s in samples:
         replies = s["replies"] or []
-        out["episodes"] += 1
-        out["successes"] += bool(replies and replies[-1]["success"])
         out["reward"] += float(sum(r["reward"] or 0.0 for r in replies))
         for key in ("assistant_turns", "user_turns", "tool_calls", "tool_errors"):
             out[key] += int(s[key] or 0)
@@ -35,11 +42,18 @@ def _totals(samples: list[dict[str, Any]]) -> dict[str, float]:
         out["model_tokens"] += int(sum(s["loss_mask"]))
         out["images"] += len(s.get("images") or [])
     for reason in REASONS:
-        out[f"termination/{reason}"] = float(sum(ending(s) == reason for s in samples))
+        out[f"termination/{reason}"] = float(sum(ending(s) == reason for s in ends))
     for outcome in OUTCOMES:
         out[f"tokenization/{outcome}"] = float(sum((s.get("tokenization_check") or "skipped")
-                                                   == outcome for s in samples))
+                                                   == outcome for s in ends))
     return out
+
+
+def ends_episode(sample: dict[str, Any]) -> bool:
+    """The sample holds its episode's last reply (a whole episode always does; of a history
+    window's samples, one a reply each, the last), or no reply at all."""
+    replies = sample["replies"]
+    return not replies or replies[-1]["termination"] is not None
 
 
 def ending(sample: dict[str, Any]) -> str:

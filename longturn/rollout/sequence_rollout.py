@@ -9,7 +9,14 @@ After each reply:
   (`time_limit` when it says the episode was cut by a time limit, else `done`) or answers as the
   user; without an interaction such a reply ends the episode;
 - limits end it too: `max_assistant_turns`, `max_user_turns`, `max_tokens` (the token budget of
-  the whole sequence: a reply is cut to fit, and no context is appended past it).
+  what a reply is given plus the reply: a reply is cut to fit, and no context is appended past
+  it).
+
+What the model is given for a reply is one setting, `context`: the whole episode (`episode`,
+verl / slime), or its history window (`window`, rollout/history_window.py: the task's messages
+and the last `history_turns` turns, rendered fresh). Either way the episode's sequence grows as
+below and is checked at the end; in a window only the prompts change, and the token budget
+bounds each window and its reply instead of the whole episode.
 When an episode ends, the template's closing follows its last reply, the accumulated ids are
 checked against a full re-rendering (`tokenization_check`), and tools and interaction release it.
 
@@ -32,7 +39,9 @@ from tqdm.auto import tqdm
 
 from longturn.engines.base import Engine, SamplingParams
 from longturn.envs.base import Observation
+from longturn.errors import SettingError
 from longturn.rollout.chat_deltas import ChatDeltas
+from longturn.rollout.history_window import frame_owners, render_window
 from longturn.rollout.sequence_episode import (DONE, MAX_ASSISTANT_TURNS, MAX_USER_TURNS, TIME_LIMIT,
                                        TOKEN_BUDGET, SequenceEpisode)
 from longturn.tasks.interactions import BaseInteraction
@@ -45,6 +54,8 @@ if TYPE_CHECKING:
     from longturn.params.config import SequenceParams
 
 log = logging.getLogger(__name__)
+
+EPISODE, WINDOW = "episode", "window"  # rollout.sequence.context: what a reply is given
 
 
 @dataclass
@@ -59,22 +70,29 @@ class SequenceSettings:
     max_tokens: int
     max_tool_response_chars: int
     tokenization_check: str
+    context: str  # EPISODE: a reply is given the whole episode; WINDOW: its history window
+    history_turns: int  # the turns of a window
     tools: ToolBox | None
     interaction: BaseInteraction | None
     reward_fn: Callable[[dict[str, Any], list[dict[str, Any]]], float] | None
     progress: bool
 
     @classmethod
-    def from_config(cls, section: SequenceParams, *, tools: ToolBox | None,
+    def from_config(cls, section: SequenceParams, *, history_turns: int, tools: ToolBox | None,
                     interaction: BaseInteraction | None,
                     reward_fn: Callable[[dict[str, Any], list[dict[str, Any]]], float] | None,
                     progress: bool) -> SequenceSettings:
-        """rollout.sequence's limits plus what the run loaded from its files."""
+        """rollout.sequence's limits and context, the window's turns (prompt.history_turns, the
+        same key as an env slot's window), plus what the run loaded from its files."""
+        if section.context == WINDOW and history_turns < 1:
+            raise SettingError("rollout.sequence.context window with prompt.history_turns 0 "
+                               "would show no reply and no tool result: set it to 1 or more")
         return cls(max_assistant_turns=section.max_assistant_turns,
                    max_user_turns=section.max_user_turns, max_tokens=section.max_tokens,
                    max_tool_response_chars=section.max_tool_response_chars,
-                   tokenization_check=section.tokenization_check, tools=tools,
-                   interaction=interaction, reward_fn=reward_fn, progress=progress)
+                   tokenization_check=section.tokenization_check, context=section.context,
+                   history_turns=history_turns, tools=tools, interaction=interaction,
+                   reward_fn=reward_fn, progress=progress)
 
 
 def _tool_turn(ep: SequenceEpisode, tools: ToolBox, calls: list, limit: int
@@ -157,8 +175,13 @@ def _after_reply(ep: SequenceEpisode, content: str, s: SequenceSettings
 
 
 def _finish(ep: SequenceEpisode, s: SequenceSettings) -> dict[str, Any]:
-    """Credit the tools' episode rewards, release tools and interaction, run the check."""
+    """Credit the tools' episode rewards, release tools and interaction, run the check; in a
+    window, keep the window a next reply would have seen when the episode was cut short (its
+    bootstrap)."""
     try:
+        if ep.windows:
+            ep.window = None if ep.reason == DONE else _next_window(ep, s, ep.messages,
+                                                                    ep.frame_owner)
         if s.tools is not None and ep.segments:  # no reply fitted: nothing to credit
             for name, value in s.tools.rewards(ep.episode_id).items():
                 if value:
@@ -187,6 +210,8 @@ def sequence_rollout(engine: Engine, tokenizer: Any, sampling: SamplingParams,
     episodes = []
     for i, task in enumerate(tasks):
         ep = SequenceEpisode.begin(f"{id_prefix}-{i}", task, deltas)
+        if s.context == WINDOW:
+            ep.window = _next_window(ep, s, ep.messages, ep.frame_owner)
         if s.tools is not None:
             s.tools.create(ep.episode_id, task.get("tools_kwargs"))
         if s.interaction is not None:
@@ -203,7 +228,7 @@ def sequence_rollout(engine: Engine, tokenizer: Any, sampling: SamplingParams,
         completions = _generate(engine, active, dataclasses.replace(sampling, seed=seed))
         for ep, completion in zip(active, completions):
             reply = completion.token_ids[:_room(ep, s)]
-            content = ep.add_reply(reply, completion.logprobs)
+            content = ep.add_reply(reply, completion.logprobs, step)
             if len(reply) < len(completion.token_ids):
                 ep.end(TOKEN_BUDGET)  # cut to fit: neither tools nor the user see it
                 continue
@@ -212,10 +237,18 @@ def sequence_rollout(engine: Engine, tokenizer: Any, sampling: SamplingParams,
                 continue
             messages, images = follow
             delta = deltas.append(messages)
-            if len(ep.ids) + len(delta) >= s.max_tokens:
+            window = None
+            if ep.window is not None:  # the next reply's window must leave room for a reply
+                window = _next_window(ep, s, ep.messages + messages, ep.frame_owner
+                                      + frame_owners(messages, len(images), len(ep.messages)))
+                over = len(window.ids) + len(deltas.closing_ids) >= s.max_tokens
+            else:
+                over = len(ep.ids) + len(delta) >= s.max_tokens
+            if over:
                 ep.end(TOKEN_BUDGET)
                 continue
             ep.add_messages(messages, delta, images)
+            ep.window = window
         bar.n = sum(ep.done for ep in episodes)
         bar.refresh()
         step += 1
@@ -224,17 +257,25 @@ def sequence_rollout(engine: Engine, tokenizer: Any, sampling: SamplingParams,
 
 
 def _generate(engine: Engine, active: list[SequenceEpisode], sampling: SamplingParams) -> list:
-    """Every active episode's next reply; with images, each prompt's frames and their starts
-    (only then, so engines without image support keep their plain signature)."""
+    """Every active episode's next reply from what it is given (`SequenceEpisode.given`); with
+    images, each prompt's frames and their starts (only then, so engines without image support
+    keep their plain signature)."""
     if not active:
         return []
-    prompts = [ep.ids for ep in active]
-    if not any(ep.images for ep in active):
-        return engine.generate(prompts, sampling)
-    images = [list(zip(ep.image_starts, ep.images)) for ep in active]
-    return engine.generate(prompts, sampling, images=images)
+    prompts, images = zip(*(ep.given() for ep in active))
+    if not any(images):
+        return engine.generate(list(prompts), sampling)
+    return engine.generate(list(prompts), sampling, images=list(images))
+
+
+def _next_window(ep: SequenceEpisode, s: SequenceSettings, messages: list[dict[str, Any]],
+                 owners: list[int]):
+    """The window of `messages` (the episode's, or with the ones about to be appended)."""
+    return render_window(ep.deltas, messages, owners, ep.head, s.history_turns,
+                         f"episode {ep.episode_id}")
 
 
 def _room(ep: SequenceEpisode, s: SequenceSettings) -> int:
-    """Reply tokens that still fit the token budget, leaving space for the turn's closing."""
-    return s.max_tokens - len(ep.ids) - len(ep.deltas.closing_ids)
+    """Reply tokens that still fit the token budget after what the model is given, leaving
+    space for the turn's closing."""
+    return s.max_tokens - len(ep.given()[0]) - len(ep.deltas.closing_ids)

@@ -14,13 +14,15 @@ from longturn.engines.base import Engine, SamplingParams
 from longturn.errors import SettingError
 from longturn.rollout.functions import BUILTIN, resolve_rollout_function
 from longturn.tasks.interactions import load_interactions
-from longturn.rollout.sequence_rollout import SequenceSettings
+from longturn.rollout.sequence_rollout import WINDOW, SequenceSettings
 from longturn.tasks.tools import ToolBox, load_tools
 from longturn.tasks.registry import load_task
 
 # What every rollout function's record must carry for the Parquet, scoring and metrics.
 REQUIRED = ("input_ids", "loss_mask", "segment_starts", "segment_ends", "segment_rewards",
             "termination", "truncated", "messages")
+# and, with a history window, what each reply was given (SequenceEpisode.record)
+WINDOW_REQUIRED = ("reply_steps", "window_prompts", "window_frames", "window_image_starts")
 
 
 def _interaction(params: Params) -> Any:
@@ -53,7 +55,8 @@ class SequenceRun:
         s = params.rollout.sequence
         tasks = {name: load_task(name) for name in (task_names or params.env.tasks)}
         settings = SequenceSettings.from_config(
-            s, tools=ToolBox(load_tools(s.tools)) if s.tools is not None else None,
+            s, history_turns=params.prompt.history_turns,
+            tools=ToolBox(load_tools(s.tools)) if s.tools is not None else None,
             interaction=_interaction(params), reward_fn=None, progress=progress)
         run = cls(tasks, settings, resolve_rollout_function(s.function or BUILTIN))
         settings.reward_fn = run.reward
@@ -79,9 +82,12 @@ class SequenceRun:
                                f"{len(records)} tasks: it must return one record per task")
         for i, (rec, task, episode_id) in enumerate(zip(out, records, episode_ids)):
             missing = [k for k in REQUIRED if k not in rec]
+            if self.settings.context == WINDOW and rec.get("segment_starts"):
+                missing += [k for k in WINDOW_REQUIRED if k not in rec]
             if missing:
                 raise SettingError(f"rollout function: record {i} lacks {missing}")
-            rec.update(episode_id=episode_id, task=task["task"], episode_seed=int(task["seed"]))
+            rec.update(episode_id=episode_id, task=task["task"], episode_seed=int(task["seed"]),
+                       env_index=i)  # its slot in this call: a window's samples chain by it
             messages = rec["messages"]
             rec["success"] = self.success(task, json.loads(messages) if isinstance(messages, str)
                                           else messages)

@@ -1,8 +1,8 @@
 """Evaluation in sequence mode: play `eval.episodes_per_task` episodes per task on seeds
 `eval.seed + i` (the same in the zero-shot and the final evaluation, so they pair up), and write
 what turn mode writes: metrics.json (per task and overall), episodes.parquet (one row per episode
-in the episode schema, so the report's paired test reads it unchanged) and turns.parquet, which
-in sequence mode holds the whole episodes (the sequence schema; its metadata says mode: sequence).
+in the episode schema, so the report's paired test reads it unchanged) and turns.parquet: the
+episodes as samples (one per whole episode, or one per reply of a history window).
 
 In the metrics and the episode rows, an episode's length is its number of replies and its
 valid-action ratio is the share of its tool calls that ran (1 when it made none).
@@ -23,7 +23,7 @@ from longturn.run.eval_journal import EvalJournal
 from longturn.run.eval_key import evaluation_key
 from longturn.rollout.sequence_metrics import json_safe, sequence_metrics
 from longturn.rollout.sequence_setup import SequenceRun
-from longturn.rollout.samples import sample_from_episode
+from longturn.rollout.samples import samples_from_episodes
 from longturn.trajectories import (SAMPLE_SCHEMA, SCHEMA_VERSION, file_metadata, write_arrow,
                                    write_episodes)
 
@@ -81,9 +81,10 @@ def evaluate_sequences(engine: Engine, tokenizer: Any, params: Params, out_dir: 
             continue
         played = run.play(engine, tokenizer, sampling, [run.record(t, s) for t, s in chunk],
                           ids[start:start + e.parallel_envs])
-        for record in played:
-            record.update(run_id=run_id, policy_version=policy_version, iteration=0)
-            journal.add(episode_row(record), [sample_from_episode(record)])
+        for slot, record in enumerate(played, start):  # slots unique over the chunks
+            record.update(run_id=run_id, policy_version=policy_version, iteration=0,
+                          env_index=slot)
+            journal.add(episode_row(record), samples_from_episodes([record]))
         journal.flush()
     position = {episode_id: i for i, episode_id in enumerate(ids)}
     table = journal.turns()

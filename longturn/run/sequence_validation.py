@@ -18,7 +18,7 @@ from typing import Any
 
 from longturn.params.config import Params
 from longturn.engines.base import Engine, SamplingParams
-from longturn.rollout.samples import samples_from_episodes
+from longturn.rollout.samples import sample_from_episode
 from longturn.rollout.sequence_metrics import ending, sequence_metrics
 from longturn.rollout.sequence_setup import SequenceRun
 from longturn.run.validation import TaskValidation
@@ -56,9 +56,10 @@ def validate_sequence_tasks(engine: Engine, tokenizer: Any, params: Params,
     run = SequenceRun.from_params(params, list(params.eval.tasks or params.env.tasks))
     results = []
     for task in run.tasks:
-        samples = samples_from_episodes(run.play(
+        # one packed sample per episode whatever the context: validation reads conversations
+        samples = [sample_from_episode(record) for record in run.play(
             engine, tokenizer, sampling, [run.record(task, s) for s in seeds],
-            [f"validation-{task}-{s}" for s in seeds]))
+            [f"validation-{task}-{s}" for s in seeds])]
         result = TaskValidation(task, samples,
                                 task_metrics(samples, params.rollout.sequence.max_tokens))
         results.append(result)

@@ -1,0 +1,318 @@
+"""A history window for conversation episodes (`rollout.sequence.context: window`): which messages
+a reply is given, how the window is rendered (tools and frames included), what the rollout gives
+the engine and records, the samples an episode becomes (one per reply, chained by slot and step),
+and that scoring and GAE run over them unchanged."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from gae_reference import reference_gae
+from longturn.algo.critic import ValueModel, state_values
+from longturn.algo.gae import GAEParams
+from longturn.algo.model_set import ModelSet
+from longturn.algo.sample_scoring import sample_frames, score_samples
+from longturn.engines.base import Completion
+from longturn.errors import SettingError
+from longturn.params.config import Params, parse_params
+from longturn.rollout.chat_deltas import ChatDeltas
+from longturn.rollout.history_window import frame_owners, render_window, window_messages
+from longturn.rollout.samples import sample_from_episode, samples_from_episodes
+from longturn.rollout.sequence_metrics import sequence_metrics
+from longturn.rollout.sequence_rollout import SequenceSettings, sequence_rollout
+from longturn.tasks.arithmetic import make_problem, task_record
+from longturn.tasks.env_frames import BABYAI_GOTO_FRAMES
+from longturn.tasks.interactions import load_interactions
+from longturn.tasks.tools import ToolBox, load_tools
+from longturn.trajectories import write_samples
+from longturn.vision.frames import from_png
+from settings_from_params import sampling_settings, sequence_settings
+
+ROOT = Path(__file__).resolve().parents[1]
+WIDTH = 4  # positions per frame of the fake vision side below
+GAE = GAEParams(gamma_step=0.9, lambda_step=0.8, gamma_token=0.99, lambda_token=0.95)
+
+
+def message(role: str, content: str = "") -> dict:
+    return {"role": role, "content": content or role}
+
+
+# ------------------------------------------------------------------ which messages
+
+
+def test_the_window_is_the_task_and_the_last_n_turns():
+    head = [message("system"), message("user", "problem")]
+    turns = [[message("assistant", f"r{k}"), message("tool", f"t{k}")] for k in range(4)]
+    messages = head + [m for turn in turns for m in turn]
+    assert window_messages(messages, 2, 2) == [0, 1, 6, 7, 8, 9]  # replies 2 and 3
+    assert window_messages(messages, 2, 1) == [0, 1, 8, 9]
+    assert window_messages(messages, 2, 4) == list(range(10))  # not more turns than there are
+    assert window_messages(messages[:2], 2, 1) == [0, 1]  # the first reply: the task alone
+    # a turn is a reply and everything after it: a tool result and a user turn both
+    longer = messages + [message("user", "again")]
+    assert window_messages(longer, 2, 1) == [0, 1, 8, 9, 10]
+    with pytest.raises(ValueError, match="0 turns"):
+        window_messages(messages, 2, 0)
+
+
+def test_frames_belong_to_the_messages_that_carry_their_placeholders():
+    messages = [message("user", "<image>\na"), message("tool", "no frame"),
+                message("user", "<image><image>\nb")]
+    assert frame_owners(messages, 3, 10) == [10, 12, 12]
+    assert frame_owners(messages, 1, 10) == [12]  # counts disagree: the group's last message
+
+
+# ------------------------------------------------------------------ rendering
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_tokenizer_dir):
+    return AutoTokenizer.from_pretrained(smollm2_tokenizer_dir)
+
+
+@pytest.fixture(scope="module")
+def image_tokenizer(smollm2_tokenizer_dir):
+    """The SmolLM2 tokenizer with `<image>` as one token, as a LLaVA's has it."""
+    tok = AutoTokenizer.from_pretrained(smollm2_tokenizer_dir)
+    tok.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    return tok
+
+
+def tools() -> ToolBox:
+    return ToolBox(load_tools(ROOT / "configs/calculator_tools.yaml"))
+
+
+def test_a_window_is_rendered_fresh_with_the_tool_schemas(tokenizer):
+    deltas = ChatDeltas(tokenizer, tools().schemas)
+    messages = deltas.prepare(task_record(0)["messages"])  # the tool preamble in the system
+    head = len(messages)
+    for k in range(3):
+        messages += [message("assistant", f"reply {k}"), message("tool", f"result {k}")]
+    window = render_window(deltas, messages, [], head, 1, "test")
+    picked = messages[:head] + messages[-2:]
+    assert window.ids == tokenizer.encode(tokenizer.apply_chat_template(
+        picked, tokenize=False, add_generation_prompt=True), add_special_tokens=False)
+    text = tokenizer.decode(window.ids)
+    assert "<tools>" in text and "reply 2" in text and "result 2" in text
+    assert "reply 1" not in text and "result 1" not in text
+    assert (window.frames, window.starts) == ([], [])
+
+
+def test_a_window_holds_the_frames_of_its_messages_at_their_placeholders(image_tokenizer):
+    image_id = image_tokenizer.convert_tokens_to_ids("<image>")
+    deltas = ChatDeltas(image_tokenizer, image_token=(image_id, WIDTH))
+    messages = [message("system"), message("user", "<image>\nfirst view")]
+    for k in range(3):
+        messages += [message("assistant", f"ACTION: {k}"), message("user", f"<image>\nview {k}")]
+    owners = frame_owners(messages, 4, 0)
+    assert owners == [1, 3, 5, 7]
+    window = render_window(deltas, messages, owners, 2, 2, "test")
+    assert window.frames == [0, 2, 3]  # the task's frame and the last two turns'
+    assert len(window.starts) == 3
+    for start in window.starts:
+        assert window.ids[start:start + WIDTH] == [image_id] * WIDTH
+    assert window.ids.count(image_id) == 3 * WIDTH
+
+
+# ------------------------------------------------------------------ the rollout
+
+
+class CountingEngine:
+    """Replies from a script by how many replies its episode has had (a window's prompt does
+    not show them all); keeps every prompt and frame list it was given."""
+
+    def __init__(self, tokenizer, script: dict[str, list[str]], image_id: int | None = None):
+        self.tokenizer, self.script = tokenizer, script
+        self.im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.replies: dict[str, int] = {}
+        self.given: list[tuple[list[int], list]] = []
+        if image_id is not None:
+            self.vision = SimpleNamespace(placeholder=(image_id, WIDTH))
+
+    def generate(self, prompt_ids, sampling, images=None):
+        out = []
+        for i, ids in enumerate(prompt_ids):
+            key = next(k for k in self.script if k in self.tokenizer.decode(ids))
+            k = self.replies.get(key, 0)
+            self.replies[key] = k + 1
+            self.given.append((list(ids), list(images[i]) if images else []))
+            text = self.script[key][min(k, len(self.script[key]) - 1)]
+            tokens = self.tokenizer.encode(text, add_special_tokens=False) + [self.im_end]
+            out.append(Completion(tokens, [-0.5] * len(tokens), "stop"))
+        return out
+
+
+def call(expression: str) -> str:
+    return ('<tool_call>\n{"name": "calculator", "arguments": {"expression": "%s"}}\n</tool_call>'
+            % expression)
+
+
+EXPRESSIONS = [f"{10 + j} * 7" for j in range(1, 8)]
+
+
+def tool_episode(tokenizer, context: str, turns: int = 2, max_tokens: int = 4000, seeds=(0,),
+                 max_assistant_turns: int = 10):
+    """Seven calculator calls, then the answer, for each seed's problem."""
+    script = {make_problem(s).question: [call(e) for e in EXPRESSIONS]
+              + [f"ANSWER: {make_problem(s).answer}"] for s in seeds}
+    engine = CountingEngine(tokenizer, script)
+    settings = sequence_settings(tools=tools(), context=context, history_turns=turns,
+                                 max_assistant_turns=max_assistant_turns, max_tokens=max_tokens)
+    records = sequence_rollout(engine, tokenizer, sampling_settings(max_new_tokens=64, seed=0),
+                               [task_record(s) for s in seeds], settings)
+    return engine, records
+
+
+def test_the_engine_is_given_each_replys_window_and_the_episode_is_kept_whole(tokenizer):
+    engine, [rec] = tool_episode(tokenizer, "window", turns=2)
+    _, [whole] = tool_episode(tokenizer, "episode")
+    # the conversation, its tokens and its check are what the whole-episode context keeps
+    assert rec["input_ids"] == whole["input_ids"] and rec["messages"] == whole["messages"]
+    assert rec["tokenization_check"] == "identical" and rec["termination"] == "done"
+    assert rec["reply_steps"] == list(range(8))
+    given = [ids for ids, _ in engine.given]
+    assert given == rec["window_prompts"]
+    assert given[0] == rec["input_ids"][:rec["segment_starts"][0]]  # the task alone, as packed
+    for k, ids in enumerate(given):
+        text = tokenizer.decode(ids)
+        shown = [j for j, e in enumerate(EXPRESSIONS) if f'"{e}"' in text]
+        assert shown == [j for j in (k - 2, k - 1) if 0 <= j < len(EXPRESSIONS)], k
+        assert make_problem(0).question in text
+    assert max(map(len, given)) < len(rec["input_ids"][:rec["segment_starts"][-1]])
+
+
+def test_the_token_budget_bounds_each_window_and_reply_not_the_episode(tokenizer):
+    budget = 450
+    _, [whole] = tool_episode(tokenizer, "episode", max_tokens=budget)
+    assert whole["termination"] == "token_budget"
+    _, [rec] = tool_episode(tokenizer, "window", max_tokens=budget)
+    assert rec["termination"] == "done" and len(rec["input_ids"]) > budget
+    closing = len(ChatDeltas(tokenizer).closing_ids)
+    for prompt, start, end in zip(rec["window_prompts"], rec["segment_starts"],
+                                  rec["segment_ends"]):
+        assert len(prompt) + (end - start) + closing <= budget
+
+
+def test_an_episode_becomes_one_sample_per_reply_chained_by_slot_and_step(tokenizer, tmp_path):
+    _, records = tool_episode(tokenizer, "window", seeds=(0, 1), max_assistant_turns=5)
+    for r in records:
+        r.update(run_id="t", iteration=0, episode_id=f"ep{r['episode_seed']}")
+    samples = samples_from_episodes(records)
+    assert len(samples) == sum(len(r["segment_starts"]) for r in records) == 10
+    for slot, rec in enumerate(records):
+        mine = [s for s in samples if s["episode_id"] == rec["episode_id"]]
+        assert [s["env_index"] for s in mine] == [slot] * 5
+        assert [s["replies"][0]["step"] for s in mine] == [0, 1, 2, 3, 4]
+        for k, (s, start, end) in enumerate(zip(mine, rec["segment_starts"],
+                                                rec["segment_ends"])):
+            assert s["prompt_ids"] == rec["window_prompts"][k]
+            assert s["response_ids"] == rec["input_ids"][start:end]
+            assert s["loss_mask"] == [1] * (end - start)
+            [reply] = s["replies"]
+            assert (reply["start"], reply["end"], reply["turn"]) == (0, end - start, k)
+            # GiGPO's anchor: what the model saw since its previous reply, as in a packed sample
+            assert reply["observation"] == sample_from_episode(rec)["replies"][k]["observation"]
+        *before, last = mine
+        assert all(s["messages"] is None and not s["replies"][0]["truncated"] for s in before)
+        # cut by max_assistant_turns: the last reply is truncated and bootstraps from the window
+        # the next reply would have seen (its own call and the tool result dropped by the cut)
+        assert last["replies"][0]["truncated"] and last["assistant_turns"] == 5
+        assert last["bootstrap_prompt_ids"] == rec["bootstrap_prompt_ids"]
+        text = tokenizer.decode(last["bootstrap_prompt_ids"])
+        assert f'"{EXPRESSIONS[4]}"' in text and f'"{EXPRESSIONS[2]}"' not in text
+    write_samples(samples, tmp_path / "part.parquet")  # the replies tile the loss tokens
+    windowed = sequence_metrics(samples)
+    packed = sequence_metrics([sample_from_episode(r) for r in records])
+    for key in ("episodes", "successes", "mean_assistant_turns", "tool_calls_per_episode",
+                "termination/max_assistant_turns", "tokenization/identical"):
+        assert windowed[key] == packed[key], key
+    assert windowed["mean_tokens"] > packed["mean_tokens"]  # windows re-read the task each reply
+
+
+def test_a_window_of_no_turns_is_refused_by_name():
+    params = Params()
+    with pytest.raises(SettingError, match="prompt.history_turns 0"):
+        SequenceSettings.from_config(params.rollout.sequence.model_copy(update={"context": "window"}),
+                                     history_turns=0, tools=None, interaction=None,
+                                     reward_fn=None, progress=False)
+    assert params.rollout.sequence.context == "episode"
+    assert parse_params({"rollout": {"sequence": {"context": "window"}}}).rollout.sequence.context \
+        == "window"
+
+
+# ------------------------------------------------------------------ frames
+
+
+def test_frames_go_with_their_messages_into_each_window(image_tokenizer, tmp_path):
+    image_id = image_tokenizer.convert_tokens_to_ids("<image>")
+    engine = CountingEngine(image_tokenizer, {"": ["ACTION: turn left", "ACTION: turn right"]},
+                            image_id=image_id)
+    task = {**BABYAI_GOTO_FRAMES.record(5), "task": "babyai_goto_frames", "seed": 5}
+    settings = sequence_settings(
+        interaction=load_interactions(ROOT / "configs/env_interactions.yaml")["env"],
+        context="window", history_turns=1, max_assistant_turns=4, max_user_turns=6,
+        max_tokens=4000)
+    [rec] = sequence_rollout(engine, image_tokenizer, sampling_settings(seed=0), [task], settings)
+    assert rec["termination"] == "max_assistant_turns" and len(rec["images"]) == 4
+    assert rec["window_frames"] == [[0], [0, 1], [0, 2], [0, 3]]  # the task's and the last turn's
+    rec.update(run_id="t", iteration=0, episode_id="frames")
+    samples = samples_from_episodes([rec])
+    for k, (sample, (ids, frames)) in enumerate(zip(samples, engine.given)):
+        assert sample["images"] == [rec["images"][j] for j in rec["window_frames"][k]]
+        assert [start for start, _ in frames] == sample["image_starts"]
+        for (start, frame), png in zip(frames, sample["images"]):
+            np.testing.assert_array_equal(frame, from_png(png))
+            assert ids[start:start + WIDTH] == [image_id] * WIDTH
+    last = samples[-1]
+    boot = sample_frames(last, "bootstrap_")  # what scoring gives the critic with the prompt
+    # the last turn is the last reply alone: the observation after it was not appended
+    assert last["bootstrap_images"] == [rec["images"][0]]
+    for start, _ in boot:
+        assert last["bootstrap_prompt_ids"][start:start + WIDTH] == [image_id] * WIDTH
+    write_samples(samples, tmp_path / "frames.parquet")
+
+
+# ------------------------------------------------------------------ scoring
+
+
+@pytest.fixture(scope="module")
+def models(tiny_model_dir) -> ModelSet:
+    torch.manual_seed(5)
+    actor = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    ref = copy.deepcopy(actor)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return ModelSet(actor, ref, ValueModel.from_pretrained(tiny_model_dir, head_std=0.5).eval())
+
+
+def test_window_samples_score_as_one_chain_bootstrapped_by_the_critic(tokenizer, models):
+    _, records = tool_episode(tokenizer, "window", max_assistant_turns=4)
+    records[0].update(run_id="t", iteration=0, episode_id="ep")
+    samples = score_samples(samples_from_episodes(records), models,
+                            SimpleNamespace(temperature=1.0, kl_beta=0.05, kl_estimator="k1",
+                                            mini_batch_size=4, bf16=False, share_prefix=False),
+                            GAE, None, tokenizer.pad_token_id)
+    values = [s["values"] for s in samples]
+    with torch.no_grad():  # the critic's own value of the window a next reply would see
+        boot = float(state_values(models.critic, [samples[-1]["bootstrap_prompt_ids"]],
+                                  tokenizer.pad_token_id)[0])
+    expected_next = [v[0] for v in values[1:]] + [boot]
+    assert [s["replies"][0]["next_value"] for s in samples] == pytest.approx(expected_next,
+                                                                             abs=1e-5)
+    adv, ret = reference_gae(np.concatenate(values), np.concatenate([s["token_rewards"]
+                                                                     for s in samples]),
+                             [len(v) for v in values], expected_next, [1, 1, 1, 0], GAE)
+    np.testing.assert_allclose(np.concatenate([s["advantages"] for s in samples]), adv,
+                               atol=1e-4)
+    np.testing.assert_allclose(np.concatenate([s["returns"] for s in samples]), ret, atol=1e-4)
+    assert all(np.isfinite(s["advantages"]).all() for s in samples)
+    json.dumps([s["replies"] for s in samples])  # plain values, as written
