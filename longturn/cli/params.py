@@ -44,9 +44,11 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 
 
 def _list(profiles_dir: Path) -> int:
-    for path in sorted(profiles_dir.glob("*.yaml")):
+    paths = sorted(profiles_dir.glob("*.yaml"))
+    width = max((len(path.stem) for path in paths), default=0)  # names in one column
+    for path in paths:
         first = next((line for line in path.read_text().splitlines() if line.startswith("#")), "")
-        print(f"{path.stem:12} {first.lstrip('# ')}")
+        print(f"{path.stem:{width}} {first.lstrip('# ')}")
     return 0
 
 
