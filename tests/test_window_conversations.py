@@ -1,0 +1,123 @@
+"""The two combinations a history window opens, through the real `dvc exp run` of all seven stages
+at toy size: arithmetic with the calculator tool (profile calculator_window) on the tiny model,
+and BabyAI goto with frames (profile vision_window) on a tiny random LLaVA. Training writes one
+sample per reply whose prompt is that reply's window: the task and the last N turns, nothing
+older, with the frames of those turns only; the advantages are finite and `longturn audit gae`
+recomputes them from the files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from transformers import AutoTokenizer
+
+from longturn.algo.sample_scoring import audit_samples_file
+from test_pipeline_smoke import STAGES, _dvc, _git, scratch_repo
+from test_sequence_pipeline import toy_sequence_params
+from vlm_fixtures import TOKENS_PER_IMAGE, build_tiny_llava
+
+TURNS = 1  # prompt.history_turns: reply k sees reply k-1, never k-2
+LONGER_REVISIONS = """interactions:
+  - name: revise
+    class: longturn.tasks.arithmetic:RevisionInteraction
+    config:
+      max_revisions: 3
+"""
+
+
+def audit_gae(repo: Path) -> None:
+    """`longturn audit gae` over the run's training files, as a user runs it."""
+    cli = Path(sys.executable).parent / "longturn"
+    done = subprocess.run([str(cli), "audit", "gae", str(repo / "data/train")], cwd=repo,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def episodes(part: Path) -> list[list]:
+    """The training file's samples, episode by episode, in reply order."""
+    samples = pd.read_parquet(part)
+    out = []
+    for _, group in samples.groupby("episode_id"):
+        rows = sorted(group.itertuples(), key=lambda r: r.replies[0]["turn"])
+        assert all(len(r.replies) == 1 for r in rows)  # one reply per sample
+        assert [r.replies[0]["turn"] for r in rows] == list(range(len(rows)))
+        assert [r.replies[0]["step"] for r in rows] == list(range(len(rows)))
+        assert len({r.env_index for r in rows}) == 1 and rows[0].env_index is not None
+        for r in rows:
+            assert list(r.loss_mask) == [1] * len(r.response_ids)
+            assert np.isfinite(r.advantages).all() and np.isfinite(r.returns).all()
+        out.append(rows)
+    return out
+
+
+def test_arithmetic_with_the_calculator_trained_with_a_window(tmp_path, tiny_model_dir):
+    params = toy_sequence_params(tiny_model_dir, "calculator_window")
+    params["prompt"]["history_turns"] = TURNS
+    # up to three revisions: a random model's episodes run four replies, past the window
+    params["rollout"]["sequence"].update(interactions="configs/longer_revisions.yaml",
+                                         max_user_turns=3, max_tokens=600)
+    repo = scratch_repo(tmp_path, params)
+    (repo / "configs/longer_revisions.yaml").write_text(LONGER_REVISIONS)
+    _git(repo, "add", "-A")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "interactions")
+    out = _dvc(repo, "exp", "run", "-n", "calculator_window")
+    for stage in STAGES:
+        assert f"Running stage '{stage}'" in out
+    for side in ("zero_shot", "final"):
+        metrics = json.loads((repo / f"data/eval/{side}/metrics.json").read_text())
+        assert metrics["overall"]["episodes"] == 2  # counted once, however many samples
+        turns = pd.read_parquet(repo / f"data/eval/{side}/turns.parquet")
+        assert turns["env_index"].notna().all() and (turns["replies"].map(len) == 1).all()
+    part = repo / "data/train/trajectories/iteration=0000/part-00.parquet"
+    assert audit_samples_file(part) < 1e-4
+    audit_gae(repo)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    checked = 0
+    for rows in episodes(part):
+        last = rows[-1]
+        assistant = [m["content"] for m in json.loads(last.messages) if m["role"] == "assistant"]
+        replies = assistant[len(assistant) - int(last.assistant_turns):]  # after the worked example
+        task = tokenizer.decode(rows[0].prompt_ids)  # the first reply sees the task alone
+        for k, row in enumerate(rows):
+            prompt = tokenizer.decode(row.prompt_ids)
+            assert prompt.startswith(task[:task.rindex("<|im_start|>assistant")])
+            if k >= 1:
+                assert replies[k - 1] in prompt
+            old = k - TURNS - 1
+            if old >= 0 and len(replies[old].strip()) >= 8 and replies[old] not in task:
+                assert replies[old] not in prompt, (k, replies[old])
+                checked += 1
+    assert checked, "no episode ran past its window: nothing was checked"
+
+
+def test_babyai_frames_trained_with_a_window(tmp_path, smollm2_tokenizer_dir):
+    llava = build_tiny_llava(smollm2_tokenizer_dir, tmp_path / "llava")
+    params = toy_sequence_params(str(llava), "vision_window")
+    params["prompt"]["history_turns"] = TURNS
+    params["rollout"]["sequence"].update(max_assistant_turns=3, max_user_turns=3, max_tokens=1200)
+    repo = scratch_repo(tmp_path, params)
+    out = _dvc(repo, "exp", "run", "-n", "vision_window")
+    for stage in STAGES:
+        assert f"Running stage '{stage}'" in out
+    part = repo / "data/train/trajectories/iteration=0000/part-00.parquet"
+    assert audit_samples_file(part) < 1e-4
+    audit_gae(repo)
+    image_id = AutoTokenizer.from_pretrained(llava).convert_tokens_to_ids("<image>")
+    longest = 0
+    for rows in episodes(part):
+        longest = max(longest, len(rows))
+        for k, row in enumerate(rows):
+            # the first observation's frame, and the frame after the previous reply: no older one
+            assert len(row.images) == len(row.image_starts) == min(k, TURNS) + 1
+            assert row.images[0] == rows[0].images[0]
+            for start in row.image_starts:  # each frame at its placeholders, in the prompt
+                assert list(row.prompt_ids[start:start + TOKENS_PER_IMAGE]) == \
+                    [image_id] * TOKENS_PER_IMAGE
+        if rows[-1].replies[0]["truncated"]:  # cut short: the critic sees the next window
+            assert len(rows[-1].bootstrap_images) == len(rows[-1].bootstrap_image_starts) >= 1
+    assert longest > TURNS + 1, "no episode ran past its window"
