@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from gae_reference import reference_gae
 from longturn.algo.critic import ValueModel, state_values
 from longturn.algo.gae import GAEParams
+from longturn.algo.group_advantages import GroupParams
 from longturn.algo.model_set import ModelSet
 from longturn.algo.sample_scoring import sample_frames, score_samples
 from longturn.engines.base import Completion
@@ -28,7 +29,7 @@ from longturn.rollout.history_window import frame_owners, render_window, window_
 from longturn.rollout.samples import sample_from_episode, samples_from_episodes
 from longturn.rollout.sequence_metrics import sequence_metrics
 from longturn.rollout.sequence_rollout import SequenceSettings, sequence_rollout
-from longturn.tasks.arithmetic import make_problem, task_record
+from longturn.tasks.arithmetic import TASK, make_problem, task_record
 from longturn.tasks.env_frames import BABYAI_GOTO_FRAMES
 from longturn.tasks.interactions import load_interactions
 from longturn.tasks.tools import ToolBox, load_tools
@@ -294,13 +295,16 @@ def models(tiny_model_dir) -> ModelSet:
     return ModelSet(actor, ref, ValueModel.from_pretrained(tiny_model_dir, head_std=0.5).eval())
 
 
+def scoring(kl_beta: float = 0.05) -> SimpleNamespace:
+    return SimpleNamespace(temperature=1.0, kl_beta=kl_beta, kl_estimator="k1", mini_batch_size=4,
+                           bf16=False, share_prefix=False)
+
+
 def test_window_samples_score_as_one_chain_bootstrapped_by_the_critic(tokenizer, models):
     _, records = tool_episode(tokenizer, "window", max_assistant_turns=4)
     records[0].update(run_id="t", iteration=0, episode_id="ep")
-    samples = score_samples(samples_from_episodes(records), models,
-                            SimpleNamespace(temperature=1.0, kl_beta=0.05, kl_estimator="k1",
-                                            mini_batch_size=4, bf16=False, share_prefix=False),
-                            GAE, None, tokenizer.pad_token_id)
+    samples = score_samples(samples_from_episodes(records), models, scoring(), GAE, None,
+                            tokenizer.pad_token_id)
     values = [s["values"] for s in samples]
     with torch.no_grad():  # the critic's own value of the window a next reply would see
         boot = float(state_values(models.critic, [samples[-1]["bootstrap_prompt_ids"]],
@@ -316,3 +320,34 @@ def test_window_samples_score_as_one_chain_bootstrapped_by_the_critic(tokenizer,
     np.testing.assert_allclose(np.concatenate([s["returns"] for s in samples]), ret, atol=1e-4)
     assert all(np.isfinite(s["advantages"]).all() for s in samples)
     json.dumps([s["replies"] for s in samples])  # plain values, as written
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "gigpo"])
+def test_group_estimators_give_a_reply_the_same_advantage_in_either_context(tokenizer, models,
+                                                                            estimator):
+    """Without KL the token rewards are the replies' rewards in both contexts, and GiGPO's anchor
+    states are the same text: a window's sample per reply gets the advantage and return its reply
+    gets inside the whole episode's packed sample."""
+    seeds = (0, 1, 2, 3)
+    script = {make_problem(s).question: [call(e) for e in EXPRESSIONS[:s % 3]]
+              + [f"ANSWER: {make_problem(s).answer + s % 2}"] for s in seeds}  # odd seeds wrong
+    settings = sequence_settings(tools=tools(), context="window", history_turns=1,
+                                 reward_fn=TASK.reward, max_tokens=4000)
+    records = sequence_rollout(CountingEngine(tokenizer, script), tokenizer,
+                               sampling_settings(max_new_tokens=64, seed=0),
+                               [task_record(s) for s in seeds], settings)
+    for seed, r in zip(seeds, records):
+        r.update(run_id="t", iteration=0, episode_id=f"ep{seed}", group_id=f"g{seed // 2}")
+    assert [r["reward"] for r in records] == [1.0, 0.0, 1.0, 0.0]
+    group = GroupParams(estimator, gamma_step=0.9, norm_std=True, step_weight=0.5)
+    windows = score_samples(samples_from_episodes(records), models, scoring(0.0), None, group,
+                            tokenizer.pad_token_id)
+    packed = score_samples([sample_from_episode(r) for r in records], models, scoring(0.0), None,
+                           group, tokenizer.pad_token_id)
+    spans = [(p, reply) for p in packed for reply in p["replies"]]
+    assert len(windows) == len(spans) == 1 + 2 + 3 + 1
+    for sample, (whole, reply) in zip(windows, spans):
+        for column in ("advantages", "returns"):
+            np.testing.assert_allclose(sample[column],
+                                       whole[column][reply["start"]:reply["end"]], atol=1e-6)
+    assert any(np.abs(s["advantages"]).max() > 0 for s in windows)
