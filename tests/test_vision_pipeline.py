@@ -1,6 +1,6 @@
 """Profile `vision` through the real `dvc exp run` of all seven stages, on a tiny random LLaVA
 built from a config (no real vision-language model ships): the base stage splits it, every stage
-plays BabyAI with frames, training writes sequence Parquet holding the frames it trained on."""
+plays BabyAI with frames, training writes packed samples holding the frames it trained on."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 
 import pandas as pd
 
-from longturn.algo.sequence_scoring import audit_sequence_file
+from longturn.algo.sample_scoring import audit_samples_file
 from longturn.vision.frames import from_png
 from test_pipeline_smoke import STAGES, _dvc, scratch_repo
 from test_sequence_pipeline import toy_sequence_params
@@ -35,11 +35,14 @@ def test_dvc_exp_run_of_the_vision_profile(tmp_path, smollm2_tokenizer_dir):
         assert set(metrics["tasks"]) == {"babyai_goto_frames"}
         assert metrics["overall"]["episodes"] == 2
     part = repo / "data/train/trajectories/iteration=0000/part-00.parquet"
-    assert audit_sequence_file(part) < 1e-4
+    assert audit_samples_file(part) < 1e-4
     for row in pd.read_parquet(part).itertuples():
         assert len(row.images) == len(row.image_starts) >= 1
         assert from_png(row.images[0]).shape == (112, 112, 3)
+        # image_starts index prompt_ids + response_ids; the prompt is context (loss mask 0)
+        mask = [0] * len(row.prompt_ids) + list(row.loss_mask)
         for start in row.image_starts:
-            assert not any(row.loss_mask[start:start + TOKENS_PER_IMAGE])
+            assert start + TOKENS_PER_IMAGE <= len(mask)
+            assert not any(mask[start:start + TOKENS_PER_IMAGE])
     assert (repo / "data/train/final/vision/config.json").is_file()
     assert "babyai_goto_frames" in (repo / "data/report/report.md").read_text()
