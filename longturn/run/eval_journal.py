@@ -5,7 +5,7 @@ plays only the rest (docs/operations.md, "Evaluations resume").
 Under `<out>/partial/`:
 
     key.json                      what the episodes were played with (longturn/run/eval_key.py)
-    part-NNNNN.turns.parquet      the turn rows (sequence rows in sequence mode) of some episodes
+    part-NNNNN.turns.parquet      the samples (docs/design.md §4) of some episodes
     part-NNNNN.episodes.parquet   their episode rows; written last, so a part without it is none
 
 Each file is written under a temp name, flushed to the disk and renamed into place. A journal
