@@ -18,8 +18,19 @@ Torch uses every core this process may run on unless --threads says otherwise.
 --tiny runs the tiny random model (bench/tiny_model.py) over turns 2-6 and 14-18, 8 new tokens per
 turn: a smoke run in seconds, not a measurement.
 
+--conversation: the same question for a tool-using conversation (issue 22), reply 10 vs reply 100
+(--replies; --tiny 3 and 12) of ONE long arithmetic episode of calculator calls, with the whole
+episode as context (verl / slime) and with a history window (profile calculator_window), side by
+side. The episode is played once through the real rollout with canned replies (the ids of a
+typical calculator call: no model runs while playing), so its messages, tool results and windows
+are the rollout's own; what is timed is the actor's forward over each reply's sample (the scoring
+pass): what the reply was given and the reply, the whole sequence before it or its window.
+Printed: prompt tokens and the median time of --repeats forwards per reply and context, and the
+ratios.
+
     .venv/bin/python bench/turn_cost.py [--fast-forward] [--turns 400] [--model-dir DIR]
         [--tiny [--tiny-dir DIR]]
+    .venv/bin/python bench/turn_cost.py --conversation [--replies 10 100] [--tiny]
 """
 
 from __future__ import annotations
@@ -38,8 +49,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from longturn.params.config import load_params  # noqa: E402
+from longturn.params.config import load_params, parse_params  # noqa: E402
+from longturn.params.profiles import resolve_profile  # noqa: E402
 from longturn.engines.base import Completion  # noqa: E402
+from longturn.engines.logprobs import (pack_prompt_response, response_logits,  # noqa: E402
+                                       token_logprobs)
+from longturn.rollout.sequence_rollout import sequence_rollout  # noqa: E402
+from longturn.rollout.sequence_setup import SequenceRun  # noqa: E402
 from longturn.engines.registry import make_engine, sampling_from_params  # noqa: E402
 from longturn.envs.babyai import BabyAITextEnv  # noqa: E402
 from longturn.run.models import load_tokenizer  # noqa: E402
@@ -47,8 +63,13 @@ from longturn.rollout.env_slots import AgentSettings, EnvSlot, generate_turns  #
 from cpu_threads import add_threads_arg, use_threads  # noqa: E402
 from tiny_model import add_tiny_args, fill_defaults, resolve_model_dir  # noqa: E402
 
-FULL = {"turns": 400, "early": 10, "half": 5, "new_tokens": None}
-TINY = {"turns": 16, "early": 4, "half": 2, "new_tokens": 8}
+FULL = {"turns": 400, "early": 10, "half": 5, "new_tokens": None, "replies": [10, 100],
+        "repeats": 3}
+TINY = {"turns": 16, "early": 4, "half": 2, "new_tokens": 8, "replies": [3, 12], "repeats": 3}
+WINDOW_PROFILE = ROOT / "configs" / "profiles" / "calculator_window.yaml"
+CANNED_CALL = ("I work the numbers out step by step with the calculator.\n<tool_call>\n"
+               '{{"name": "calculator", "arguments": {{"expression": "{} * 7 + 3"}}}}\n'
+               "</tool_call>")
 CANNED = ("THINK: I do not see my target yet, so I look around and keep exploring.\n"
           "ACTION: {}")
 CANNED_ACTIONS = ("turn left", "go forward", "turn right", "go forward")
@@ -87,6 +108,95 @@ def window_means(measured: dict[int, tuple[float, int, int]], lo: int, hi: int) 
     return tuple(statistics.mean(r[i] for r in rows) for i in range(3))
 
 
+class CannedCalls:
+    """Stands in for the engine while the conversation is played: every reply is a typical
+    calculator call (its token ids and the end-of-turn token), so the episode runs as long as
+    asked and each tool result is the calculator's own."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.replies = tokenizer, 0
+        self.end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    def generate(self, prompt_ids, sampling, images=None):
+        out = []
+        for _ in prompt_ids:
+            self.replies += 1
+            ids = self.tokenizer.encode(CANNED_CALL.format(10 + self.replies),
+                                        add_special_tokens=False) + [self.end]
+            out.append(Completion(ids, [0.0] * len(ids), "stop"))
+        return out
+
+
+def long_tool_episode(tokenizer, replies: int, max_tokens: int) -> tuple[dict, int]:
+    """One arithmetic episode of `replies` calculator calls, played by the rollout with the
+    calculator_window profile's settings (its record keeps the whole sequence and each reply's
+    window); the window's turns."""
+    profile = resolve_profile(WINDOW_PROFILE)
+    sequence = profile["rollout"]["sequence"]
+    sequence.update(tools=str(ROOT / sequence["tools"]), interactions=None,
+                    interaction=None)  # every reply is a call: no user turn
+    params = parse_params(profile, str(WINDOW_PROFILE))
+    run = SequenceRun.from_params(params, progress=False)
+    settings = dataclasses.replace(run.settings, max_assistant_turns=replies,
+                                   max_tokens=max_tokens, tokenization_check="off")
+    sampling = sampling_from_params(params, seed=0)
+    [record] = sequence_rollout(CannedCalls(tokenizer), tokenizer, sampling,
+                                [run.record("arithmetic", 0)], settings)
+    if len(record["segment_starts"]) < replies:
+        sys.exit(f"the episode ended after {len(record['segment_starts'])} replies "
+                 f"({record['termination']}): raise the model's context or lower --replies")
+    return record, settings.history_turns
+
+
+def forward_ms(model, samples: list[tuple[list[int], list[int]]], pad: int,
+               repeats: int) -> list[float]:
+    """Median wall time (ms) of the actor's no-grad forward scoring each (prompt, response),
+    the samples taken in turn round after round, so a load that comes and goes hits them alike;
+    a first round warms up."""
+    batches = [pack_prompt_response([prompt], [response], pad) for prompt, response in samples]
+    times: list[list[float]] = [[] for _ in batches]
+    with torch.no_grad():
+        for _ in range(repeats + 1):
+            for batch, kept in zip(batches, times):
+                t0 = time.perf_counter()
+                token_logprobs(response_logits(model, batch), batch.response_ids)
+                kept.append(time.perf_counter() - t0)
+    return [statistics.median(kept[1:]) * 1e3 for kept in times]
+
+
+def run_conversation(args: argparse.Namespace, model_dir: str) -> None:
+    from transformers import AutoModelForCausalLM
+
+    use_threads(args.threads)
+    early, late = args.replies
+    tokenizer = load_tokenizer(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    context = int(model.config.max_position_embeddings)
+    t0 = time.perf_counter()
+    record, turns = long_tool_episode(tokenizer, late + 1, context)
+    ids, starts, ends = record["input_ids"], record["segment_starts"], record["segment_ends"]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    samples = []  # per reply: the whole sequence before it, then its window; and the reply
+    for k in (early, late):
+        reply = ids[starts[k]:ends[k]]
+        samples += [(ids[:starts[k]], reply), (record["window_prompts"][k], reply)]
+    ms = forward_ms(model, samples, pad, args.repeats)
+    rows = {k: (len(samples[2 * i][0]), ms[2 * i], len(samples[2 * i + 1][0]), ms[2 * i + 1])
+            for i, k in enumerate((early, late))}
+    print(f"one arithmetic episode of {late + 1} calculator calls (canned replies through the "
+          f"rollout), {len(ids)} tokens in all; the actor's forward over a reply's sample, median "
+          f"of {args.repeats}; window of history_turns={turns}; torch threads="
+          f"{torch.get_num_threads()}, {time.perf_counter() - t0:.1f} s in all")
+    for k, (p_whole, t_whole, p_window, t_window) in rows.items():
+        print(f"  reply {k:3d}: whole episode prompt {p_whole:6d} tok {t_whole:8.1f} ms   "
+              f"window prompt {p_window:6d} tok {t_window:8.1f} ms")
+    (pe, te, we, ue), (pl, tl, wl, ul) = rows[early], rows[late]
+    print(f"  ratio reply {late} / reply {early}: whole episode time {tl / te:.2f}x prompt "
+          f"{pl / pe:.2f}x   window time {ul / ue:.2f}x prompt {wl / we:.2f}x")
+    print(f"  ratio whole episode / window at reply {late}: time {tl / ul:.2f}x prompt "
+          f"{pl / wl:.2f}x")
+
+
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--params", default=str(ROOT / "params.yaml"))
@@ -104,6 +214,15 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0, help="first env reset seed tried")
     ap.add_argument("--fast-forward", action="store_true",
                     help="canned replies between the windows instead of the model")
+    ap.add_argument("--conversation", action="store_true",
+                    help="a long calculator conversation instead: reply --replies, whole "
+                         "episode vs history window")
+    ap.add_argument("--replies", type=int, nargs=2, default=None, metavar=("EARLY", "LATE"),
+                    help=f"with --conversation: the two replies compared ({FULL['replies']}; "
+                         f"--tiny {TINY['replies']})")
+    ap.add_argument("--repeats", type=int, default=None,
+                    help=f"with --conversation: forwards timed per reply ({FULL['repeats']}; "
+                         f"--tiny {TINY['repeats']})")
     add_tiny_args(ap)
     add_threads_arg(ap)
     return fill_defaults(ap.parse_args(), FULL, TINY)
@@ -157,6 +276,12 @@ def report(args, params, windows, measured, seed, total) -> None:
 
 def main() -> None:
     args = parse_args()
+    if args.conversation:
+        if not 0 <= args.replies[0] < args.replies[1] or args.repeats < 1:
+            sys.exit("need 0 <= EARLY < LATE for --replies, and --repeats >= 1")
+        with tempfile.TemporaryDirectory() as tmp:
+            run_conversation(args, resolve_model_dir(args, tmp))
+        return
     if not 0 <= args.early - args.half <= args.early + args.half < args.turns - args.half:
         sys.exit("need 0 <= early - half and early + half < turns - half")
     with tempfile.TemporaryDirectory() as tmp:

@@ -3,11 +3,13 @@ at toy size: arithmetic with the calculator tool (profile calculator_window) on 
 and BabyAI goto with frames (profile vision_window) on a tiny random LLaVA. Training writes one
 sample per reply whose prompt is that reply's window: the task and the last N turns, nothing
 older, with the frames of those turns only; the advantages are finite and `longturn audit gae`
-recomputes them from the files."""
+recomputes them from the files. And bench/turn_cost.py --conversation, the cost of a late reply
+against an early one in both contexts, runs in its tiny mode."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +23,7 @@ from test_pipeline_smoke import STAGES, _dvc, _git, scratch_repo
 from test_sequence_pipeline import toy_sequence_params
 from vlm_fixtures import TOKENS_PER_IMAGE, build_tiny_llava
 
+ROOT = Path(__file__).resolve().parents[1]
 TURNS = 1  # prompt.history_turns: reply k sees reply k-1, never k-2
 LONGER_REVISIONS = """interactions:
   - name: revise
@@ -121,3 +124,15 @@ def test_babyai_frames_trained_with_a_window(tmp_path, smollm2_tokenizer_dir):
         if rows[-1].replies[0]["truncated"]:  # cut short: the critic sees the next window
             assert len(rows[-1].bootstrap_images) == len(rows[-1].bootstrap_image_starts) >= 1
     assert longest > TURNS + 1, "no episode ran past its window"
+
+
+def test_turn_cost_compares_a_late_reply_with_an_early_one_in_both_contexts():
+    done = subprocess.run([sys.executable, str(ROOT / "bench/turn_cost.py"), "--conversation",
+                           "--tiny"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ratios = re.search(r"ratio reply 12 / reply 3: whole episode time [\d.]+x prompt ([\d.]+)x"
+                       r"   window time [\d.]+x prompt ([\d.]+)x", done.stdout)
+    assert ratios, done.stdout
+    whole, window = map(float, ratios.groups())
+    assert whole > 1.5 and window == 1.0  # the window's prompt does not grow with the episode
+    assert re.search(r"ratio whole episode / window at reply 12: time [\d.]+x", done.stdout)
