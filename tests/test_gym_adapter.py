@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from components import zero_shot_eval
 from longturn.envs.gym_adapter import FREE_TEXT_LABEL, GymTextEnv
 from longturn.envs.registry import make_env, translator_for
+from reply_rows import read_reply_rows
 from test_pipeline_smoke import toy_params, write_params
 
 CORRIDOR = "flaky_envs:GymCorridor"
@@ -85,7 +85,7 @@ def test_zero_shot_eval_on_a_gymnasium_env(tmp_path, tiny_model_dir) -> None:
     out = tmp_path / "eval"
     assert zero_shot_eval.main(["--params", path, "--model-dir", tiny_model_dir,
                                 "--out", str(out)]) == 0
-    turns = pd.read_parquet(out / "turns.parquet")
+    turns = read_reply_rows(out / "turns.parquet")
     assert set(turns["env_name"]) == {CORRIDOR} and set(turns["action"]) <= {"west", "east"}
     assert turns["prompt_text"].str.contains("east: one step towards the exit").all()
     metrics = json.loads((out / "metrics.json").read_text())["overall"]

@@ -60,6 +60,7 @@ def tool_use(work: Path, commands: dict[str, str]) -> dict[str, Any]:
     frames = {side: pd.read_parquet(f) for side, f in files.items()}
     if not all("tool_calls" in f.columns for f in frames.values()):
         return {}
+    frames = {side: _episode_ends(f) for side, f in frames.items()}
     out: dict[str, Any] = {}
     for side, f in frames.items():
         calls, errors = int(f["tool_calls"].sum()), int(f["tool_errors"].sum())
@@ -72,6 +73,14 @@ def tool_use(work: Path, commands: dict[str, str]) -> dict[str, Any]:
     out["used_tool_paired"] = {"lost": o.lost, "gained": o.gained, "mcnemar_p": o.p_value}
     command = f"{commands.get('zero_shot_eval', '')} ; {commands.get('final_eval', '')}"
     return figure(out, command)
+
+
+def _episode_ends(samples: pd.DataFrame) -> pd.DataFrame:
+    """One row per conversation episode: the sample that ends it (it carries the episode's
+    tool counts; docs/design.md §4), with `success` from its last reply (none: no reply fitted)."""
+    ends = samples[samples["tool_calls"].notna()].copy()
+    ends["success"] = [bool(len(r) and r[-1]["success"]) for r in ends["replies"]]
+    return ends
 
 
 def _median(df: pd.DataFrame, key: str) -> float | None:
