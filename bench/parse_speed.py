@@ -1,7 +1,7 @@
 """Benchmark: the two parsers of model text at 1 kB, 10 kB and 100 kB, benign and adversarial.
 
 Model text is hostile input: a reply the parsers take quadratic time on stalls a run. Both parsers
-are linear by construction (docs/prompts-and-actions.md, docs/sequence-mode.md); this prints the
+are linear by construction (docs/prompts-and-actions.md, docs/conversations.md); this prints the
 median parse time of each reply shape at each size side by side, and the ratio of the largest
 size to the smallest: a linear parser shows about the size ratio (100x), a quadratic one its
 square. Goal: every 100 kB reply in at most 50 ms on the CPU.

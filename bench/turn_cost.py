@@ -54,8 +54,8 @@ from longturn.params.profiles import resolve_profile  # noqa: E402
 from longturn.engines.base import Completion  # noqa: E402
 from longturn.engines.logprobs import (pack_prompt_response, response_logits,  # noqa: E402
                                        token_logprobs)
-from longturn.rollout.sequence_rollout import sequence_rollout  # noqa: E402
-from longturn.rollout.sequence_setup import SequenceRun  # noqa: E402
+from longturn.rollout.conversation_rollout import conversation_rollout  # noqa: E402
+from longturn.rollout.conversation_setup import ConversationRun  # noqa: E402
 from longturn.engines.registry import make_engine, sampling_from_params  # noqa: E402
 from longturn.envs.babyai import BabyAITextEnv  # noqa: E402
 from longturn.run.models import load_tokenizer  # noqa: E402
@@ -132,15 +132,15 @@ def long_tool_episode(tokenizer, replies: int, max_tokens: int) -> tuple[dict, i
     calculator_window profile's settings (its record keeps the whole sequence and each reply's
     window); the window's turns."""
     profile = resolve_profile(WINDOW_PROFILE)
-    sequence = profile["rollout"]["sequence"]
+    sequence = profile["rollout"]["chat"]
     sequence.update(tools=str(ROOT / sequence["tools"]), interactions=None,
                     interaction=None)  # every reply is a call: no user turn
     params = parse_params(profile, str(WINDOW_PROFILE))
-    run = SequenceRun.from_params(params, progress=False)
+    run = ConversationRun.from_params(params, progress=False)
     settings = dataclasses.replace(run.settings, max_assistant_turns=replies,
                                    max_tokens=max_tokens, tokenization_check="off")
     sampling = sampling_from_params(params, seed=0)
-    [record] = sequence_rollout(CannedCalls(tokenizer), tokenizer, sampling,
+    [record] = conversation_rollout(CannedCalls(tokenizer), tokenizer, sampling,
                                 [run.record("arithmetic", 0)], settings)
     if len(record["segment_starts"]) < replies:
         sys.exit(f"the episode ended after {len(record['segment_starts'])} replies "

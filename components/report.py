@@ -10,11 +10,12 @@ from longturn.report.build import build_report
 
 
 def body(args, params) -> None:
-    sequence = params.rollout.mode == "sequence"
+    chat = params.rollout.protocol == "chat"  # read here, not via run.protocol: that loads torch
     title_info = {
         "model.source": params.model.source,
-        "rollout.mode": params.rollout.mode,
-        **({} if sequence else {"env.name": params.env.name}),  # sequence tasks need no env
+        "rollout.protocol": params.rollout.protocol,
+        "rollout.context": params.rollout.context,
+        **({} if chat else {"env.name": params.env.name}),  # chat tasks need no env
         "env.tasks": params.env.tasks,
         "eval.tasks": params.eval.tasks,
         "eval.episodes_per_task": params.eval.episodes_per_task,
@@ -23,7 +24,7 @@ def body(args, params) -> None:
     # Estimator.named, not run.wiring.estimator: wiring loads torch, and report is a light stage
     build_report(args.zero_shot, args.final, args.train_live, args.warmup_live, args.out,
                  title_info, critic=Estimator.named(params.algo.advantage).has_critic,
-                 sequence=sequence)
+                 chat=chat)
 
 
 def main(argv=None) -> int:

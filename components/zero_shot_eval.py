@@ -6,7 +6,7 @@ import sys
 
 from components.common import parser, run
 from longturn.run.preflight import preflight
-from longturn.run.evaluation import evaluate_model
+from longturn.run.protocol import evaluate_model
 from longturn.run.models import check_model_dir
 
 

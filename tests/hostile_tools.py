@@ -1,5 +1,5 @@
 """A tool plug-in that breaks the tool contract in every way the arguments ask for
-(`rollout.sequence.tools` names `hostile_tools:HostileTool`), and the Hermes reply that calls it.
+(`rollout.chat.tools` names `hostile_tools:HostileTool`), and the Hermes reply that calls it.
 
 A real plug-in can have any of these bugs; the rollout must turn each into a tool message the
 model sees, never end the run. `how` picks the fault; the schema lets every value through, so the

@@ -10,7 +10,7 @@ from typing import Any
 from longturn.params.config import Params
 from longturn.engines.base import SamplingParams
 from longturn.rollout.env_slots import AgentSettings
-from longturn.rollout.sequence_rollout import SequenceSettings
+from longturn.rollout.conversation_rollout import ConversationSettings
 
 
 def sampling_settings(**overrides: Any) -> SamplingParams:
@@ -23,11 +23,11 @@ def agent_settings(**overrides: Any) -> AgentSettings:
     return replace(AgentSettings.from_params(Params()), **overrides)
 
 
-def sequence_settings(**overrides: Any) -> SequenceSettings:
-    """rollout.sequence's limits, no tools, interaction or reward, no progress bar, then
-    `overrides`."""
+def conversation_settings(**overrides: Any) -> ConversationSettings:
+    """rollout.chat's limits, the whole episode as context (the tools profile's), no tools,
+    interaction or reward, no progress bar, then `overrides`."""
     params = Params()
-    base = SequenceSettings.from_config(params.rollout.sequence,
-                                        history_turns=params.prompt.history_turns, tools=None,
-                                        interaction=None, reward_fn=None, progress=False)
+    base = ConversationSettings.from_config(params.rollout.chat, context="episode",
+                                            history_turns=params.prompt.history_turns, tools=None,
+                                            interaction=None, reward_fn=None, progress=False)
     return replace(base, **overrides)

@@ -14,7 +14,7 @@ from transformers.utils import chat_template_utils
 
 from longturn.rollout.chat_deltas import ChatTemplateError
 from longturn.tasks.arithmetic import make_problem
-from test_sequence_rollout import run
+from test_conversation_rollout import run
 
 # ChatML with a dated system header, as Llama 3.1's template writes one
 DATED = ("{{- '<|im_start|>system\\nToday Date: ' + strftime_now('%d %b %Y') + '<|im_end|>\\n' -}}"

@@ -24,7 +24,7 @@ from longturn.envs.failures import EnvFailure, EnvGaveUp
 from longturn.envs.registry import EnvSpec
 from longturn.envs.workers import WorkerEnv
 from longturn.errors import UserError
-from longturn.run.evaluation import evaluate, write_outputs
+from longturn.run.evaluation import evaluate_envs, write_outputs
 from longturn.run.metrics import rollout_metrics
 from longturn.run.models import load_tokenizer
 from longturn.run.training import run_training
@@ -238,7 +238,7 @@ def test_eval_counts_aborted_episodes_apart(tmp_path, tiny_model_dir) -> None:
     params = parse_params(eval_params(tiny_model_dir, raise_on_reset=[1001], hang_on_step=3))
     engine = HFEngine(tiny_model_dir, dtype="float32")
     try:
-        metrics = evaluate(engine, load_tokenizer(tiny_model_dir), params, tmp_path, "base",
+        metrics = evaluate_envs(engine, load_tokenizer(tiny_model_dir), params, tmp_path, "base",
                            progress=False)
     finally:
         engine.close()

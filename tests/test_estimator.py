@@ -14,7 +14,7 @@ from longturn.errors import SettingError, UserError
 from longturn.params.config import AlgoParams, parse_params
 from longturn.rollout.fixed_turn_collector import FixedTurnCollector
 from longturn.rollout.group_collector import EpisodeGroupCollector
-from longturn.rollout.sequence_collector import SequenceCollector
+from longturn.rollout.conversation_collector import ConversationCollector
 from longturn.run.wiring import close_collector, critic_dir, make_collector, trainer_settings
 
 
@@ -49,11 +49,11 @@ def test_named_gives_the_table_entry_and_one_line_naming_an_unknown_value() -> N
         Estimator.named(None)  # type: ignore[arg-type]
 
 
-def _params(advantage: str, mode: str = "turn"):
+def _params(advantage: str, protocol: str = "action"):
     return parse_params({
-        "env": ({"name": "arithmetic", "tasks": ["arithmetic"]} if mode == "sequence"
+        "env": ({"name": "arithmetic", "tasks": ["arithmetic"]} if protocol == "chat"
                 else {"tasks": ["goto"]}) | {"workers": False, "step_timeout_s": None},
-        "rollout": {"mode": mode, "n_envs": 4, "turns_per_env": 2},
+        "rollout": {"protocol": protocol, "n_envs": 4, "turns_per_env": 2},
         "algo": {"advantage": advantage, "group_size": 2},
     })
 
@@ -61,7 +61,7 @@ def _params(advantage: str, mode: str = "turn"):
 @pytest.mark.parametrize("advantage, kind, group", [
     ("gae", FixedTurnCollector, None), ("grpo", EpisodeGroupCollector, 2),
     ("gigpo", EpisodeGroupCollector, 2)])
-def test_turn_mode_collects_as_the_estimator_says(advantage, kind, group) -> None:
+def test_the_action_protocol_collects_as_the_estimator_says(advantage, kind, group) -> None:
     params = _params(advantage)
     collector = make_collector(params, rank=0, run_id="t")
     try:
@@ -76,7 +76,7 @@ def test_turn_mode_collects_as_the_estimator_says(advantage, kind, group) -> Non
 
 
 @pytest.mark.parametrize("advantage, group", [("gae", 1), ("grpo", 2), ("gigpo", 2)])
-def test_sequence_mode_plays_whole_episodes_grouped_when_the_estimator_plays_groups(
+def test_the_chat_protocol_plays_whole_episodes_grouped_when_the_estimator_plays_groups(
         advantage, group) -> None:
-    collector = make_collector(_params(advantage, mode="sequence"), rank=0, run_id="t")
-    assert type(collector) is SequenceCollector and collector.group_size == group
+    collector = make_collector(_params(advantage, protocol="chat"), rank=0, run_id="t")
+    assert type(collector) is ConversationCollector and collector.group_size == group

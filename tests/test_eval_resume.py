@@ -23,13 +23,14 @@ from longturn.engines.base import Completion
 from longturn.engines.hf import HFEngine
 from longturn.errors import OutputNotWritable
 from longturn.run.eval_journal import PARTIAL
-from longturn.run.evaluation import eval_jobs, evaluate, evaluate_model
+from longturn.run.evaluation import eval_jobs
+from longturn.run.protocol import evaluate, evaluate_model
 from longturn.run.models import load_tokenizer
 from longturn.rollout.env_slots import AgentSettings, env_factory_from_params, play_episodes
 from settings_from_params import sampling_settings
 from test_faults import failing_parquet_writes
 from test_pipeline_smoke import ROOT, toy_params, write_params
-from test_sequence_pipeline import toy_sequence_params
+from test_conversation_pipeline import toy_sequence_params
 
 OUTPUTS = ("metrics.json", "episodes.parquet", "turns.parquet")
 
@@ -137,12 +138,12 @@ def test_turn_mode_resumes_after_the_disk_turned_read_only(tiny_model_dir, tmp_p
     evaluate_twice(parse_params(params), tiny_model_dir, tmp_path, monkeypatch, caplog)
 
 
-def test_sequence_mode_resumes_after_the_disk_turned_read_only(tiny_model_dir, tmp_path,
+def test_conversation_mode_resumes_after_the_disk_turned_read_only(tiny_model_dir, tmp_path,
                                                              monkeypatch, caplog):
     params = toy_sequence_params(tiny_model_dir)
     params["eval"].update(episodes_per_task=4, parallel_envs=2)  # two chunks, a part each
     params["engine"]["sampling"].update(max_new_tokens=4)
-    sequence = params["rollout"]["sequence"]
+    sequence = params["rollout"]["chat"]
     sequence.update(max_assistant_turns=1, max_user_turns=0)  # one reply: 5 generate calls
     for key in ("tools", "interactions"):
         if sequence.get(key):

@@ -1,4 +1,4 @@
-"""A history window for conversation episodes (`rollout.sequence.context: window`): which messages
+"""A history window for conversation episodes (`rollout.context: window`): which messages
 a reply is given, how the window is rendered (tools and frames included), what the rollout gives
 the engine and records, the samples an episode becomes (one per reply, chained by slot and step),
 and that scoring and GAE run over them unchanged."""
@@ -27,15 +27,15 @@ from longturn.params.config import Params, parse_params
 from longturn.rollout.chat_deltas import ChatDeltas
 from longturn.rollout.history_window import frame_owners, render_window, window_messages
 from longturn.rollout.samples import sample_from_episode, samples_from_episodes
-from longturn.rollout.sequence_metrics import sequence_metrics
-from longturn.rollout.sequence_rollout import SequenceSettings, sequence_rollout
+from longturn.rollout.conversation_metrics import conversation_metrics
+from longturn.rollout.conversation_rollout import ConversationSettings, conversation_rollout
 from longturn.tasks.arithmetic import TASK, make_problem, task_record
 from longturn.tasks.env_frames import BABYAI_GOTO_FRAMES
 from longturn.tasks.interactions import load_interactions
 from longturn.tasks.tools import ToolBox, load_tools
 from longturn.trajectories import write_samples
 from longturn.vision.frames import from_png
-from settings_from_params import sampling_settings, sequence_settings
+from settings_from_params import sampling_settings, conversation_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 WIDTH = 4  # positions per frame of the fake vision side below
@@ -165,9 +165,9 @@ def tool_episode(tokenizer, context: str, turns: int = 2, max_tokens: int = 4000
     script = {make_problem(s).question: [call(e) for e in EXPRESSIONS]
               + [f"ANSWER: {make_problem(s).answer}"] for s in seeds}
     engine = CountingEngine(tokenizer, script)
-    settings = sequence_settings(tools=tools(), context=context, history_turns=turns,
+    settings = conversation_settings(tools=tools(), context=context, history_turns=turns,
                                  max_assistant_turns=max_assistant_turns, max_tokens=max_tokens)
-    records = sequence_rollout(engine, tokenizer, sampling_settings(max_new_tokens=64, seed=0),
+    records = conversation_rollout(engine, tokenizer, sampling_settings(max_new_tokens=64, seed=0),
                                [task_record(s) for s in seeds], settings)
     return engine, records
 
@@ -230,8 +230,8 @@ def test_an_episode_becomes_one_sample_per_reply_chained_by_slot_and_step(tokeni
         text = tokenizer.decode(last["bootstrap_prompt_ids"])
         assert f'"{EXPRESSIONS[4]}"' in text and f'"{EXPRESSIONS[2]}"' not in text
     write_samples(samples, tmp_path / "part.parquet")  # the replies tile the loss tokens
-    windowed = sequence_metrics(samples)
-    packed = sequence_metrics([sample_from_episode(r) for r in records])
+    windowed = conversation_metrics(samples)
+    packed = conversation_metrics([sample_from_episode(r) for r in records])
     for key in ("episodes", "successes", "mean_assistant_turns", "tool_calls_per_episode",
                 "termination/max_assistant_turns", "tokenization/identical"):
         assert windowed[key] == packed[key], key
@@ -241,12 +241,11 @@ def test_an_episode_becomes_one_sample_per_reply_chained_by_slot_and_step(tokeni
 def test_a_window_of_no_turns_is_refused_by_name():
     params = Params()
     with pytest.raises(SettingError, match="prompt.history_turns 0"):
-        SequenceSettings.from_config(params.rollout.sequence.model_copy(update={"context": "window"}),
-                                     history_turns=0, tools=None, interaction=None,
-                                     reward_fn=None, progress=False)
-    assert params.rollout.sequence.context == "episode"
-    assert parse_params({"rollout": {"sequence": {"context": "window"}}}).rollout.sequence.context \
-        == "window"
+        ConversationSettings.from_config(params.rollout.chat, context="window",
+                                         history_turns=0, tools=None, interaction=None,
+                                         reward_fn=None, progress=False)
+    assert params.rollout.context == "window"  # the default: Verlog's history window
+    assert parse_params({"rollout": {"context": "episode"}}).rollout.context == "episode"
 
 
 # ------------------------------------------------------------------ frames
@@ -257,11 +256,11 @@ def test_frames_go_with_their_messages_into_each_window(image_tokenizer, tmp_pat
     engine = CountingEngine(image_tokenizer, {"": ["ACTION: turn left", "ACTION: turn right"]},
                             image_id=image_id)
     task = {**BABYAI_GOTO_FRAMES.record(5), "task": "babyai_goto_frames", "seed": 5}
-    settings = sequence_settings(
+    settings = conversation_settings(
         interaction=load_interactions(ROOT / "configs/env_interactions.yaml")["env"],
         context="window", history_turns=1, max_assistant_turns=4, max_user_turns=6,
         max_tokens=4000)
-    [rec] = sequence_rollout(engine, image_tokenizer, sampling_settings(seed=0), [task], settings)
+    [rec] = conversation_rollout(engine, image_tokenizer, sampling_settings(seed=0), [task], settings)
     assert rec["termination"] == "max_assistant_turns" and len(rec["images"]) == 4
     assert rec["window_frames"] == [[0], [0, 1], [0, 2], [0, 3]]  # the task's and the last turn's
     rec.update(run_id="t", iteration=0, episode_id="frames")
@@ -331,9 +330,9 @@ def test_group_estimators_give_a_reply_the_same_advantage_in_either_context(toke
     seeds = (0, 1, 2, 3)
     script = {make_problem(s).question: [call(e) for e in EXPRESSIONS[:s % 3]]
               + [f"ANSWER: {make_problem(s).answer + s % 2}"] for s in seeds}  # odd seeds wrong
-    settings = sequence_settings(tools=tools(), context="window", history_turns=1,
+    settings = conversation_settings(tools=tools(), context="window", history_turns=1,
                                  reward_fn=TASK.reward, max_tokens=4000)
-    records = sequence_rollout(CountingEngine(tokenizer, script), tokenizer,
+    records = conversation_rollout(CountingEngine(tokenizer, script), tokenizer,
                                sampling_settings(max_new_tokens=64, seed=0),
                                [task_record(s) for s in seeds], settings)
     for seed, r in zip(seeds, records):

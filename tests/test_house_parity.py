@@ -73,7 +73,7 @@ def test_turn_rows_become_records_and_an_aborted_turn_trains_nothing(tmp_path):
     assert out.episode_ids == {"e0", "e1"}
 
 
-def test_sequence_segments_become_records_with_the_frames_before_them(tmp_path):
+def test_conversation_segments_become_records_with_the_frames_before_them(tmp_path):
     meta = {**V1, "longturn.mode": "sequence"}
     out = normalise(write(tmp_path / "s.parquet", [sequence_row()], meta))
     first, second = out.records["e0", 0], out.records["e0", 1]
@@ -225,10 +225,10 @@ def test_other_shapes_names_or_files_fail(tmp_path):
 # ---- cases and trees ---------------------------------------------------------------------------
 
 def test_overrides_take_the_first_key_a_params_file_has_and_name_a_missing_one():
-    params = {"rollout": {"mode": "turn", "n_envs": 8}, "context": {"max_tokens": 2048}}
-    apply(params, {"rollout.n_envs": 2, ("rollout.sequence.max_tokens", "context.max_tokens"): 9},
+    params = {"rollout": {"protocol": "action", "n_envs": 8}, "context": {"max_tokens": 2048}}
+    apply(params, {"rollout.n_envs": 2, ("rollout.chat.max_tokens", "context.max_tokens"): 9},
           "here")
-    assert params == {"rollout": {"mode": "turn", "n_envs": 2}, "context": {"max_tokens": 9}}
+    assert params == {"rollout": {"protocol": "action", "n_envs": 2}, "context": {"max_tokens": 9}}
     with pytest.raises(ParityError, match=r"here: no key 'rollout.turns' in the params file"):
         apply(params, {"rollout.turns": 3}, "here")
 

@@ -15,12 +15,12 @@ from longturn.algo.batches import read_sample_batch
 from longturn.engines.hf import HFEngine
 from longturn.engines.logprobs import pack_prompt_response, response_logits, token_logprobs
 from longturn.rollout.samples import samples_from_episodes
-from longturn.rollout.sequence_rollout import sequence_rollout
+from longturn.rollout.conversation_rollout import conversation_rollout
 from longturn.tasks.arithmetic import task_record
 from longturn.tasks.interactions import load_interactions
 from longturn.tasks.tools import ToolBox, load_tools
 from longturn.trajectories import write_samples
-from settings_from_params import sampling_settings, sequence_settings
+from settings_from_params import sampling_settings, conversation_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,12 +34,12 @@ def logprobs_of(model, batch):
 def test_packed_samples_score_like_their_replies_and_like_the_engine(tiny_model_dir, tmp_path):
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     engine = HFEngine(tiny_model_dir, dtype="float32")
-    settings = sequence_settings(
+    settings = conversation_settings(
         tools=ToolBox(load_tools(ROOT / "configs/calculator_tools.yaml")),
         interaction=load_interactions(ROOT / "configs/revision_interactions.yaml")["revise"],
         max_assistant_turns=3, max_user_turns=1, max_tokens=2048, progress=False)
     sampling = sampling_settings(max_new_tokens=10, temperature=1.0, seed=3)
-    records = sequence_rollout(engine, tok, sampling, [task_record(s) for s in range(4)], settings)
+    records = conversation_rollout(engine, tok, sampling, [task_record(s) for s in range(4)], settings)
     assert any(len(r["segment_starts"]) > 1 for r in records)  # a gap of context to cross
     samples = samples_from_episodes(records)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()

@@ -41,8 +41,8 @@ SIZES_AND_COUNTS = {
     "engine.sglang.tp_size", "env.max_turns", "env.max_retries", "prompt.history_turns",
     "prompt.max_prompt_tokens", "eval.episodes_per_task", "eval.parallel_envs",
     "validation.samples_per_task", "rollout.n_envs", "rollout.turns_per_env",
-    "rollout.sequence.max_assistant_turns", "rollout.sequence.max_user_turns",
-    "rollout.sequence.max_tokens", "rollout.sequence.max_tool_response_chars",
+    "rollout.chat.max_assistant_turns", "rollout.chat.max_user_turns",
+    "rollout.chat.max_tokens", "rollout.chat.max_tool_response_chars",
     "algo.group_size", "ppo.ppo_epochs", "ppo.mini_batch_size", "ppo.micro_batch_size",
     "ppo.lora_r", "ppo.lora_layers", "warmup.batches", "warmup.iterations", "train.iterations",
     "train.checkpoint_every", "train.keep_checkpoints", "train.iterations_per_task",
@@ -127,10 +127,24 @@ def test_the_warm_up_keeps_all_its_batches():
     assert "warmup.batches (4,000)" in message
 
 
-def test_sequence_mode_sizes_rows_by_the_sequence_budget():
-    message = refused({"rollout": {"mode": "sequence", "n_envs": 4096,
-                                   "sequence": {"max_tokens": 2**17}}})
-    assert "rollout.n_envs (4,096) × rollout.sequence.max_tokens (131,072)" in message
+def test_conversations_size_rows_by_their_budget_and_context():
+    # the whole episode: one packed row per episode
+    message = refused({"rollout": {"protocol": "chat", "context": "episode", "n_envs": 4096,
+                                   "chat": {"max_tokens": 2**17}}})
+    assert "rollout.n_envs (4,096) × rollout.chat.max_tokens (131,072)" in message
+    # a window: a row per reply, so the replies of an episode multiply
+    windowed = {"rollout": {"protocol": "chat", "context": "window", "n_envs": 64,
+                            "chat": {"max_tokens": 2**17, "max_assistant_turns": 64}}}
+    assert ("rollout.n_envs (64) × rollout.chat.max_assistant_turns (64) × "
+            "rollout.chat.max_tokens (131,072)") in refused(windowed)
+    windowed["rollout"]["context"] = "episode"
+    assert parse_params(windowed).rollout.n_envs == 64
+
+
+def test_the_settings_of_earlier_versions_are_refused_with_their_replacement():
+    for old, new in (("mode", "rollout.protocol"), ("sequence", "rollout.chat")):
+        message = refused({"rollout": {old: {}}})
+        assert new in message and "\n" not in message.strip(), message
 
 
 def test_critic_free_iterations_are_sized_by_the_episode_limit():

@@ -69,8 +69,8 @@ def test_a_plugin_env_without_a_task_list_is_imported_and_left_to_check_its_task
                                     "kwargs": {}}}))
 
 
-def test_sequence_tasks_and_plugins_are_looked_up_before_any_work(no_work, tmp_path):
-    base = {"rollout": {"mode": "sequence"}, "env": {"tasks": ["arithmetic"]}}
+def test_conversation_tasks_and_plugins_are_looked_up_before_any_work(no_work, tmp_path):
+    base = {"rollout": {"protocol": "chat"}, "env": {"tasks": ["arithmetic"]}}
     assert refused({**base, "eval": {"tasks": ["arithmetic", "riddles"]}}).startswith(
         "eval.tasks: 'riddles' is neither a built-in sequence task")
     assert refused({**base, "env": {"tasks": ["no.such.module:TASK"]}}).startswith(
@@ -80,10 +80,10 @@ def test_sequence_tasks_and_plugins_are_looked_up_before_any_work(no_work, tmp_p
                                                 "schema": {"type": "function", "function": {
                                                     "name": "calc", "description": "d",
                                                     "parameters": {"type": "object"}}}}]}))
-    seq = {**base["rollout"], "sequence": {"tools": str(tools)}}
+    seq = {**base["rollout"], "chat": {"tools": str(tools)}}
     assert "has no 'Nope'" in refused({**base, "rollout": seq})
-    seq = {**base["rollout"], "sequence": {"function": "longturn.rollout.sequence_rollout:nope"}}
-    assert "rollout.function 'longturn.rollout.sequence_rollout:nope'" in refused({**base, "rollout": seq})
+    seq = {**base["rollout"], "chat": {"function": "longturn.rollout.conversation_rollout:nope"}}
+    assert "rollout.function 'longturn.rollout.conversation_rollout:nope'" in refused({**base, "rollout": seq})
 
 
 def model_dir_with(tmp_path: Path, config: dict) -> Path:
@@ -104,9 +104,9 @@ def test_a_turn_longer_than_the_models_positions_is_refused(no_work, tmp_path):
 
 def test_a_sequence_budget_is_checked_against_a_vlms_text_config(no_work, tmp_path):
     model = model_dir_with(tmp_path, {"text_config": {"max_position_embeddings": 4096}})
-    message = refused({"rollout": {"mode": "sequence", "sequence": {"max_tokens": 8192}},
+    message = refused({"rollout": {"protocol": "chat", "chat": {"max_tokens": 8192}},
                        "env": {"tasks": ["arithmetic"]}}, model)
-    assert message.startswith("rollout.sequence.max_tokens (8,192) is over 4,096")
+    assert message.startswith("rollout.chat.max_tokens (8,192) is over 4,096")
 
 
 def test_model_context_reads_only_what_config_json_states(tmp_path):

@@ -418,13 +418,13 @@ def test_old_metrics_without_termination_counts_say_so(inputs: dict[str, Path],
     assert "*No termination counts in the inputs" in text
 
 
-def test_sequence_mode_names_the_eval_columns_for_what_they_hold(inputs: dict[str, Path],
+def test_conversation_mode_names_the_eval_columns_for_what_they_hold(inputs: dict[str, Path],
                                                                  full_report: Path,
                                                                  tmp_path: Path) -> None:
     """In sequence mode an episode's length is its replies and its valid-action ratio the share
     of its tool calls that ran: the table says so; turn mode keeps its names."""
     path = build_report(inputs["zero_shot"], inputs["final"], inputs["train"], inputs["warmup"],
-                        tmp_path / "report", {}, sequence=True)
+                        tmp_path / "report", {}, chat=True)
     head = next(line for line in path.read_text().splitlines() if line.startswith("| task |"))
     assert "| mean replies (zero-shot → final) | valid tool-call ratio (zero-shot → final) |" \
         in head

@@ -6,7 +6,7 @@ import pytest
 
 from longturn.errors import SettingError
 from longturn.rollout.functions import BUILTIN, resolve_rollout_function
-from longturn.rollout.sequence_rollout import sequence_rollout
+from longturn.rollout.conversation_rollout import conversation_rollout
 
 
 def echo_rollout(engine, tokenizer, sampling, tasks, settings):
@@ -19,8 +19,8 @@ def too_few(engine, tasks):
 
 
 def test_builtin_is_resolved_by_its_path():
-    assert resolve_rollout_function() is sequence_rollout
-    assert resolve_rollout_function(BUILTIN) is sequence_rollout
+    assert resolve_rollout_function() is conversation_rollout
+    assert resolve_rollout_function(BUILTIN) is conversation_rollout
 
 
 def test_a_users_function_is_called_with_the_five_arguments():

@@ -200,7 +200,7 @@ def test_turn_rows_as_samples_train_as_they_say(critic, whiten, data, cuts) -> N
 @SETTINGS
 @given(critic=st.booleans(), whiten=st.booleans(), data=st.data(),
        cuts=st.lists(st.integers(0, 20), max_size=2))
-def test_sequence_records_as_samples_train_as_they_say(critic, whiten, data, cuts) -> None:
+def test_conversation_records_as_samples_train_as_they_say(critic, whiten, data, cuts) -> None:
     records = data.draw(st.lists(sequence_records(critic), min_size=1, max_size=6))
     if not any(r["segment_starts"] for r in records):
         records[0] = data.draw(sequence_records(critic).filter(lambda r: r["segment_starts"]))

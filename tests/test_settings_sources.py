@@ -15,9 +15,9 @@ from longturn.algo.trainer import TrainerSettings
 from longturn.params.config import parse_params
 from longturn.engines.base import SamplingParams
 from longturn.rollout.env_slots import AgentSettings
-from longturn.rollout.sequence_rollout import SequenceSettings
+from longturn.rollout.conversation_rollout import ConversationSettings
 
-SETTINGS_CLASSES = [TrainerSettings, AgentSettings, SamplingParams, SequenceSettings, GroupParams]
+SETTINGS_CLASSES = [TrainerSettings, AgentSettings, SamplingParams, ConversationSettings, GroupParams]
 
 
 def declared_defaults(cls: type) -> list[str]:
@@ -60,19 +60,23 @@ PARAMS = parse_params({
                "demonstration": False},
     "env": {"invalid_action_penalty": 0.5, "max_turns": 7, "max_retries": 1},
     "engine": {"sampling": {"max_new_tokens": 9, "temperature": 0.5, "top_p": 0.8, "top_k": 4}},
-    "rollout": {"sequence": {"max_assistant_turns": 6, "max_user_turns": 0, "max_tokens": 999,
-                             "max_tool_response_chars": 77, "tokenization_check": "off",
-                             "context": "window"}},
+    "rollout": {"context": "episode",
+                "chat": {"max_assistant_turns": 6, "max_user_turns": 0, "max_tokens": 999,
+                         "max_tool_response_chars": 77, "tokenization_check": "off"}},
     "algo": {"advantage": "gigpo", "norm_std": False, "step_weight": 0.25},
     "gae": {"gamma_step": 0.9},
 })
 
 
 def test_agent_settings_come_from_the_prompt_and_env_sections():
-    assert AgentSettings.from_params(PARAMS) == AgentSettings(
+    windowed = PARAMS.model_copy(deep=True)
+    windowed.rollout.context = "window"
+    assert AgentSettings.from_params(windowed) == AgentSettings(
         history_turns=3, history_content="action", invalid_in_history="raw_output",
         max_prompt_tokens=512, demonstration=False, invalid_action_penalty=0.5, max_turns=7,
         max_retries=1)
+    # the whole episode as context: every past turn, as far as prompt.max_prompt_tokens holds
+    assert AgentSettings.from_params(PARAMS).history_turns is None
 
 
 def test_sampling_comes_from_engine_sampling_with_a_seed_and_an_optional_temperature():
@@ -83,16 +87,17 @@ def test_sampling_comes_from_engine_sampling_with_a_seed_and_an_optional_tempera
     assert (greedy.temperature, greedy.top_k, greedy.seed) == (0.0, 4, None)
 
 
-def test_sequence_settings_come_from_rollout_sequence_plus_the_loaded_objects():
+def test_conversation_settings_come_from_rollout_chat_and_context_plus_the_loaded_objects():
     def reward(record, messages):
         return 1.0
 
-    settings = SequenceSettings.from_config(PARAMS.rollout.sequence,
-                                            history_turns=PARAMS.prompt.history_turns, tools=None,
-                                            interaction=None, reward_fn=reward, progress=False)
-    assert settings == SequenceSettings(
+    settings = ConversationSettings.from_config(
+        PARAMS.rollout.chat, context=PARAMS.rollout.context,
+        history_turns=PARAMS.prompt.history_turns, tools=None, interaction=None,
+        reward_fn=reward, progress=False)
+    assert settings == ConversationSettings(
         max_assistant_turns=6, max_user_turns=0, max_tokens=999, max_tool_response_chars=77,
-        tokenization_check="off", context="window", history_turns=3, tools=None,
+        tokenization_check="off", context="episode", history_turns=3, tools=None,
         interaction=None, reward_fn=reward, progress=False)
 
 

@@ -33,7 +33,7 @@ from longturn.tasks.arithmetic import DEMONSTRATION
 from longturn.run.training import run_training
 from reply_rows import reply_rows
 from test_pipeline_smoke import write_params
-from test_sequence_training import sequence_params
+from test_conversation_training import sequence_params
 from test_training import paths, toy_params
 
 FLAKY = "flaky_envs:FlakyCorridor"
@@ -262,7 +262,7 @@ def test_the_train_loop_stops_its_env_workers_when_it_raises(tiny_model_dir, tmp
 EXAMPLE_TOOL_RESULTS = sum(m["role"] == "tool" for m in DEMONSTRATION)  # the worked example's
 TOOL_MESSAGES = {  # what the model reads for each fault (FAULTS order)
     "raise": "Error: hostile failed: RuntimeError: the hostile tool broke on purpose",
-    "flood": "x" * 300 + " …(cut)",  # rollout.sequence.max_tool_response_chars: 300
+    "flood": "x" * 300 + " …(cut)",  # rollout.chat.max_tool_response_chars: 300
     "not_text": "Error: hostile returned a dict as its text, not a str",
     "not_a_triple": "Error: hostile returned a str, not (text, reward, metrics)",
     "word_reward": "Error: hostile returned the reward 'a lot', not a finite number",
@@ -295,15 +295,15 @@ class HostileCaller:
         pass
 
 
-def test_sequence_training_survives_a_hostile_tool(tiny_model_dir, tmp_path, caplog,
+def test_conversation_training_survives_a_hostile_tool(tiny_model_dir, tmp_path, caplog,
                                                    monkeypatch):
     tools = tmp_path / "hostile_tools.yaml"
     tools.write_text(tools_yaml())
     params = sequence_params(tiny_model_dir)
     params.rollout.n_envs = 2
-    params.rollout.sequence.tools = str(tools)
-    params.rollout.sequence.max_tokens = 2048
-    params.rollout.sequence.max_tool_response_chars = 300
+    params.rollout.chat.tools = str(tools)
+    params.rollout.chat.max_tokens = 2048
+    params.rollout.chat.max_tool_response_chars = 300
     params.engine.sampling.max_new_tokens = 256
     monkeypatch.setattr(training, "make_engine",
                         lambda model_dir, params: HostileCaller(

@@ -23,7 +23,7 @@ from longturn.engines.logprobs import token_logprobs
 from longturn.errors import UserError
 from longturn.run.models import prepare_base_model
 from longturn.rollout.chat_deltas import ChatDeltas
-from longturn.rollout.sequence_setup import SequenceRun
+from longturn.rollout.conversation_setup import ConversationRun
 from longturn.run.training import run_training
 from longturn.vision.encoder import VISION_DIR, load_vision
 from longturn.vision.frames import from_png, to_png
@@ -105,7 +105,7 @@ def test_images_need_a_vision_model(tiny_model_dir, vlm_dir):
     with pytest.raises(ValueError, match="no image side"):
         engine.generate([ids], sampling_settings(max_new_tokens=2),
                         images=[[(starts[0], frames(1)[0])]])
-    run = SequenceRun.from_params(vision_params(tiny_model_dir), progress=False)
+    run = ConversationRun.from_params(vision_params(tiny_model_dir), progress=False)
     with pytest.raises(UserError, match="no image side"):
         run.play(engine, engine.tokenizer, sampling_settings(max_new_tokens=4, seed=1),
                  [run.record("babyai_goto_frames", 3)], ["e0"])
@@ -118,7 +118,7 @@ def vision_params(model_dir: str, iterations: int = 1, advantage: str = "gae"):
         "env": {"name": "babyai", "tasks": ["babyai_goto_frames"], "workers": False,
                 "step_timeout_s": None},
         "engine": {"batch_size": 4, "sampling": {"max_new_tokens": 10, "temperature": 1.0}},
-        "rollout": {"mode": "sequence", "n_envs": 2, "sequence": {
+        "rollout": {"protocol": "chat", "n_envs": 2, "chat": {
             "interactions": str(ROOT / "configs/env_interactions.yaml"),
             "max_assistant_turns": 3, "max_user_turns": 3, "max_tokens": 1500}},
         "algo": {"advantage": advantage, "group_size": 2},
@@ -129,7 +129,7 @@ def vision_params(model_dir: str, iterations: int = 1, advantage: str = "gae"):
 
 
 def test_babyai_episode_buffers_a_frame_per_observation(vlm_dir):
-    run = SequenceRun.from_params(vision_params(vlm_dir), progress=False)
+    run = ConversationRun.from_params(vision_params(vlm_dir), progress=False)
     engine = HFEngine(vlm_dir, dtype="float32")
     records = [run.record("babyai_goto_frames", s) for s in (3, 4)]
     out = run.play(engine, engine.tokenizer, sampling_settings(max_new_tokens=10, seed=1), records,

@@ -11,13 +11,13 @@ import pandas as pd
 from longturn.algo.sample_scoring import audit_samples_file
 from longturn.vision.frames import from_png
 from test_pipeline_smoke import STAGES, _dvc, scratch_repo
-from test_sequence_pipeline import toy_sequence_params
+from test_conversation_pipeline import toy_sequence_params
 from vlm_fixtures import TOKENS_PER_IMAGE, build_tiny_llava
 
 
 def toy_vision_params(llava_dir: str) -> dict:
     params = toy_sequence_params(llava_dir, "vision")
-    params["rollout"]["sequence"].update(max_assistant_turns=2, max_user_turns=2, max_tokens=1200)
+    params["rollout"]["chat"].update(max_assistant_turns=2, max_user_turns=2, max_tokens=1200)
     return params
 
 

@@ -20,7 +20,7 @@ from transformers import AutoTokenizer
 
 from longturn.algo.sample_scoring import audit_samples_file
 from test_pipeline_smoke import STAGES, _dvc, _git, scratch_repo
-from test_sequence_pipeline import toy_sequence_params
+from test_conversation_pipeline import toy_sequence_params
 from vlm_fixtures import TOKENS_PER_IMAGE, build_tiny_llava
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,7 +62,7 @@ def test_arithmetic_with_the_calculator_trained_with_a_window(tmp_path, tiny_mod
     params = toy_sequence_params(tiny_model_dir, "calculator_window")
     params["prompt"]["history_turns"] = TURNS
     # up to three revisions: a random model's episodes run four replies, past the window
-    params["rollout"]["sequence"].update(interactions="configs/longer_revisions.yaml",
+    params["rollout"]["chat"].update(interactions="configs/longer_revisions.yaml",
                                          max_user_turns=3, max_tokens=600)
     repo = scratch_repo(tmp_path, params)
     (repo / "configs/longer_revisions.yaml").write_text(LONGER_REVISIONS)
@@ -102,7 +102,7 @@ def test_babyai_frames_trained_with_a_window(tmp_path, smollm2_tokenizer_dir):
     llava = build_tiny_llava(smollm2_tokenizer_dir, tmp_path / "llava")
     params = toy_sequence_params(str(llava), "vision_window")
     params["prompt"]["history_turns"] = TURNS
-    params["rollout"]["sequence"].update(max_assistant_turns=3, max_user_turns=3, max_tokens=1200)
+    params["rollout"]["chat"].update(max_assistant_turns=3, max_user_turns=3, max_tokens=1200)
     repo = scratch_repo(tmp_path, params)
     out = _dvc(repo, "exp", "run", "-n", "vision_window")
     for stage in STAGES:

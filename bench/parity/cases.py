@@ -1,8 +1,8 @@
 """The four behaviours issue 22 must keep, each a profile at toy size, and the stage command lines
 that run it (the stable interface between the tool and either version of the code).
 
-Why one table: a later rename of a params key (e.g. `rollout.sequence.max_tokens` moving under
-another section) is one edit here. A key may be a tuple of alternative paths: the first one the
+Why one table: a rename of a params key (`rollout.sequence.max_tokens` became
+`rollout.chat.max_tokens`) is one edit here. A key may be a tuple of alternative paths: the first one the
 tree's written params file has is set, so one table serves the old and the new layout.
 """
 
@@ -51,7 +51,7 @@ CASES = (
         "env.max_turns": 3, "rollout.turns_per_env": 3,
         "ppo.mini_batch_size": 6, "ppo.micro_batch_size": 3}),
     Case("b", "tools", "tools", critic=True, overrides={
-        "rollout.sequence.max_tokens": 500,
+        ("rollout.chat.max_tokens", "rollout.sequence.max_tokens"): 500,
         "ppo.mini_batch_size": 2, "ppo.micro_batch_size": 1}),
     # GiGPO on the default profile (configs/profiles/gigpo.yaml is the GPU run): 2 groups of 2
     # episodes, each group from one seed, so the first observations form an anchor-state group
@@ -59,8 +59,9 @@ CASES = (
         "algo.advantage": "gigpo", "algo.group_size": 2, "rollout.n_envs": 4,
         "env.max_turns": 3, "ppo.mini_batch_size": 6, "ppo.micro_batch_size": 3}),
     Case("d", "vision", "vision", critic=True, vision=True, overrides={
-        "rollout.sequence.max_assistant_turns": 2, "rollout.sequence.max_user_turns": 2,
-        "rollout.sequence.max_tokens": 1200,
+        ("rollout.chat.max_assistant_turns", "rollout.sequence.max_assistant_turns"): 2,
+        ("rollout.chat.max_user_turns", "rollout.sequence.max_user_turns"): 2,
+        ("rollout.chat.max_tokens", "rollout.sequence.max_tokens"): 1200,
         "ppo.mini_batch_size": 2, "ppo.micro_batch_size": 1}),
 )
 

@@ -15,10 +15,11 @@ class HistoryEntry:
 
 
 class HistoryWindow:
-    """The last `size` turns of the current episode; cleared when an episode ends."""
+    """The last `size` turns of the current episode (None: all of them, `rollout.context:
+    episode`); cleared when an episode ends."""
 
-    def __init__(self, size: int):
-        if size < 0:
+    def __init__(self, size: int | None):
+        if size is not None and size < 0:
             raise ValueError(f"history size must be >= 0, got {size}")
         self.size = size
         self._turns: deque[HistoryEntry] = deque(maxlen=size or None)
@@ -27,7 +28,7 @@ class HistoryWindow:
         self._turns.clear()
 
     def add(self, observation: str, reply: str) -> None:
-        if self.size:
+        if self.size != 0:
             self._turns.append(HistoryEntry(observation, reply))
 
     def entries(self) -> list[HistoryEntry]:

@@ -28,7 +28,7 @@ class Collection(enum.Enum):
     """Every iteration plays groups of `algo.group_size` episodes from one env seed to their end.
     Without a critic nothing can value a cut episode, so the advantage compares whole episodes
     that differ only by sampling (rollout/group_collector.py; in sequence mode the
-    SequenceCollector's groups)."""
+    ConversationCollector's groups)."""
 
 
 @dataclass(frozen=True)

@@ -143,46 +143,67 @@ class ValidationParams(Section):
     seed: int = at_most(L.SEED, 2000, ge=0)  # sample i of a task resets with seed + i
 
 
-class SequenceParams(Section):
-    """`rollout.mode: sequence` (verl / slime multi-turn): each episode is one growing token
-    sequence; replies are trained, tool results and user turns are context (docs/design.md §5c).
-    File paths are relative to where the stage runs (the repository root under DVC)."""
+class ChatParams(Section):
+    """`rollout.protocol: chat` (verl / slime multi-turn): replies are chat messages, tool calls run
+    by the tools and free text answered by the interaction, on the tasks of `env.tasks`
+    (docs/conversations.md). File paths are relative to where the stage runs (the repository root
+    under DVC)."""
 
     tools: str | None = None           # tools YAML (class, config, OpenAI function schema)
     interactions: str | None = None    # interactions YAML
     interaction: str | None = None     # its entry by name (null: the file's only one)
     function: str | None = None        # rollout by import path (null: the built-in one,
-                                       # longturn.rollout.sequence_rollout:sequence_rollout)
+                                       # longturn.rollout.conversation_rollout:conversation_rollout)
     max_assistant_turns: int = at_most(L.CONTEXT_TOKENS, 4, ge=1)  # each reply is a token at least
     max_user_turns: int = at_most(L.CONTEXT_TOKENS, 2, ge=0)
-    # token budget of what a reply is given plus the reply: the whole sequence (context episode),
-    # one window and its reply (context window)
+    # token budget of what a reply is given plus the reply: the whole conversation (context
+    # episode), one window and its reply (context window)
     max_tokens: int = at_most(L.CONTEXT_TOKENS, 2048, ge=16)
     max_tool_response_chars: int = at_most(L.TOOL_RESPONSE_CHARS, 1000, ge=1)
     # the delta-tokenized ids against a full re-render of the messages: strict fails on any text
     # difference; ignore_strippable allows whitespace and stripped <think> spans; off skips it
     tokenization_check: Literal["strict", "ignore_strippable", "off"] = "strict"
-    # what a reply is given: the whole episode so far (verl / slime: reply 100 costs 100 turns of
-    # context), or a history window of the task's messages and the last prompt.history_turns
-    # turns (Verlog's window, each reply its own sample; docs/sequence-mode.md)
-    context: Literal["episode", "window"] = "episode"
 
     @model_validator(mode="after")
-    def _interaction_needs_file(self) -> "SequenceParams":
+    def _interaction_needs_file(self) -> "ChatParams":
         if self.interaction is not None and self.interactions is None:
-            raise ValueError(f"rollout.sequence.interaction {self.interaction!r} needs "
-                             "rollout.sequence.interactions (the YAML file that declares it)")
+            raise ValueError(f"rollout.chat.interaction {self.interaction!r} needs "
+                             "rollout.chat.interactions (the YAML file that declares it)")
         return self
 
 
-class RolloutParams(Section):
-    """Turn mode: fixed-turn batches, exactly n_envs × turns_per_env turns per rank and iteration.
-    Sequence mode: n_envs whole episodes per rank and iteration (turns_per_env is not read)."""
+# the keys of earlier versions, and what replaced them (one line each, not pydantic's "extra")
+_RENAMED_ROLLOUT_KEYS = {
+    "mode": "rollout.mode is gone: set rollout.protocol (turn → action, sequence → chat) and "
+            "rollout.context (window: the last prompt.history_turns turns; episode: all of it)",
+    "sequence": "rollout.sequence is now rollout.chat (and its context key is rollout.context)",
+}
 
-    mode: Literal["turn", "sequence"] = "turn"
+
+class RolloutParams(Section):
+    """What the model is given for a reply and how its reply is read: two independent settings.
+
+    `context`: `window`, the episode's first messages and its last prompt.history_turns turns
+    (Verlog's history window: every reply costs about the same); `episode`, everything so far
+    (verl / slime: reply 100 costs 100 turns). `protocol`: `action`, THINK/ACTION replies parsed
+    into an action of `env.name`; `chat`, chat replies (tool calls, free text) on the tasks of
+    `env.tasks` with `rollout.chat`. The estimator decides the collection: fixed-turn batches of
+    exactly n_envs × turns_per_env turns per rank and iteration whose episodes continue across
+    updates (gae with the action protocol), or n_envs whole episodes (turns_per_env not read)."""
+
+    protocol: Literal["action", "chat"] = "action"
+    context: Literal["window", "episode"] = "window"
     n_envs: int = at_most(L.ENV_SLOTS, 8, ge=1)
     turns_per_env: int = at_most(L.EPISODE_TURNS, 8, ge=1)
-    sequence: SequenceParams = SequenceParams()
+    chat: ChatParams = ChatParams()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data: Any) -> Any:
+        for key, why in _RENAMED_ROLLOUT_KEYS.items():
+            if isinstance(data, dict) and key in data:
+                raise ValueError(why)
+        return data
 
 
 class GAESection(Section):

@@ -19,19 +19,24 @@ Factor = tuple[str, int]  # a key (or a sum of keys) and its value
 
 
 def row_positions(p: Params) -> Factor:
-    """The most positions one sample row can take: prompt and reply of a turn, or a sequence."""
-    if p.rollout.mode == "sequence":
-        return "rollout.sequence.max_tokens", p.rollout.sequence.max_tokens
+    """The most positions one sample row can take: the budget of what a reply is given plus the
+    reply, the prompt's and the reply's of the action protocol, the conversation's of chat."""
+    if p.rollout.protocol == "chat":
+        return "rollout.chat.max_tokens", p.rollout.chat.max_tokens
     return ("prompt.max_prompt_tokens + engine.sampling.max_new_tokens",
             p.prompt.max_prompt_tokens + p.engine.sampling.max_new_tokens)
 
 
 def iteration_rows(p: Params) -> list[Factor] | None:
     """The factors of one iteration's rows per rank (None: episodes end by the env's own limit,
-    unknown here)."""
+    unknown here). A conversation is one row with the whole episode as context, a row per reply
+    with a window."""
     r = p.rollout
-    if r.mode == "sequence":
-        return [("rollout.n_envs", r.n_envs)]
+    if r.protocol == "chat":
+        if r.context == "episode":
+            return [("rollout.n_envs", r.n_envs)]
+        return [("rollout.n_envs", r.n_envs),
+                ("rollout.chat.max_assistant_turns", r.chat.max_assistant_turns)]
     if p.algo.advantage == "gae":
         return [("rollout.n_envs", r.n_envs), ("rollout.turns_per_env", r.turns_per_env)]
     if p.env.max_turns is None:
@@ -57,7 +62,7 @@ def size_problem(p: Params) -> str | None:
     """The first product of params that no run can hold, as one sentence; None when all fit."""
     row = row_positions(p)
     checks: list[tuple[list[Factor], Limit]] = []
-    if p.rollout.mode == "turn":
+    if p.rollout.protocol == "action":  # chat's budget is bounded by its own key
         checks.append(([row], CONTEXT_TOKENS))
     checks += [([("engine.batch_size", p.engine.batch_size), row], FORWARD_TOKENS),
                ([("ppo.micro_batch_size", p.ppo.micro_batch_size), row], FORWARD_TOKENS)]

@@ -27,7 +27,7 @@ from longturn.report.training import (  # noqa: F401  (kl_reading is part of thi
     ACTION_PREFIX, PHASE_KEYS, action_reading, kl_reading, pool_success_blocks, success_reading,
     termination_reading, timing_reading, training_reading, warmup_reading,
 )
-from longturn.report.sequence import (SEQUENCE_EVAL_LABELS, SEQUENCE_TRAIN_KEYS,
+from longturn.report.conversation import (CONVERSATION_EVAL_LABELS, CONVERSATION_TRAIN_KEYS,
                                       behaviour_reading, kl_mean_reading)
 from longturn.report.training_plots import plot_action_mix, plot_success_blocks, plot_timing
 
@@ -130,7 +130,7 @@ def _settings(title_info: dict[str, Any]) -> list[str]:
 
 def _missing(zs: dict, fin: dict, train: pd.DataFrame, warm: pd.DataFrame,
              dirs: dict[str, Path], why_unpaired: str | None, critic: bool,
-             sequence: bool) -> list[str]:
+             chat: bool) -> list[str]:
     """Human-readable list of every input (or training key) the report could not find."""
     out = []
     if not zs:
@@ -142,11 +142,11 @@ def _missing(zs: dict, fin: dict, train: pd.DataFrame, warm: pd.DataFrame,
     if train.empty:
         out.append(f"training metrics (no DVCLive metrics in `{dirs['train']}`)")
     else:
-        expected = SEQUENCE_TRAIN_KEYS if sequence else TRAIN_KEYS
+        expected = CONVERSATION_TRAIN_KEYS if chat else TRAIN_KEYS
         logged = set(train.columns) | ({"explained_variance"} if "return_variance" in train.columns
                                        else set())  # logged, but never meaningful: not missing
         gone = [k for k in expected if k not in logged and (critic or k not in CRITIC_KEYS)]
-        if not sequence and not any(str(c).startswith(ACTION_PREFIX) for c in train.columns):
+        if not chat and not any(str(c).startswith(ACTION_PREFIX) for c in train.columns):
             gone.append(f"{ACTION_PREFIX}<action>")
         out += [f"training metric(s) not logged: {', '.join(gone)}"] if gone else []
     if warm.empty and critic:
@@ -155,14 +155,14 @@ def _missing(zs: dict, fin: dict, train: pd.DataFrame, warm: pd.DataFrame,
 
 
 def _draw(out: Path, table: list, blocks: list, train: pd.DataFrame,
-          warm: pd.DataFrame, sequence: bool = False) -> dict[str, bool]:
+          warm: pd.DataFrame, chat: bool = False) -> dict[str, bool]:
     """Every plot, by file name -> drawn; a plot not drawn this time loses its stale file."""
     drawn = {"tasks.png": plot_task_bars(table, out / "tasks.png"),
              "success.png": plot_success_blocks(blocks, out / "success.png"),
              "curves.png": plot_learning_curves(train, out / "curves.png"),
              "timing.png": plot_timing(train, out / "timing.png"),
-             "actions.png": not sequence and plot_action_mix(train, out / "actions.png"),
-             "kl.png": not sequence and plot_kl(train, out / "kl.png"),
+             "actions.png": not chat and plot_action_mix(train, out / "actions.png"),
+             "kl.png": not chat and plot_kl(train, out / "kl.png"),
              "warmup.png": plot_warmup(warm, out / "warmup.png")}
     for name, ok in drawn.items():
         if not ok:
@@ -186,7 +186,7 @@ def _endings_section(zs: dict, fin: dict, train: pd.DataFrame) -> list[str]:
 
 
 def _training_sections(drawn: dict[str, bool], train: pd.DataFrame, blocks: list,
-                       sequence: bool) -> list[str]:
+                       chat: bool) -> list[str]:
     phases = ", ".join(PHASE_KEYS)
     lines = (
         _section("Training success (pooled)", drawn["success.png"], "success.png",
@@ -197,7 +197,7 @@ def _training_sections(drawn: dict[str, bool], train: pd.DataFrame, blocks: list
         + _section("Where the time goes", drawn["timing.png"], "timing.png",
                    "seconds per phase per iteration", timing_reading(train),
                    f"none of {phases} was logged"))
-    if sequence:  # no actions and no THINK / ACTION split: replies, tool calls, KL per token
+    if chat:  # no actions and no THINK / ACTION split: replies, tool calls, KL per token
         body = behaviour_reading(train) or ["*No reply or tool-call metrics were logged.*"]
         kl = kl_mean_reading(train) or ["*kl_mean was not logged.*"]
         return (lines + ["## Replies and tool calls", "", *body, ""]
@@ -213,11 +213,11 @@ def _training_sections(drawn: dict[str, bool], train: pd.DataFrame, blocks: list
 
 def build_report(zero_shot_dir: str | Path, final_dir: str | Path, train_live_dir: str | Path,
                  warmup_live_dir: str | Path, out_dir: str | Path,
-                 title_info: dict[str, Any], critic: bool = True, sequence: bool = False) -> Path:
+                 title_info: dict[str, Any], critic: bool = True, chat: bool = False) -> Path:
     """Write out_dir/report.md and its PNGs; a plot without data is skipped, and said so.
     `critic=False` (a critic-free estimator): no warm-up and no value metrics are expected.
-    `sequence` (sequence mode): replies and tool calls in place of the action mix and the THINK /
-    ACTION KL split (report_sequence.py)."""
+    `chat` (`rollout.protocol: chat`): replies and tool calls in place of the action mix and the
+    THINK / ACTION KL split (report/conversation.py)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     zs, fin = read_eval_metrics(zero_shot_dir), read_eval_metrics(final_dir)
@@ -225,18 +225,18 @@ def build_report(zero_shot_dir: str | Path, final_dir: str | Path, train_live_di
     train, warm = read_live_metrics(train_live_dir), read_live_metrics(warmup_live_dir)
     table = comparison_table(zs, fin)
     blocks = pool_success_blocks(train)
-    drawn = _draw(out, table, blocks, train, warm, sequence)
+    drawn = _draw(out, table, blocks, train, warm, chat)
     dirs = {"zero_shot": Path(zero_shot_dir), "final": Path(final_dir),
             "train": Path(train_live_dir), "warmup": Path(warmup_live_dir)}
-    missing = _missing(zs, fin, train, warm, dirs, why_unpaired, critic, sequence)
+    missing = _missing(zs, fin, train, warm, dirs, why_unpaired, critic, chat)
     lines = ["# longturn run report", ""] + _settings(title_info) + [""]
-    labels = SEQUENCE_EVAL_LABELS if sequence else EVAL_LABELS
+    labels = CONVERSATION_EVAL_LABELS if chat else EVAL_LABELS
     evals = (table_markdown(table, paired, labels) + [""] if table else []) + eval_reading(
         table, paired, why_unpaired)
     lines += _section("Zero-shot vs final evaluation", drawn["tasks.png"], "tasks.png",
                       "success per task, zero-shot vs final", evals, "no evaluation metrics")
     lines += _endings_section(zs, fin, train)
-    lines += _training_sections(drawn, train, blocks, sequence)
+    lines += _training_sections(drawn, train, blocks, chat)
     if critic:
         warm_body = warmup_reading(warm) if drawn["warmup.png"] else []
         lines += _section("Critic warm-up", drawn["warmup.png"], "warmup.png", "critic warm-up",

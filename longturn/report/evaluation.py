@@ -18,10 +18,10 @@ from longturn.stats import PairedOutcome, paired_outcomes, wilson_interval
 
 SIDES = ("zero_shot", "final")
 # the table's two per-episode columns (mean_length, valid_action_ratio) as turn mode measures
-# them; sequence mode names them for what they hold there (report_sequence.SEQUENCE_EVAL_LABELS)
+# them; sequence mode names them for what they hold there (report_sequence.CONVERSATION_EVAL_LABELS)
 EVAL_LABELS = ("mean length", "valid-action ratio")
 EPISODE_COLUMNS = ("task", "episode_seed", "success")
-# why episodes end: env episodes (envs/termination.py), then sequence-mode ones (rollout/sequence_episode.py)
+# why episodes end: env episodes (envs/termination.py), then sequence-mode ones (rollout/conversation.py)
 REASON_LABELS = {"success": "success", "failure": "failure", "time_limit": "time limit",
                  "env_error": "env error", "timeout": "timeout", "done": "done",
                  "max_assistant_turns": "max replies", "max_user_turns": "max user turns",

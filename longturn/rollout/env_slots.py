@@ -41,7 +41,7 @@ class AgentSettings:
     failures in a row one slot survives. No defaults of its own: `from_params` reads the prompt
     and env sections, the one place defaults live."""
 
-    history_turns: int
+    history_turns: int | None  # None: every past turn (rollout.context episode)
     history_content: str
     invalid_in_history: str
     max_prompt_tokens: int
@@ -53,7 +53,9 @@ class AgentSettings:
     @classmethod
     def from_params(cls, params: Params) -> "AgentSettings":
         p, e = params.prompt, params.env
-        return cls(history_turns=p.history_turns, history_content=p.history_content,
+        whole = params.rollout.context == "episode"
+        return cls(history_turns=None if whole else p.history_turns,
+                   history_content=p.history_content,
                    invalid_in_history=p.invalid_in_history,
                    max_prompt_tokens=p.max_prompt_tokens, demonstration=p.demonstration,
                    invalid_action_penalty=e.invalid_action_penalty, max_turns=e.max_turns,

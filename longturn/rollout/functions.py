@@ -1,9 +1,9 @@
 """`rollout.function`: the rollout of sequence mode named by import path, as slime does it.
 
 A rollout function is called as `fn(engine, tokenizer, sampling, tasks, settings)` (the engine,
-its tokenizer, the SamplingParams, a batch of task records, a SequenceSettings) and returns one
-record per task with the columns of the sequence Parquet (`SequenceEpisode.record`). The built-in
-one is registered the same way: `longturn.rollout.sequence_rollout:sequence_rollout`.
+its tokenizer, the SamplingParams, a batch of task records, a ConversationSettings) and returns one
+record per task with the columns of the sequence Parquet (`Conversation.record`). The built-in
+one is registered the same way: `longturn.rollout.conversation_rollout:conversation_rollout`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Callable
 from longturn.errors import SettingError
 from longturn.tasks.plugins import import_class
 
-BUILTIN = "longturn.rollout.sequence_rollout:sequence_rollout"
+BUILTIN = "longturn.rollout.conversation_rollout:conversation_rollout"
 _ARGS = ("engine", "tokenizer", "sampling", "tasks", "settings")
 
 

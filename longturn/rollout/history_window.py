@@ -1,4 +1,4 @@
-"""The history window of a conversation (`rollout.sequence.context: window`): what one reply is
+"""The history window of a conversation (`rollout.context: window`): what one reply is
 given instead of the whole episode.
 
 Why: when the whole episode is the prompt (verl, slime), reply 100 of a long tool episode costs

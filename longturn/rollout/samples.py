@@ -57,7 +57,7 @@ def sample_from_turn(row: Row) -> Row:
 
 
 def sample_from_episode(record: Row) -> Row:
-    """A sequence record (rollout/sequence_episode.py `record()`, with what the collector and
+    """A sequence record (rollout/conversation.py `record()`, with what the collector and
     scoring add) as one sample holding all its replies. An episode with no reply (its first
     messages filled the token budget) keeps its last token as a response with loss mask 0."""
     ids = list(record["input_ids"])
@@ -147,7 +147,7 @@ def samples_from_turns(rows: Iterable[Row]) -> list[Row]:
 def samples_from_episodes(records: Iterable[Row]) -> list[Row]:
     """Every episode as its samples, in order, one flat list: a packed sample per whole
     episode, a sample per reply of an episode played with a history window. A record's slot is
-    its `env_index` (SequenceRun.play sets it), else its place in `records`."""
+    its `env_index` (ConversationRun.play sets it), else its place in `records`."""
     out: list[Row] = []
     for position, record in enumerate(records):
         if record.get("window_prompts") and record["segment_starts"]:

@@ -27,10 +27,8 @@ from longturn.engines.base import Engine
 from longturn.run.eval_journal import EvalJournal
 from longturn.run.eval_key import evaluation_key
 from longturn.envs.termination import count, reason_of
-from longturn.run.models import load_tokenizer
 from longturn.rollout.env_slots import AgentSettings, EpisodeJob, env_factory_from_params, play_episodes
-from longturn.engines.registry import make_engine, sampling_from_params
-from longturn.run.sequence_evaluation import evaluate_sequences
+from longturn.engines.registry import sampling_from_params
 from longturn.stats import standard_error, wilson_interval
 from longturn.rollout.samples import samples_from_turns
 from longturn.trajectories import (SAMPLE_SCHEMA, SCHEMA_VERSION, file_metadata, write_arrow,
@@ -85,15 +83,12 @@ def metrics_by_task(episodes: list[dict[str, Any]], tasks: list[str]) -> dict[st
     }
 
 
-def evaluate(engine: Engine, tokenizer: Any, params: Params, out_dir: str | Path,
-             policy_version: str, run_id: str = "eval", progress: bool = True,
-             model_dir: str | Path | None = None) -> dict[str, Any]:
-    """Play the eval episodes with `engine` (on the weights in `model_dir`, which keys the
-    journal) and write turns/episodes Parquet and metrics.json, resuming from the journal of an
-    evaluation that died (sequence mode: longturn/run/sequence_evaluation.py)."""
-    if params.rollout.mode == "sequence":
-        return evaluate_sequences(engine, tokenizer, params, out_dir, policy_version, run_id,
-                                  progress, model_dir)
+def evaluate_envs(engine: Engine, tokenizer: Any, params: Params, out_dir: str | Path,
+                  policy_version: str, run_id: str = "eval", progress: bool = True,
+                  model_dir: str | Path | None = None) -> dict[str, Any]:
+    """Protocol action (run/protocol.py): play the eval episodes of the env with `engine`
+    (on the weights in `model_dir`, which keys the journal) and write turns/episodes Parquet and
+    metrics.json, resuming from the journal of an evaluation that died."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     e = params.eval
@@ -159,14 +154,3 @@ def write_outputs(out: Path, metrics: dict[str, Any], episodes: list[dict[str, A
             first = first or err
     if first is not None:
         raise first
-
-
-def evaluate_model(model_dir: str | Path, params: Params, out_dir: str | Path,
-                   policy_version: str, progress: bool = True) -> dict[str, Any]:
-    """Build the configured engine on `model_dir` and evaluate it."""
-    engine = make_engine(str(model_dir), params)
-    try:
-        return evaluate(engine, load_tokenizer(model_dir), params, out_dir, policy_version,
-                        progress=progress, model_dir=model_dir)
-    finally:
-        engine.close()

@@ -3,7 +3,7 @@
 Why: an unknown env, task or engine used to surface only after the model had loaded and the env
 workers had started (42-67 s), and a budget longer than the model's context never did. Each
 check reuses the lookup the stage does later (the env, task and engine registries, the
-sequence-mode setup), so the lists of names live in one place. Nothing here builds an env,
+conversation setup), so the lists of names live in one place. Nothing here builds an env,
 loads weights or starts a process: plugins are imported and looked up only.
 """
 
@@ -15,40 +15,12 @@ from typing import Any
 
 from longturn.params.config import Params
 from longturn.engines.registry import engine_factory
-from longturn.envs.registry import declared_tasks
 from longturn.errors import SettingError
 from longturn.params.limits import Limit
 from longturn.params.sizes import over, row_positions
-from longturn.tasks.registry import load_task
+from longturn.run.protocol import protocol
 
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions")  # Llama/Qwen/LLaVA text; GPT-2
-
-
-def check_env_tasks(params: Params) -> None:
-    """Turn mode: `env.name` resolves (a plugin is imported) and every task of env.tasks and
-    eval.tasks is one the env declares."""
-    try:
-        known = declared_tasks(params.env.name)
-    except SettingError as err:
-        raise SettingError(f"env.name: {err}") from None
-    if known is None:  # a plugin without a TASKS list: its constructor checks the task
-        return
-    for key, names in (("env.tasks", params.env.tasks), ("eval.tasks", params.eval.tasks or [])):
-        unknown = [name for name in names if name not in known]
-        if unknown:
-            raise SettingError(f"{key}: env {params.env.name!r} has no task "
-                               f"{', '.join(map(repr, unknown))}; its tasks: {', '.join(known)}")
-
-
-def check_sequence_plugins(params: Params) -> None:
-    """Sequence mode: the tasks, tools, interaction and rollout function resolve, as the stages
-    resolve them (tools and interactions are built from their YAML; no episode starts)."""
-    from longturn.rollout.sequence_setup import SequenceRun  # imports torch: sequence stages do anyway
-
-    SequenceRun.from_params(params, progress=False)
-    for name in params.eval.tasks or []:
-        if name not in params.env.tasks:
-            load_task(name, "eval.tasks")
 
 
 def model_context(model_dir: str | Path) -> tuple[int, str] | None:
@@ -83,9 +55,6 @@ def check_model_context(params: Params, model_dir: str | Path) -> None:
 def preflight(params: Params, model_dir: str | Path | None = None) -> None:
     """Every check a stage can make before work: names, then the model's context if known."""
     engine_factory(params.engine.name)
-    if params.rollout.mode == "sequence":
-        check_sequence_plugins(params)
-    else:
-        check_env_tasks(params)
+    protocol(params).check_names(params)
     if model_dir is not None:
         check_model_context(params, model_dir)

@@ -27,6 +27,7 @@ from longturn.run.dvc_remote import push_training_outputs
 from longturn.engines.registry import make_engine, sampling_from_params
 from longturn.run.metrics import MetricsLog, PhaseClock
 from longturn.run.models import load_tokenizer
+from longturn.run.protocol import protocol
 from longturn.profiling import IterationProfiler
 from longturn.run.wiring import (Collector, batch_metrics, close_collector, critic_dir, file_metadata,
                              gae_params, make_collector, run_fingerprint, score_and_write,
@@ -191,7 +192,7 @@ def run_training(params: Params, paths: TrainPaths, progress: bool = True,
                     push_training_outputs(paths.trajectories, paths.checkpoints, iteration,
                                           params.train.remote)
             metrics_log.log(metrics)
-            _log_iteration(iteration, metrics)
+            log.info(protocol(params).describe(iteration, metrics))
         trainer.export_actor(paths.final)
     finally:
         if engine is not None:
@@ -228,19 +229,3 @@ def _iteration(params: Params, paths: TrainPaths, trainer: PPOTrainer,
     with clock.phase("update"):
         metrics.update(trainer.update([str(part)]))
     return metrics
-
-
-def _log_iteration(iteration: int, metrics: dict[str, float]) -> None:
-    if "mean_assistant_turns" in metrics:  # sequence mode: episodes, not turns
-        log.info("iteration %d: success %.3f reward %.3f replies/episode %.2f tool calls/episode "
-                 "%.2f value_loss %.4f kl %.5f (%.0f s, %.2f replies/s)", iteration,
-                 metrics["success_rate"], metrics["mean_reward"], metrics["mean_assistant_turns"],
-                 metrics["tool_calls_per_episode"], metrics.get("value_loss", 0.0),
-                 metrics.get("kl_mean", 0.0), metrics["seconds_per_iteration"],
-                 metrics["turns_per_s"])
-        return
-    log.info("iteration %d: success %.3f reward %.3f valid %.2f value_loss %.4f kl %.5f "
-             "(%.0f s, %.1f turns/s)", iteration, metrics.get("success_rate", 0.0),
-             metrics.get("mean_reward", 0.0), metrics.get("valid_action_ratio", 0.0),
-             metrics.get("value_loss", 0.0), metrics.get("kl_mean", 0.0),
-             metrics["seconds_per_iteration"], metrics["turns_per_s"])

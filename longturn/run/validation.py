@@ -23,7 +23,7 @@ from longturn.params.config import Params
 from longturn.engines.base import Engine, SamplingParams
 from longturn.envs.actions import EMPTY, NO_ACTION, UNKNOWN
 from longturn.envs.base import TextEnv
-from longturn.envs.registry import translator_for
+from longturn.envs.registry import make_env, translator_for
 from longturn.errors import UserError
 from longturn.reply_format import parse_reply
 
@@ -107,6 +107,16 @@ def task_metrics(samples: list[dict[str, Any]], worst_case: int, budget: int) ->
     for kind in FAILURES:
         metrics[f"failure_{kind}"] = sum(s["failure"] == kind for s in samples) / n
     return metrics
+
+
+def validate_env_task(engine: Engine, tokenizer: Any, params: Params, task: str,
+                      sampling: SamplingParams, seeds: list[int]) -> TaskValidation:
+    """Render, budget-check and sample one task of `env.name` on a fresh env."""
+    env = make_env(params.env.name, task, **params.env.kwargs)
+    try:
+        return validate_task(engine, tokenizer, env, params, sampling, seeds)
+    finally:
+        env.close()
 
 
 def validate_task(engine: Engine, tokenizer: Any, env: TextEnv, params: Params,

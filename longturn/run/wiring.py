@@ -1,5 +1,5 @@
 """Params → the objects the stages run: the estimator, trainer settings, GAE and group
-parameters, the collector the estimator and rollout mode need, the critic dir it reads, how a
+parameters, the collector the protocol and estimator need, the critic dir it reads, how a
 batch is scored, written and summarised, Parquet metadata, the resume fingerprint.
 
 The only place a params section is mapped onto library objects, so the train loop, the critic
@@ -14,24 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from longturn.algo.gae import GAEParams
-from longturn.algo.estimator import Collection, Estimator
+from longturn.algo.estimator import Estimator
 from longturn.algo.trainer import PPOTrainer, TrainerSettings
-from longturn.rollout.fixed_turn_collector import FixedTurnCollector
 from longturn.params.config import Params
 from longturn.device import resolve_bf16, resolve_device
-from longturn.distributed import sum_over_ranks
-from longturn.rollout.group_collector import EpisodeGroupCollector
-from longturn.run.metrics import action_mix, rollout_metrics
-from longturn.rollout.env_slots import AgentSettings, env_factory_from_params
-from longturn.rollout.sequence_collector import SequenceCollector
-from longturn.rollout.sequence_metrics import sequence_metrics
-from longturn.rollout.sequence_setup import SequenceRun
-from longturn.rollout.samples import samples_from_episodes, samples_from_turns
+from longturn.run.protocol import Collector, protocol
 from longturn.trajectories import write_samples
-
-# what the train loop collects with
-Collector = FixedTurnCollector | EpisodeGroupCollector | SequenceCollector
-
 
 def estimator(params: Params) -> Estimator:
     """The estimator `algo.advantage` names: whether a critic exists, how batches are collected."""
@@ -64,20 +52,8 @@ def gae_params(params: Params) -> GAEParams:
 
 
 def make_collector(params: Params, rank: int, run_id: str) -> Collector:
-    """The estimator's collection: fixed-turn batches, or groups of whole episodes from one
-    seed; in sequence mode every episode is whole, in groups when the estimator plays groups."""
-    r, tasks, collection = params.rollout, list(params.env.tasks), estimator(params).collection
-    if r.mode == "sequence":
-        group = params.algo.group_size if collection is Collection.SEED_GROUPS else 1
-        return SequenceCollector(SequenceRun.from_params(params), tasks, r.n_envs, group,
-                                 params.seed, rank=rank, run_id=run_id)
-    agent = AgentSettings.from_params(params)
-    if collection is Collection.SEED_GROUPS:
-        return EpisodeGroupCollector(env_factory_from_params(params), tasks, r.n_envs,
-                                     params.algo.group_size, agent, params.seed, rank=rank,
-                                     run_id=run_id)
-    return FixedTurnCollector(env_factory_from_params(params), tasks, r.n_envs,
-                              r.turns_per_env, agent, params.seed, rank=rank, run_id=run_id)
+    """The collector of the protocol and the estimator (run/protocol.py)."""
+    return protocol(params).collector(params, rank, run_id)
 
 
 def close_collector(collector: Collector) -> None:
@@ -108,11 +84,8 @@ def run_fingerprint(params: Params) -> str:
 
 
 def to_samples(params: Params, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """What the collector played, as training samples (docs/design.md §4): a turn of the history
-    window is a sample of one reply, a whole episode one sample holding all its replies."""
-    if params.rollout.mode == "sequence":
-        return samples_from_episodes(rows)
-    return samples_from_turns(rows)
+    """What the collector played, as training samples (docs/design.md §4)."""
+    return protocol(params).to_samples(rows)
 
 
 def score_and_write(trainer: PPOTrainer, samples: list[dict[str, Any]], path: Path,
@@ -125,13 +98,5 @@ def score_and_write(trainer: PPOTrainer, samples: list[dict[str, Any]], path: Pa
 
 def batch_metrics(params: Params, rows: list[dict[str, Any]], samples: list[dict[str, Any]],
                   collector: Collector) -> dict[str, float]:
-    """What a collected batch says, over every rank: turn metrics and the action mix, or the
-    whole-episode metrics of its samples (`turns` counts replies there)."""
-    if params.rollout.mode == "sequence":
-        metrics = {k: float(v) for k, v in sequence_metrics(samples, sum_over_ranks).items()}
-        metrics["turns"] = metrics["mean_assistant_turns"] * metrics["episodes"]
-        metrics["episodes_ended"] = metrics["episodes"]  # whole episodes: every one ended
-        return metrics
-    metrics = rollout_metrics(rows, sum_over_ranks)
-    metrics.update(action_mix(rows, collector.action_names(), sum_over_ranks))
-    return metrics
+    """What a collected batch says, over every rank (run/protocol.py)."""
+    return protocol(params).batch_metrics(rows, samples, collector)

@@ -115,7 +115,7 @@ class EnvInteraction(BaseInteraction):
         parsed = state["translator"].parse(messages[-1]["content"])
         observation, reward, terminated, truncated, _ = env.step(parsed.action)
         penalty = 0.0 if parsed.valid else float(self.config.get("invalid_penalty", 0.1))
-        # the rollout writes the frame's <image> line itself (rollout/sequence_rollout.py: _user_message)
+        # the rollout writes the frame's <image> line itself (rollout/conversation_rollout.py: _user_message)
         answer = Observation(observation_text(env.instructions, observation, False),
                              observation.image if state["image"] else None)
         metrics = {"env_reward": reward, "invalid_actions": float(not parsed.valid)}

@@ -20,9 +20,9 @@ from longturn.algo.model_set import ModelSet
 from longturn.algo.sample_scoring import score_samples
 from longturn.engines.base import Completion
 from longturn.rollout.samples import samples_from_episodes
-from longturn.rollout.sequence_rollout import sequence_rollout
+from longturn.rollout.conversation_rollout import conversation_rollout
 from longturn.tasks.env_frames import EnvInteraction, EnvTask
-from settings_from_params import sampling_settings, sequence_settings
+from settings_from_params import sampling_settings, conversation_settings
 from gae_reference import packed_reference
 
 GAE = GAEParams(gamma_step=0.9, lambda_step=0.8, gamma_token=1.0, lambda_token=0.95)
@@ -78,9 +78,9 @@ def episodes(tiny_model_dir):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     tasks = [EnvTask(f"{__name__}:Corridor", task, image=False).record(seed=3)
              for task in ("goal", "time")]
-    settings = sequence_settings(max_assistant_turns=5, max_user_turns=5,
+    settings = conversation_settings(max_assistant_turns=5, max_user_turns=5,
                                  interaction=EnvInteraction({}, "env"))
-    records = sequence_rollout(Forward(tokenizer), tokenizer, sampling_settings(max_new_tokens=32),
+    records = conversation_rollout(Forward(tokenizer), tokenizer, sampling_settings(max_new_tokens=32),
                                tasks, settings)
     torch.manual_seed(5)
     actor = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()

@@ -24,8 +24,8 @@ Images: a task record's `images` (one frame per `<image>` in its messages), and 
 that answers with an `Observation` carrying a frame, give image observations. The engine is then
 given each prompt's frames and where they go; it needs a vision-language model (`vision/`).
 
-It is registered as `longturn.rollout.sequence_rollout:sequence_rollout`; `rollout.function` may name any
-function with the same signature and records (docs/sequence-mode.md).
+It is registered as `longturn.rollout.conversation_rollout:conversation_rollout`; `rollout.function` may name any
+function with the same signature and records (docs/conversations.md).
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from longturn.envs.base import Observation
 from longturn.errors import SettingError
 from longturn.rollout.chat_deltas import ChatDeltas
 from longturn.rollout.history_window import frame_owners, render_window
-from longturn.rollout.sequence_episode import (DONE, MAX_ASSISTANT_TURNS, MAX_USER_TURNS, TIME_LIMIT,
-                                       TOKEN_BUDGET, SequenceEpisode)
+from longturn.rollout.conversation import (DONE, MAX_ASSISTANT_TURNS, MAX_USER_TURNS, TIME_LIMIT,
+                                       TOKEN_BUDGET, Conversation)
 from longturn.tasks.interactions import BaseInteraction
 from longturn.rollout.tokenization_check import check_tokenization
 from longturn.tasks.tool_calls import BadToolCall, ToolCall, parse_tool_calls
@@ -51,18 +51,18 @@ from longturn.tasks.tools import ToolBox, ToolResult
 from longturn.vision.encoder import IMAGE_PLACEHOLDER
 
 if TYPE_CHECKING:
-    from longturn.params.config import SequenceParams
+    from longturn.params.config import ChatParams
 
 log = logging.getLogger(__name__)
 
-EPISODE, WINDOW = "episode", "window"  # rollout.sequence.context: what a reply is given
+EPISODE, WINDOW = "episode", "window"  # rollout.context: what a reply is given
 
 
 @dataclass
-class SequenceSettings:
-    """Everything a sequence rollout needs besides the engine, tokenizer, sampling and tasks.
+class ConversationSettings:
+    """Everything a conversation rollout needs besides the engine, tokenizer, sampling and tasks.
 
-    No defaults of its own: `from_config` reads the limits from rollout.sequence, the one place
+    No defaults of its own: `from_config` reads the limits from rollout.chat, the one place
     defaults live; the objects a run loads (tools, interaction, reward) are passed explicitly."""
 
     max_assistant_turns: int
@@ -78,24 +78,25 @@ class SequenceSettings:
     progress: bool
 
     @classmethod
-    def from_config(cls, section: SequenceParams, *, history_turns: int, tools: ToolBox | None,
+    def from_config(cls, section: ChatParams, *, context: str, history_turns: int,
+                    tools: ToolBox | None,
                     interaction: BaseInteraction | None,
                     reward_fn: Callable[[dict[str, Any], list[dict[str, Any]]], float] | None,
-                    progress: bool) -> SequenceSettings:
-        """rollout.sequence's limits and context, the window's turns (prompt.history_turns, the
-        same key as an env slot's window), plus what the run loaded from its files."""
-        if section.context == WINDOW and history_turns < 1:
-            raise SettingError("rollout.sequence.context window with prompt.history_turns 0 "
+                    progress: bool) -> ConversationSettings:
+        """rollout.chat's limits, rollout.context and the window's turns (prompt.history_turns,
+        the same keys as an env slot's window), plus what the run loaded from its files."""
+        if context == WINDOW and history_turns < 1:
+            raise SettingError("rollout.context window with prompt.history_turns 0 "
                                "would show no reply and no tool result: set it to 1 or more")
         return cls(max_assistant_turns=section.max_assistant_turns,
                    max_user_turns=section.max_user_turns, max_tokens=section.max_tokens,
                    max_tool_response_chars=section.max_tool_response_chars,
-                   tokenization_check=section.tokenization_check, context=section.context,
+                   tokenization_check=section.tokenization_check, context=context,
                    history_turns=history_turns, tools=tools, interaction=interaction,
                    reward_fn=reward_fn, progress=progress)
 
 
-def _tool_turn(ep: SequenceEpisode, tools: ToolBox, calls: list, limit: int
+def _tool_turn(ep: Conversation, tools: ToolBox, calls: list, limit: int
                ) -> list[dict[str, Any]]:
     """Run a reply's calls; the tool messages to append."""
     out = []
@@ -142,7 +143,7 @@ def _user_message(text: str | Observation) -> tuple[dict[str, Any], list]:
     return {"role": "user", "content": f"{IMAGE_PLACEHOLDER}\n{text.text}"}, [text.image]
 
 
-def _after_reply(ep: SequenceEpisode, content: str, s: SequenceSettings
+def _after_reply(ep: Conversation, content: str, s: ConversationSettings
                  ) -> tuple[list[dict], list] | None:
     """Decide what follows a reply: the messages to append and their frames, or None when the
     episode ended."""
@@ -174,7 +175,7 @@ def _after_reply(ep: SequenceEpisode, content: str, s: SequenceSettings
     return [message], images
 
 
-def _finish(ep: SequenceEpisode, s: SequenceSettings) -> dict[str, Any]:
+def _finish(ep: Conversation, s: ConversationSettings) -> dict[str, Any]:
     """Credit the tools' episode rewards, release tools and interaction, run the check; in a
     window, keep the window a next reply would have seen when the episode was cut short (its
     bootstrap)."""
@@ -198,8 +199,8 @@ def _finish(ep: SequenceEpisode, s: SequenceSettings) -> dict[str, Any]:
     return ep.record()
 
 
-def sequence_rollout(engine: Engine, tokenizer: Any, sampling: SamplingParams,
-                     tasks: list[dict[str, Any]], settings: SequenceSettings,
+def conversation_rollout(engine: Engine, tokenizer: Any, sampling: SamplingParams,
+                     tasks: list[dict[str, Any]], settings: ConversationSettings,
                      id_prefix: str = "seq") -> list[dict[str, Any]]:
     """Play every task to its end; one record per task, in task order."""
     s = settings
@@ -209,7 +210,7 @@ def sequence_rollout(engine: Engine, tokenizer: Any, sampling: SamplingParams,
                         verify=s.tokenization_check != "off")
     episodes = []
     for i, task in enumerate(tasks):
-        ep = SequenceEpisode.begin(f"{id_prefix}-{i}", task, deltas)
+        ep = Conversation.begin(f"{id_prefix}-{i}", task, deltas)
         if s.context == WINDOW:
             ep.window = _next_window(ep, s, ep.messages, ep.frame_owner)
         if s.tools is not None:
@@ -256,8 +257,8 @@ def sequence_rollout(engine: Engine, tokenizer: Any, sampling: SamplingParams,
     return [_finish(ep, s) for ep in episodes]
 
 
-def _generate(engine: Engine, active: list[SequenceEpisode], sampling: SamplingParams) -> list:
-    """Every active episode's next reply from what it is given (`SequenceEpisode.given`); with
+def _generate(engine: Engine, active: list[Conversation], sampling: SamplingParams) -> list:
+    """Every active episode's next reply from what it is given (`Conversation.given`); with
     images, each prompt's frames and their starts (only then, so engines without image support
     keep their plain signature)."""
     if not active:
@@ -268,14 +269,14 @@ def _generate(engine: Engine, active: list[SequenceEpisode], sampling: SamplingP
     return engine.generate(list(prompts), sampling, images=list(images))
 
 
-def _next_window(ep: SequenceEpisode, s: SequenceSettings, messages: list[dict[str, Any]],
+def _next_window(ep: Conversation, s: ConversationSettings, messages: list[dict[str, Any]],
                  owners: list[int]):
     """The window of `messages` (the episode's, or with the ones about to be appended)."""
     return render_window(ep.deltas, messages, owners, ep.head, s.history_turns,
                          f"episode {ep.episode_id}")
 
 
-def _room(ep: SequenceEpisode, s: SequenceSettings) -> int:
+def _room(ep: Conversation, s: ConversationSettings) -> int:
     """Reply tokens that still fit the token budget after what the model is given, leaving
     space for the turn's closing."""
     return s.max_tokens - len(ep.given()[0]) - len(ep.deltas.closing_ids)

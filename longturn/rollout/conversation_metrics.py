@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from longturn.rollout.sequence_episode import REASONS, TOKEN_BUDGET
+from longturn.rollout.conversation import REASONS, TOKEN_BUDGET
 from longturn.stats import wilson_interval
 
 OUTCOMES = ("identical", "same_text", "strippable", "skipped")
@@ -68,7 +68,7 @@ def json_safe(metrics: dict[str, Any]) -> dict[str, Any]:
     return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in metrics.items()}
 
 
-def sequence_metrics(samples: list[dict[str, Any]],
+def conversation_metrics(samples: list[dict[str, Any]],
                      sum_over_ranks: Callable[[np.ndarray], np.ndarray] | None = None
                      ) -> dict[str, Any]:
     """Rates and means over these episodes (every rank's with `sum_over_ranks`), the success

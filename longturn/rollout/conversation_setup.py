@@ -1,5 +1,5 @@
 """Params → a runnable sequence-mode rollout: tasks by name, tools, interaction, limits, the
-rollout function. The only place `rollout.sequence` is mapped onto library objects, so
+rollout function. The only place `rollout.chat` is mapped onto library objects, so
 validation, evaluation, the critic warm-up and the train loop play episodes the same way.
 """
 
@@ -14,48 +14,48 @@ from longturn.engines.base import Engine, SamplingParams
 from longturn.errors import SettingError
 from longturn.rollout.functions import BUILTIN, resolve_rollout_function
 from longturn.tasks.interactions import load_interactions
-from longturn.rollout.sequence_rollout import WINDOW, SequenceSettings
+from longturn.rollout.conversation_rollout import WINDOW, ConversationSettings
 from longturn.tasks.tools import ToolBox, load_tools
 from longturn.tasks.registry import load_task
 
 # What every rollout function's record must carry for the Parquet, scoring and metrics.
 REQUIRED = ("input_ids", "loss_mask", "segment_starts", "segment_ends", "segment_rewards",
             "termination", "truncated", "messages")
-# and, with a history window, what each reply was given (SequenceEpisode.record)
+# and, with a history window, what each reply was given (Conversation.record)
 WINDOW_REQUIRED = ("reply_steps", "window_prompts", "window_frames", "window_image_starts")
 
 
 def _interaction(params: Params) -> Any:
-    s = params.rollout.sequence
+    s = params.rollout.chat
     if s.interactions is None:
         return None
     found = load_interactions(s.interactions)
     if s.interaction is None:
         if len(found) != 1:
-            raise SettingError(f"rollout.sequence.interactions {s.interactions!r} declares "
-                               f"{sorted(found)}: name one in rollout.sequence.interaction")
+            raise SettingError(f"rollout.chat.interactions {s.interactions!r} declares "
+                               f"{sorted(found)}: name one in rollout.chat.interaction")
         return next(iter(found.values()))
     if s.interaction not in found:
-        raise SettingError(f"rollout.sequence.interaction {s.interaction!r} is not in "
+        raise SettingError(f"rollout.chat.interaction {s.interaction!r} is not in "
                            f"{s.interactions!r} (it declares {sorted(found)})")
     return found[s.interaction]
 
 
 @dataclass
-class SequenceRun:
+class ConversationRun:
     """The tasks, the settings (tools, interaction, limits) and the rollout function of a run."""
 
     tasks: dict[str, Any]
-    settings: SequenceSettings
+    settings: ConversationSettings
     function: Callable[..., list[dict[str, Any]]]
 
     @classmethod
     def from_params(cls, params: Params, task_names: list[str] | None = None,
-                    progress: bool = True) -> "SequenceRun":
-        s = params.rollout.sequence
+                    progress: bool = True) -> "ConversationRun":
+        s = params.rollout.chat
         tasks = {name: load_task(name) for name in (task_names or params.env.tasks)}
-        settings = SequenceSettings.from_config(
-            s, history_turns=params.prompt.history_turns,
+        settings = ConversationSettings.from_config(
+            s, context=params.rollout.context, history_turns=params.prompt.history_turns,
             tools=ToolBox(load_tools(s.tools)) if s.tools is not None else None,
             interaction=_interaction(params), reward_fn=None, progress=progress)
         run = cls(tasks, settings, resolve_rollout_function(s.function or BUILTIN))

@@ -19,8 +19,8 @@ from typing import Any
 from longturn.params.config import Params
 from longturn.engines.base import Engine, SamplingParams
 from longturn.rollout.samples import sample_from_episode
-from longturn.rollout.sequence_metrics import ending, sequence_metrics
-from longturn.rollout.sequence_setup import SequenceRun
+from longturn.rollout.conversation_metrics import ending, conversation_metrics
+from longturn.rollout.conversation_setup import ConversationRun
 from longturn.run.validation import TaskValidation
 from longturn.vision.encoder import IMAGE_PLACEHOLDER
 
@@ -41,7 +41,7 @@ def task_metrics(samples: list[dict[str, Any]], budget: int) -> dict[str, Any]:
     # what the model saw before its first reply (an episode with no reply: all of it)
     prompts = [len(s["prompt_ids"]) + (0 if s["replies"] else len(s["response_ids"]))
                for s in samples]
-    m = sequence_metrics(samples)
+    m = conversation_metrics(samples)
     m.update(samples=len(samples), prompt_tokens_max=max(prompts),
              prompt_tokens_mean=sum(prompts) / len(prompts), max_tokens=budget,
              prompt_fits_budget=max(prompts) < budget,
@@ -50,10 +50,10 @@ def task_metrics(samples: list[dict[str, Any]], budget: int) -> dict[str, Any]:
     return m
 
 
-def validate_sequence_tasks(engine: Engine, tokenizer: Any, params: Params,
+def validate_conversation_tasks(engine: Engine, tokenizer: Any, params: Params,
                             sampling: SamplingParams, seeds: list[int]) -> list[TaskValidation]:
     """Play `seeds` of every eval task; one TaskValidation (episodes as samples) per task."""
-    run = SequenceRun.from_params(params, list(params.eval.tasks or params.env.tasks))
+    run = ConversationRun.from_params(params, list(params.eval.tasks or params.env.tasks))
     results = []
     for task in run.tasks:
         # one packed sample per episode whatever the context: validation reads conversations
@@ -61,19 +61,19 @@ def validate_sequence_tasks(engine: Engine, tokenizer: Any, params: Params,
             engine, tokenizer, sampling, [run.record(task, s) for s in seeds],
             [f"validation-{task}-{s}" for s in seeds])]
         result = TaskValidation(task, samples,
-                                task_metrics(samples, params.rollout.sequence.max_tokens))
+                                task_metrics(samples, params.rollout.chat.max_tokens))
         results.append(result)
     return results
 
 
-def sequence_gate_failures(results: list[TaskValidation], min_ratio: float) -> list[str]:
+def conversation_gate_failures(results: list[TaskValidation], min_ratio: float) -> list[str]:
     """Why the gate fails (empty: it passes)."""
     failures = []
     for r in results:
         m = r.metrics
         if not m["prompt_fits_budget"]:
             failures.append(f"task {r.task!r}: a first context of {m['prompt_tokens_max']} "
-                            f"tokens leaves no room for a reply in rollout.sequence.max_tokens "
+                            f"tokens leaves no room for a reply in rollout.chat.max_tokens "
                             f"{m['max_tokens']}")
         if m["valid_reply_ratio"] < min_ratio:
             failures.append(f"task {r.task!r}: valid-reply ratio {m['valid_reply_ratio']:.2f} < "
@@ -105,7 +105,7 @@ def _fold_images(text: str) -> str:
                           text)
 
 
-def render_sequence_report(results: list[TaskValidation], failures: list[str], gate: float,
+def render_conversation_report(results: list[TaskValidation], failures: list[str], gate: float,
                            settings: dict[str, Any], tokenizer: Any, examples: int = 2) -> str:
     """Markdown: verdict, the table, how episodes ended, then example conversations exactly as
     the model saw them (the decoded token sequence)."""

@@ -1,8 +1,8 @@
-"""Helper for tests/test_sequence_two_ranks.py: sequence-mode episodes per rank where rank 0 holds
+"""Helper for tests/test_conversation_two_ranks.py: sequence-mode episodes per rank where rank 0 holds
 one that produced no reply, and (run as a script under torchrun) one PPO update per rank on them
 as packed samples (docs/design.md §4).
 
-    python -m torch.distributed.run --nproc_per_node 2 tests/two_rank_sequence_update.py \
+    python -m torch.distributed.run --nproc_per_node 2 tests/two_rank_conversation_update.py \
         MODEL_DIR OUT_DIR
 
 Each rank writes rank{R}.json: its parameters' digest before and after, and the update's metrics.

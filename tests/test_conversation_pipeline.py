@@ -24,7 +24,7 @@ def toy_sequence_params(model_dir: str, profile: str = "tools") -> dict:
     params["eval"].update(episodes_per_task=2, parallel_envs=2)
     params["validation"].update(samples_per_task=2, min_valid_action_ratio=0.0)
     params["rollout"].update(n_envs=2)
-    params["rollout"]["sequence"].update(max_tokens=500)
+    params["rollout"]["chat"].update(max_tokens=500)
     params["ppo"].update(mini_batch_size=2, micro_batch_size=1, bf16=False)
     params["warmup"].update(iterations=1)
     params["train"].update(iterations=1)

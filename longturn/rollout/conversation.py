@@ -12,7 +12,7 @@ recorded by its start, and the frames are buffered per turn; engine and trainer 
 episode's frames together, once per forward, and put the features at those starts. Each frame
 also keeps the message it came with, so a history window can pick the frames of its messages.
 
-With a history window (`rollout.sequence.context: window`, rollout/history_window.py) the growing
+With a history window (`rollout.context: window`, rollout/history_window.py) the growing
 sequence is still kept (messages, tool calls, the tokenization check), but what the model is
 given for each reply is its window: `window` is the next one, and each reply's window and lock-step
 are recorded for its own sample (rollout/samples.py).
@@ -40,7 +40,7 @@ REASONS = (DONE, MAX_ASSISTANT_TURNS, MAX_USER_TURNS, TOKEN_BUDGET, TIME_LIMIT)
 
 
 @dataclass
-class SequenceEpisode:
+class Conversation:
     """The growing sequence of one episode and the counters its termination rules read."""
 
     episode_id: str
@@ -67,7 +67,7 @@ class SequenceEpisode:
     windows: list[tuple[int, WindowPrompt]] = field(default_factory=list)  # (step, window) a reply
 
     @classmethod
-    def begin(cls, episode_id: str, task: dict[str, Any], deltas: ChatDeltas) -> "SequenceEpisode":
+    def begin(cls, episode_id: str, task: dict[str, Any], deltas: ChatDeltas) -> "Conversation":
         ep = cls(episode_id, task, deltas, messages=deltas.prepare(task["messages"]))
         ep.head = len(ep.messages)
         images = list(task.get("images") or [])

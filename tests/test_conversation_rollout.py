@@ -12,10 +12,10 @@ from transformers import AutoTokenizer
 from longturn.engines.base import Completion
 from longturn.engines.hf import HFEngine
 from longturn.tasks.interactions import load_interactions
-from longturn.rollout.sequence_rollout import SequenceSettings, sequence_rollout
+from longturn.rollout.conversation_rollout import ConversationSettings, conversation_rollout
 from longturn.tasks.tools import ToolBox, load_tools
 from longturn.tasks.arithmetic import make_problem, task_record
-from settings_from_params import sampling_settings, sequence_settings
+from settings_from_params import sampling_settings, conversation_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,12 +53,12 @@ def tokenizer(smollm2_tokenizer_dir):
     return AutoTokenizer.from_pretrained(smollm2_tokenizer_dir)
 
 
-def settings(**kw) -> SequenceSettings:
+def settings(**kw) -> ConversationSettings:
     base = dict(tools=ToolBox(load_tools(ROOT / "configs/calculator_tools.yaml")),
                 interaction=load_interactions(ROOT / "configs/revision_interactions.yaml")["revise"],
                 max_assistant_turns=4, max_user_turns=1, max_tokens=2048, progress=False)
     base.update(kw)
-    return sequence_settings(**base)
+    return conversation_settings(**base)
 
 
 def call(expression: str) -> str:
@@ -70,7 +70,7 @@ def run(tokenizer, script_by_seed: dict[int, list[str]], max_new_tokens: int = 6
     tasks = [task_record(seed) for seed in script_by_seed]
     script = {make_problem(seed).question: replies for seed, replies in script_by_seed.items()}
     sampling = sampling_settings(max_new_tokens=max_new_tokens, temperature=1.0, seed=0)
-    return sequence_rollout(ScriptedEngine(tokenizer, script), tokenizer, sampling, tasks,
+    return conversation_rollout(ScriptedEngine(tokenizer, script), tokenizer, sampling, tasks,
                             settings(**kw))
 
 
@@ -137,7 +137,7 @@ def test_a_raising_parser_or_tool_box_is_an_error_message(tokenizer, monkeypatch
             raise RecursionError("maximum recursion depth exceeded")
         return []
 
-    monkeypatch.setattr("longturn.rollout.sequence_rollout.parse_tool_calls", parser_bug)
+    monkeypatch.setattr("longturn.rollout.conversation_rollout.parse_tool_calls", parser_bug)
     [rec] = run(tokenizer, {1: [call("1+1"), f"ANSWER: {p.answer}"]})
     messages = json.loads(rec["messages"])
     assert messages[3]["content"] == "Error: the tool calls could not be read (RecursionError)"
@@ -196,13 +196,13 @@ def test_real_engine_tiny_model_passes_the_strict_check(tiny_model_dir):
     engine = HFEngine(tiny_model_dir, dtype="float32")
     tasks = [task_record(s) for s in range(3)]
     sampling = sampling_settings(max_new_tokens=12, temperature=1.0, seed=5)
-    recs = sequence_rollout(engine, tok, sampling, tasks, settings(max_assistant_turns=2))
+    recs = conversation_rollout(engine, tok, sampling, tasks, settings(max_assistant_turns=2))
     for rec in recs:
         assert rec["tokenization_check"] in ("identical", "same_text")
         assert rec["termination"] in ("done", "max_assistant_turns", "max_user_turns")
         assert len(rec["engine_logprobs"]) == len(rec["input_ids"]) == len(rec["loss_mask"])
         assert all(lp < 0 for lp, m in zip(rec["engine_logprobs"], rec["loss_mask"]) if m)
-    again = sequence_rollout(engine, tok, sampling, tasks, settings(max_assistant_turns=2))
+    again = conversation_rollout(engine, tok, sampling, tasks, settings(max_assistant_turns=2))
     assert [r["input_ids"] for r in again] == [r["input_ids"] for r in recs]  # seeded
 
 

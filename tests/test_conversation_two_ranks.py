@@ -15,9 +15,9 @@ from longturn.algo.batches import read_sample_batch
 from longturn.distributed import free_port
 from longturn.rollout.samples import samples_from_episodes
 from longturn.trajectories import write_samples
-from two_rank_sequence_update import rank_records
+from two_rank_conversation_update import rank_records
 
-SCRIPT = Path(__file__).with_name("two_rank_sequence_update.py")
+SCRIPT = Path(__file__).with_name("two_rank_conversation_update.py")
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -9,8 +9,8 @@ import pytest
 
 from longturn.params.config import ParamsError, parse_params
 from longturn.errors import SettingError
-from longturn.rollout.sequence_collector import SequenceCollector
-from longturn.rollout.sequence_setup import SequenceRun
+from longturn.rollout.conversation_collector import ConversationCollector
+from longturn.rollout.conversation_setup import ConversationRun
 from longturn.tasks.registry import load_task
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,19 +20,19 @@ INTERACTIONS = str(ROOT / "configs/revision_interactions.yaml")
 
 def params(**sequence):
     return parse_params({"env": {"tasks": ["arithmetic"]},
-                         "rollout": {"mode": "sequence", "n_envs": 4, "sequence": sequence}})
+                         "rollout": {"protocol": "chat", "n_envs": 4, "chat": sequence}})
 
 
-def test_sequence_keys_are_validated_by_name():
-    with pytest.raises(ParamsError, match="rollout.sequence.tokenization_check"):
+def test_conversation_keys_are_validated_by_name():
+    with pytest.raises(ParamsError, match="rollout.chat.tokenization_check"):
         params(tokenization_check="loose")
-    with pytest.raises(ParamsError, match="rollout.sequence.max_user_turns"):
+    with pytest.raises(ParamsError, match="rollout.chat.max_user_turns"):
         params(max_user_turns=-1)
-    with pytest.raises(ParamsError, match="needs rollout.sequence.interactions"):
+    with pytest.raises(ParamsError, match="needs rollout.chat.interactions"):
         params(interaction="revise")
-    with pytest.raises(ParamsError, match="unknown key 'rollout.sequence.tool'"):
+    with pytest.raises(ParamsError, match="unknown key 'rollout.chat.tool'"):
         params(tool=TOOLS)
-    assert params().rollout.sequence.function is None  # the built-in rollout
+    assert params().rollout.chat.function is None  # the built-in rollout
 
 
 def test_tasks_by_name_or_import_path():
@@ -50,11 +50,11 @@ def test_tasks_by_name_or_import_path():
 
 
 def test_the_interaction_is_picked_by_name():
-    run = SequenceRun.from_params(params(tools=TOOLS, interactions=INTERACTIONS), progress=False)
+    run = ConversationRun.from_params(params(tools=TOOLS, interactions=INTERACTIONS), progress=False)
     assert run.settings.interaction.name == "revise"  # the file's only one
     assert sorted(run.settings.tools.tools) == ["calculator"]
     with pytest.raises(SettingError, match=r"'ask' is not in .*\['revise'\]"):
-        SequenceRun.from_params(params(interactions=INTERACTIONS, interaction="ask"))
+        ConversationRun.from_params(params(interactions=INTERACTIONS, interaction="ask"))
 
 
 def short_rollout(engine, tokenizer, sampling, tasks, settings):
@@ -62,7 +62,7 @@ def short_rollout(engine, tokenizer, sampling, tasks, settings):
 
 
 def test_a_misbehaving_rollout_function_is_named():
-    run = SequenceRun.from_params(params(function=f"{__name__}:short_rollout"), progress=False)
+    run = ConversationRun.from_params(params(function=f"{__name__}:short_rollout"), progress=False)
     records = [run.record("arithmetic", s) for s in (1, 2)]
     with pytest.raises(SettingError, match="1 records for 2 tasks"):
         run.play(None, None, None, records, ["a", "b"])
@@ -71,15 +71,15 @@ def test_a_misbehaving_rollout_function_is_named():
 
 
 def test_training_seeds_follow_from_seed_rank_and_iteration():
-    run = SequenceRun.from_params(params(), progress=False)
-    groups = SequenceCollector(run, ["arithmetic"], 4, 2, seed=3, rank=0)
+    run = ConversationRun.from_params(params(), progress=False)
+    groups = ConversationCollector(run, ["arithmetic"], 4, 2, seed=3, rank=0)
     records, ids = groups.task_records(iteration=5)
     seeds = [r["seed"] for r in records]
     assert seeds[0] == seeds[1] != seeds[2] == seeds[3]  # two groups of two on one seed each
     assert ids[0] == ids[1] != ids[2]
-    again, _ = SequenceCollector(run, ["arithmetic"], 4, 2, seed=3, rank=0).task_records(5)
+    again, _ = ConversationCollector(run, ["arithmetic"], 4, 2, seed=3, rank=0).task_records(5)
     assert [r["seed"] for r in again] == seeds  # a resumed run plays the same problems
-    other, _ = SequenceCollector(run, ["arithmetic"], 4, 2, seed=3, rank=1).task_records(5)
+    other, _ = ConversationCollector(run, ["arithmetic"], 4, 2, seed=3, rank=1).task_records(5)
     assert not set(r["seed"] for r in other) & set(seeds)
-    single, none = SequenceCollector(run, ["arithmetic"], 4, 1, seed=3).task_records(5)
+    single, none = ConversationCollector(run, ["arithmetic"], 4, 1, seed=3).task_records(5)
     assert len({r["seed"] for r in single}) == 4 and none == [None] * 4

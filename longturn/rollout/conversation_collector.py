@@ -13,13 +13,13 @@ from typing import Any
 
 from longturn.rollout.fixed_turn_collector import episode_seed
 from longturn.engines.base import Engine, SamplingParams
-from longturn.rollout.sequence_setup import SequenceRun
+from longturn.rollout.conversation_setup import ConversationRun
 
 
-class SequenceCollector:
+class ConversationCollector:
     """n_episodes per call, groups of `group_size` sharing a task seed (1: no groups)."""
 
-    def __init__(self, run: SequenceRun, tasks: list[str], n_episodes: int, group_size: int,
+    def __init__(self, run: ConversationRun, tasks: list[str], n_episodes: int, group_size: int,
                  seed: int, rank: int = 0, run_id: str = "train"):
         if n_episodes % group_size:
             raise ValueError(f"{n_episodes} episodes do not split into groups of {group_size}")

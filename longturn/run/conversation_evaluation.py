@@ -21,8 +21,8 @@ from longturn.engines.base import Engine
 from longturn.engines.registry import sampling_from_params
 from longturn.run.eval_journal import EvalJournal
 from longturn.run.eval_key import evaluation_key
-from longturn.rollout.sequence_metrics import json_safe, sequence_metrics
-from longturn.rollout.sequence_setup import SequenceRun
+from longturn.rollout.conversation_metrics import json_safe, conversation_metrics
+from longturn.rollout.conversation_setup import ConversationRun
 from longturn.rollout.samples import samples_from_episodes
 from longturn.trajectories import (SAMPLE_SCHEMA, SCHEMA_VERSION, file_metadata, write_arrow,
                                    write_episodes)
@@ -44,16 +44,16 @@ def episode_row(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """sequence_metrics of whole-episode samples plus the keys the report reads in turn mode;
+    """conversation_metrics of whole-episode samples plus the keys the report reads in turn mode;
     NaN as null (JSON)."""
-    m = sequence_metrics(samples)
+    m = conversation_metrics(samples)
     m.update(completed_episodes=m["episodes"], aborted_episodes=0,
              success_denominator="completed_episodes", mean_length=m["mean_assistant_turns"],
              valid_action_ratio=m["tool_call_validity"])
     return json_safe(m)
 
 
-def evaluate_sequences(engine: Engine, tokenizer: Any, params: Params, out_dir: str | Path,
+def evaluate_conversations(engine: Engine, tokenizer: Any, params: Params, out_dir: str | Path,
                        policy_version: str, run_id: str = "eval", progress: bool = True,
                        model_dir: str | Path | None = None) -> dict[str, Any]:
     """Play the eval episodes of every task with `engine`; write and return the metrics.
@@ -66,12 +66,12 @@ def evaluate_sequences(engine: Engine, tokenizer: Any, params: Params, out_dir: 
     out.mkdir(parents=True, exist_ok=True)
     e = params.eval
     tasks = list(e.tasks or params.env.tasks)
-    run = SequenceRun.from_params(params, tasks, progress)
+    run = ConversationRun.from_params(params, tasks, progress)
     sampling = sampling_from_params(params, seed=e.seed, temperature=e.temperature)
     jobs = [(task, e.seed + i) for task in tasks for i in range(e.episodes_per_task)]
     ids = [f"eval-{t}-{s}" for t, s in jobs]
     meta = {"policy_version": policy_version, "sampling": sampling.__dict__,
-            "sequence": params.rollout.sequence.model_dump()}
+            "sequence": params.rollout.chat.model_dump()}
     journal = EvalJournal.open(out, evaluation_key(params, policy_version, run_id, model_dir),
                                SAMPLE_SCHEMA, file_metadata(meta, version=SCHEMA_VERSION),
                                flush_every=e.parallel_envs)

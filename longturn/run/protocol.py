@@ -1,0 +1,176 @@
+"""How replies are read (`rollout.protocol`): the one place that setting picks the code which plays,
+collects, summarises, evaluates and validates episodes.
+
+- `action`: THINK/ACTION replies parsed into an action of `env.name`, played by env slots
+  (rollout/env_slots.py) and collected as the estimator says: fixed-turn batches whose episodes
+  continue across updates (a critic), or groups of whole episodes from one seed (critic-free).
+- `chat`: chat replies on the tasks of `env.tasks`: tool calls run by `rollout.chat.tools`, free
+  text answered by the interaction (rollout/conversation_rollout.py), always whole episodes (in
+  groups of one seed for critic-free estimators).
+
+What a reply is given (`rollout.context`: window or episode) is the other setting, read by each
+rollout's settings (`AgentSettings`, `ConversationSettings`); both protocols write the one sample
+schema (docs/design.md §4), so scoring, the update, the report and the audit never ask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from longturn.algo.estimator import Collection, Estimator
+from longturn.distributed import sum_over_ranks
+from longturn.engines.base import Engine
+from longturn.engines.registry import make_engine
+from longturn.params.config import Params
+from longturn.rollout.conversation_collector import ConversationCollector
+from longturn.rollout.conversation_metrics import conversation_metrics
+from longturn.rollout.conversation_setup import ConversationRun
+from longturn.rollout.env_slots import AgentSettings, env_factory_from_params
+from longturn.rollout.fixed_turn_collector import FixedTurnCollector
+from longturn.rollout.group_collector import EpisodeGroupCollector
+from longturn.rollout.samples import samples_from_episodes, samples_from_turns
+from longturn.run import conversation_validation, validation
+from longturn.run.conversation_evaluation import evaluate_conversations
+from longturn.run.evaluation import evaluate_envs
+from longturn.run.metrics import action_mix, rollout_metrics
+from longturn.run.models import load_tokenizer
+from longturn.run.names import check_conversation_plugins, check_env_tasks
+from longturn.run.validation_report import render_report
+from longturn.trajectories import write_samples, write_table
+
+# what the train loop collects with
+Collector = FixedTurnCollector | EpisodeGroupCollector | ConversationCollector
+Rows = list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Validation:
+    """How validate_prompts checks a protocol's prompts: what it plays, the ratio its gate reads,
+    why the gate fails, the report and the samples file."""
+
+    play: Callable[[Engine, Any, Params, Any, list[int]], list[Any]]
+    ratio: str
+    gate_failures: Callable[[list[Any], float], list[str]]
+    render_report: Callable[[list[Any], list[str], float, dict[str, Any], Any], str]
+    write_samples: Callable[[Rows, Path, dict[str, Any]], Any]
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """What differs between the two ways of reading replies; everything else is shared."""
+
+    name: str
+    plays_envs: bool  # episodes of `env.name` (the report's title names it)
+    collector: Callable[[Params, int, str], Collector]
+    to_samples: Callable[[Rows], Rows]  # what a collector played, as training samples
+    batch_metrics: Callable[[Rows, Rows, Collector], dict[str, float]]  # rows, samples
+    describe: Callable[[int, dict[str, float]], str]  # an iteration's metrics, one log line
+    evaluate: Callable[..., dict[str, Any]]
+    check_names: Callable[[Params], None]  # the names params gives resolve (preflight)
+    validation: Validation
+
+
+def _env_collector(params: Params, rank: int, run_id: str) -> Collector:
+    r, tasks, agent = params.rollout, list(params.env.tasks), AgentSettings.from_params(params)
+    if Estimator.named(params.algo.advantage).collection is Collection.SEED_GROUPS:
+        return EpisodeGroupCollector(env_factory_from_params(params), tasks, r.n_envs,
+                                     params.algo.group_size, agent, params.seed, rank=rank,
+                                     run_id=run_id)
+    return FixedTurnCollector(env_factory_from_params(params), tasks, r.n_envs,
+                              r.turns_per_env, agent, params.seed, rank=rank, run_id=run_id)
+
+
+def _conversation_collector(params: Params, rank: int, run_id: str) -> Collector:
+    plays_groups = Estimator.named(params.algo.advantage).collection is Collection.SEED_GROUPS
+    group = params.algo.group_size if plays_groups else 1
+    return ConversationCollector(ConversationRun.from_params(params), list(params.env.tasks),
+                                 params.rollout.n_envs, group, params.seed, rank=rank,
+                                 run_id=run_id)
+
+
+def _turn_metrics(rows: Rows, samples: Rows, collector: Collector) -> dict[str, float]:
+    """Turn metrics and the action mix over every rank."""
+    metrics = rollout_metrics(rows, sum_over_ranks)
+    metrics.update(action_mix(rows, collector.action_names(), sum_over_ranks))
+    return metrics
+
+
+def _episode_metrics(rows: Rows, samples: Rows, collector: Collector) -> dict[str, float]:
+    """The whole-episode metrics of the samples over every rank (`turns` counts replies)."""
+    metrics = {k: float(v) for k, v in conversation_metrics(samples, sum_over_ranks).items()}
+    metrics["turns"] = metrics["mean_assistant_turns"] * metrics["episodes"]
+    metrics["episodes_ended"] = metrics["episodes"]  # whole episodes: every one ended
+    return metrics
+
+
+def _describe_turns(iteration: int, m: dict[str, float]) -> str:
+    return (f"iteration {iteration}: success {m.get('success_rate', 0.0):.3f} reward "
+            f"{m.get('mean_reward', 0.0):.3f} valid {m.get('valid_action_ratio', 0.0):.2f} "
+            f"value_loss {m.get('value_loss', 0.0):.4f} kl {m.get('kl_mean', 0.0):.5f} "
+            f"({m['seconds_per_iteration']:.0f} s, {m['turns_per_s']:.1f} turns/s)")
+
+
+def _describe_episodes(iteration: int, m: dict[str, float]) -> str:
+    return (f"iteration {iteration}: success {m['success_rate']:.3f} reward "
+            f"{m['mean_reward']:.3f} replies/episode {m['mean_assistant_turns']:.2f} tool "
+            f"calls/episode {m['tool_calls_per_episode']:.2f} value_loss "
+            f"{m.get('value_loss', 0.0):.4f} kl {m.get('kl_mean', 0.0):.5f} "
+            f"({m['seconds_per_iteration']:.0f} s, {m['turns_per_s']:.2f} replies/s)")
+
+
+def _validate_envs(engine: Engine, tokenizer: Any, params: Params, sampling: Any,
+                   seeds: list[int]) -> list[Any]:
+    return [validation.validate_env_task(engine, tokenizer, params, task, sampling, seeds)
+            for task in params.eval.tasks]
+
+
+def _write_rows(rows: Rows, path: Path, meta: dict[str, Any]) -> Any:
+    return write_table(rows, path, None, meta)  # validation rows: first prompts, not samples
+
+
+PROTOCOLS = {
+    "action": Protocol(
+        "action", plays_envs=True, collector=_env_collector, to_samples=samples_from_turns,
+        batch_metrics=_turn_metrics, describe=_describe_turns, evaluate=evaluate_envs, check_names=check_env_tasks,
+        validation=Validation(
+            _validate_envs, "valid_action_ratio", validation.gate_failures,
+            lambda results, failures, gate, settings, tokenizer:
+                render_report(results, failures, gate, settings),
+            _write_rows)),
+    "chat": Protocol(
+        "chat", plays_envs=False, collector=_conversation_collector,
+        to_samples=samples_from_episodes, batch_metrics=_episode_metrics,
+        describe=_describe_episodes,
+        evaluate=evaluate_conversations, check_names=check_conversation_plugins,
+        validation=Validation(
+            conversation_validation.validate_conversation_tasks, "valid_reply_ratio",
+            conversation_validation.conversation_gate_failures,
+            conversation_validation.render_conversation_report, write_samples)),
+}
+
+
+def protocol(params: Params) -> Protocol:
+    """The protocol `rollout.protocol` names (params validated it is one of PROTOCOLS)."""
+    return PROTOCOLS[params.rollout.protocol]
+
+
+def evaluate(engine: Engine, tokenizer: Any, params: Params, out_dir: str | Path,
+             policy_version: str, run_id: str = "eval", progress: bool = True,
+             model_dir: str | Path | None = None) -> dict[str, Any]:
+    """Play the eval episodes with `engine` (on the weights in `model_dir`, which keys the
+    journal of an evaluation that died) and write turns/episodes Parquet and metrics.json."""
+    return protocol(params).evaluate(engine, tokenizer, params, out_dir, policy_version, run_id,
+                                     progress, model_dir)
+
+
+def evaluate_model(model_dir: str | Path, params: Params, out_dir: str | Path,
+                   policy_version: str, progress: bool = True) -> dict[str, Any]:
+    """Build the configured engine on `model_dir` and evaluate it."""
+    engine = make_engine(str(model_dir), params)
+    try:
+        return evaluate(engine, load_tokenizer(model_dir), params, out_dir, policy_version,
+                        progress=progress, model_dir=model_dir)
+    finally:
+        engine.close()
