@@ -72,7 +72,7 @@ class BudgetSpent(Exception):
 
 
 def tiny_params(data: dict[str, Any], model_dir: str) -> dict[str, Any]:
-    """The profile at toy size on the CPU: same keys, tasks, estimator and mode."""
+    """The profile at toy size on the CPU: same keys, tasks, estimator, protocol and context."""
     d = copy.deepcopy(data)
     d["model"] = {"source": model_dir, "dtype": "float32"}
     d["engine"].update(device="cpu", batch_size=4)

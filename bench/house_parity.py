@@ -7,7 +7,7 @@ in its own tree, so the tool holds whatever the library's layout becomes. Compar
 the trajectory file as schema-neutral records (token ids equal; advantages and returns within
 1e-6), the row count and episode ids, and every tensor of `<out>/final` (within 1e-5).
 Cases: a default (window, THINK/ACTION, GAE), b tools (whole episode, tools, interaction),
-c gigpo (GiGPO on the default), d vision (frames in sequence mode).
+c gigpo (GiGPO on the default), d vision (frames in a conversation).
 
     .venv/bin/python bench/house_parity.py --tiny                  # baseline vs this tree
     .venv/bin/python bench/house_parity.py --tiny --old HEAD --new HEAD --cases a,c

@@ -10,8 +10,8 @@ Times are this process's CPU time (`time.process_time`), not wall time: on a sha
 10 ms parse is preempted by the neighbours and a 0.1 ms one is not, which bends the ratios.
 
 - reply -> action: `ActionTranslator.parse` (THINK/ACTION split, normalising, synonym lookup)
-  with BabyAI's table, what each turn of turn mode runs;
-- tool calls: `parse_tool_calls`, what each reply of sequence mode runs.
+  with BabyAI's table, what each reply of the action protocol runs;
+- tool calls: `parse_tool_calls`, what each reply of the chat protocol runs.
 
 Run: .venv/bin/python bench/parse_speed.py [--repeats N] [--tiny]. --tiny: 1 kB and 2 kB, one
 repeat (a smoke run, not a measurement).

@@ -132,9 +132,9 @@ def long_tool_episode(tokenizer, replies: int, max_tokens: int) -> tuple[dict, i
     calculator_window profile's settings (its record keeps the whole sequence and each reply's
     window); the window's turns."""
     profile = resolve_profile(WINDOW_PROFILE)
-    sequence = profile["rollout"]["chat"]
-    sequence.update(tools=str(ROOT / sequence["tools"]), interactions=None,
-                    interaction=None)  # every reply is a call: no user turn
+    chat = profile["rollout"]["chat"]
+    chat.update(tools=str(ROOT / chat["tools"]), interactions=None,
+                interaction=None)  # every reply is a call: no user turn
     params = parse_params(profile, str(WINDOW_PROFILE))
     run = ConversationRun.from_params(params, progress=False)
     settings = dataclasses.replace(run.settings, max_assistant_turns=replies,

@@ -24,7 +24,7 @@ from longturn.atomic import atomic_file, fsync_file, named_disk_errors
 from longturn.errors import TrajectoryFileError
 
 SCHEMA_VERSION = "2"  # one sample schema: SAMPLE_SCHEMA
-V1_SCHEMA_VERSION = "1"  # a row per turn, or per episode in "sequence mode": no longer read
+V1_SCHEMA_VERSION = "1"  # a row per turn, or a whole conversation per row: no longer read
 
 _i32_list = pa.list_(pa.int32())
 _f32_list = pa.list_(pa.float32())

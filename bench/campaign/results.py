@@ -52,7 +52,7 @@ def paired_evaluation(work: Path, commands: dict[str, str]) -> dict[str, Any]:
 
 
 def tool_use(work: Path, commands: dict[str, str]) -> dict[str, Any]:
-    """Sequence mode: share of episodes with a tool call, calls per episode, valid calls,
+    """The chat protocol: share of episodes with a tool call, calls per episode, valid calls,
     before and after, paired on seeds for 'used the tool'."""
     files = {side: work / f"data/eval/{side}/turns.parquet" for side in ("zero_shot", "final")}
     if not all(f.is_file() for f in files.values()):

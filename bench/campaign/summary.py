@@ -49,7 +49,7 @@ def _tools(results: dict[str, Any]) -> list[str]:
     if not tools:
         return []
     v = tools["value"]
-    lines = ["## Tool use (sequence mode)", "", "| | zero-shot | final |", "|---|---|---|"]
+    lines = ["## Tool use (chat protocol)", "", "| | zero-shot | final |", "|---|---|---|"]
     for key, label in (("with_tool_call", "episodes with a tool call"),
                        ("calls_per_episode", "tool calls per episode"),
                        ("valid_call_share", "valid calls"), ("accuracy", "accuracy")):

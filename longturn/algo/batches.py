@@ -84,10 +84,11 @@ class TurnBatch:
     aborted: np.ndarray
     whitened: list[np.ndarray]
     has_values: bool = True  # False: a critic-free file, whose `values` column is all zeros here
-    # sequence mode: per response token, True where the model sampled it (tool results and user
-    # turns inside the response are context, out of every loss and statistic); None: all True
+    # per response token, True where the model sampled it (in a whole episode packed as one
+    # sample, tool results and user turns inside the response are context, out of every loss and
+    # statistic); None: all True
     token_mask: list[np.ndarray] | None = None
-    # sequence mode with image observations: per row, (placeholder start in prompt + response,
+    # conversations with image observations: per row, (placeholder start in prompt + response,
     # PNG bytes) of each frame; decoded per micro-batch
     images: list[list[tuple[int, bytes]]] | None = None
 
@@ -119,7 +120,7 @@ class TurnBatch:
         )
 
     def n_tokens(self, index: Sequence[int]) -> int:
-        """Loss tokens (response tokens of non-aborted turns, sampled ones in sequence mode)
+        """Loss tokens (response tokens of non-aborted turns, sampled ones in a packed episode)
         among rows ``index``."""
         return int(sum(self.loss_tokens(i).sum() for i in index))
 

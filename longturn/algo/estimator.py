@@ -27,8 +27,8 @@ class Collection(enum.Enum):
     SEED_GROUPS = "seed_groups"
     """Every iteration plays groups of `algo.group_size` episodes from one env seed to their end.
     Without a critic nothing can value a cut episode, so the advantage compares whole episodes
-    that differ only by sampling (rollout/group_collector.py; in sequence mode the
-    ConversationCollector's groups)."""
+    that differ only by sampling (rollout/group_collector.py; with the chat protocol
+    the ConversationCollector's groups)."""
 
 
 @dataclass(frozen=True)

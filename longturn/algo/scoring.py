@@ -59,7 +59,7 @@ def score_batch(models: ModelSet, prompts: list[list[int]], responses: list[list
                 images: list[RowImages] | None = None) -> Scored:
     """Old / untempered / reference logprobs (when `logprobs`) and values (when `values`) of
     every row, a mini-batch at a time; per mini-batch the shared trunk runs once (ModelSet).
-    `images[i]`: row i's frames and where they go (sequence mode with a vision-language
+    `images[i]`: row i's frames and where they go (a conversation with a vision-language
     model); with images no prompt prefix is shared. Rows are batched in length order (less
     padding) and returned in input order."""
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(responses[i]))
@@ -101,8 +101,8 @@ def _unsorted(column: list[np.ndarray], order: list[int]) -> list[np.ndarray]:
 
 def bootstrap_values(models: ModelSet, rows: list[Row], settings: ScoringSettings,
                      pad_id: int, bar: Any = None) -> dict[int, float]:
-    """V(next observation) for every row that carries ``bootstrap_prompt_ids`` (and, sequence
-    mode, its frames in ``bootstrap_images``)."""
+    """V(next observation) for every row that carries ``bootstrap_prompt_ids`` (and, in a
+    conversation with images, its frames in ``bootstrap_images``)."""
     index = [i for i, r in enumerate(rows) if r.get("bootstrap_prompt_ids")]
     out: dict[int, float] = {}
     size, device = max(1, settings.mini_batch_size), _device(models)

@@ -59,8 +59,8 @@ def _changed_keys(profile: Path, default: Path) -> int:
 
 def _check(out: Path, profiles_dir: Path) -> int:
     """1 when `out` is not exactly a written profile; else the names every stage checks before
-    work (env, tasks, engine, sequence plugins), so a bad name fails here, not minutes into a
-    DVC run (a UserError: exit 2)."""
+    work (env, tasks, engine, the chat protocol's plugins), so a bad name fails here, not minutes
+    into a DVC run (a UserError: exit 2)."""
     if not out.is_file():
         raise UserError(f"{out}: no such file; write one with `longturn params NAME`")
     reason = hand_edits(out, profiles_dir)

@@ -69,7 +69,7 @@ def _fill_missing(tree: CommentedMap, full: dict[str, Any]) -> None:
             tree[key] = value
         elif isinstance(value, dict) and isinstance(tree[key], dict) and key not in WHOLE:
             if isinstance(tree[key], CommentedMap) and not tree[key] and value:
-                tree[key].fa.set_block_style()  # `sequence: {}` grows into a block
+                tree[key].fa.set_block_style()  # `chat: {}` grows into a block
             _fill_missing(tree[key], value)
 
 

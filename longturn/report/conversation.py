@@ -1,7 +1,7 @@
-"""The report's sections that differ in sequence mode (`rollout.protocol: chat`): an episode is
-one token sequence of replies, tool results and user turns, so there is no action mix and no
-THINK / ACTION split; what tells how the policy behaves is replies, tool calls and whether they
-ran, and how the tokenization check went."""
+"""The report's sections that differ with the chat protocol (`rollout.protocol: chat`): an
+episode is one token sequence of replies, tool results and user turns, so there is no action mix
+and no THINK / ACTION split; what tells how the policy behaves is replies, tool calls and whether
+they ran, and how the tokenization check went."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pandas as pd
 
 from longturn.report.training import PHASE_KEYS, first_last, numeric
 
-# what every sequence-mode training run logs (the critic's keys only with a critic)
+# what every training run of the chat protocol logs (the critic's keys only with a critic)
 CONVERSATION_TRAIN_KEYS = [
     "episodes_ended", "successes", "success_rate", "mean_reward", "mean_assistant_turns",
     "tool_calls_per_episode", "mean_tokens", "model_token_fraction", "kl_mean", "policy_loss",
@@ -18,7 +18,7 @@ CONVERSATION_TRAIN_KEYS = [
     *PHASE_KEYS,
 ]
 OUTCOMES_PREFIX = "tokenization/"
-# the eval table's two per-episode columns, named for what they hold in sequence mode: an
+# the eval table's two per-episode columns, named for what they hold in conversations: an
 # episode's length is its number of replies, its valid-action ratio the share of its tool calls
 # that ran (run/conversation_evaluation.py)
 CONVERSATION_EVAL_LABELS = ("mean replies", "valid tool-call ratio")

@@ -17,11 +17,12 @@ from longturn.envs.termination import PREFIX
 from longturn.stats import PairedOutcome, paired_outcomes, wilson_interval
 
 SIDES = ("zero_shot", "final")
-# the table's two per-episode columns (mean_length, valid_action_ratio) as turn mode measures
-# them; sequence mode names them for what they hold there (report_sequence.CONVERSATION_EVAL_LABELS)
+# the table's two per-episode columns (mean_length, valid_action_ratio) as the action protocol
+# measures them; the chat protocol names them for what they hold there
+# (report/conversation.py CONVERSATION_EVAL_LABELS)
 EVAL_LABELS = ("mean length", "valid-action ratio")
 EPISODE_COLUMNS = ("task", "episode_seed", "success")
-# why episodes end: env episodes (envs/termination.py), then sequence-mode ones (rollout/conversation.py)
+# why episodes end: env episodes (envs/termination.py), then conversations (rollout/conversation.py)
 REASON_LABELS = {"success": "success", "failure": "failure", "time_limit": "time limit",
                  "env_error": "env error", "timeout": "timeout", "done": "done",
                  "max_assistant_turns": "max replies", "max_user_turns": "max user turns",

@@ -75,7 +75,7 @@ class ChatDeltas:
         self.closing_ids = self.encode(self.assistant_closing)
         if not self.closing_ids:
             raise ChatTemplateError("the chat template closes an assistant message with nothing; "
-                                    "sequence mode needs an end-of-turn token")
+                                    "the chat protocol needs an end-of-turn token")
 
     # ------------------------------------------------------------------ rendering
 
@@ -164,8 +164,8 @@ class ChatDeltas:
         """What the template writes after an assistant's content (`<|im_end|>\\n` in ChatML)."""
         at = self._dummy_text.rfind(_MARK)
         if at < 0:
-            raise ChatTemplateError("the chat template drops the assistant's content; sequence "
-                                    "mode needs a template that renders assistant messages")
+            raise ChatTemplateError("the chat template drops the assistant's content; the chat "
+                                    "protocol needs a template that renders assistant messages")
         return self._dummy_text[at + len(_MARK):]
 
     def check_stable(self) -> None:

@@ -1,5 +1,5 @@
-"""One episode of sequence mode: a token sequence that only grows, with its loss mask, the
-sampling logprobs of the model's tokens, and the message list it stands for.
+"""One conversation (an episode of the chat protocol): a token sequence that only grows, with
+its loss mask, the sampling logprobs of the model's tokens, and the message list it stands for.
 
 An assistant segment is one reply: its sampled ids (loss mask 1), then the template's closing of
 the turn (mask 0). Everything else (the first messages, tool results, user feedback) is context

@@ -1,4 +1,4 @@
-"""The train loop's collector in sequence mode: each iteration plays `rollout.n_envs` whole
+"""The train loop's collector with the chat protocol: each iteration plays `rollout.n_envs` whole
 episodes per rank from fresh task seeds.
 
 With a critic-free estimator the episodes come in groups of `algo.group_size` on one task seed

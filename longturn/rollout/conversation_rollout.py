@@ -1,5 +1,5 @@
-"""The built-in sequence rollout: a batch of tasks played as growing token sequences, every
-active episode's next reply generated in one engine call.
+"""The built-in conversation rollout (the chat protocol): a batch of tasks played as growing
+token sequences, every active episode's next reply generated in one engine call.
 
 After each reply:
 - tool calls in it (Hermes format) are run through the ToolBox; their results, errors included,

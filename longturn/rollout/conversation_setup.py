@@ -1,6 +1,7 @@
-"""Params → a runnable sequence-mode rollout: tasks by name, tools, interaction, limits, the
-rollout function. The only place `rollout.chat` is mapped onto library objects, so
-validation, evaluation, the critic warm-up and the train loop play episodes the same way.
+"""Params → a runnable conversation rollout (the chat protocol): tasks by name, tools,
+interaction, limits, the rollout function. The only place `rollout.chat` is mapped onto library
+objects, so validation, evaluation, the critic warm-up and the train loop play episodes the same
+way.
 """
 
 from __future__ import annotations

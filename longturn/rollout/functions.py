@@ -1,8 +1,8 @@
-"""`rollout.function`: the rollout of sequence mode named by import path, as slime does it.
+"""`rollout.function`: the rollout of the chat protocol named by import path, as slime does it.
 
 A rollout function is called as `fn(engine, tokenizer, sampling, tasks, settings)` (the engine,
 its tokenizer, the SamplingParams, a batch of task records, a ConversationSettings) and returns one
-record per task with the columns of the sequence Parquet (`Conversation.record`). The built-in
+record per task with the columns of a conversation record (`Conversation.record`). The built-in
 one is registered the same way: `longturn.rollout.conversation_rollout:conversation_rollout`.
 """
 

@@ -1,8 +1,8 @@
 """Today's rollout rows as samples of schema v2 (docs/design.md §4): pure converters, nothing read
 or written.
 
-A window-N turn row becomes a sample with one reply. A whole episode (a sequence record, scored or
-not) becomes one sample holding all its replies: the context before its first reply is the
+A window-N turn row becomes a sample with one reply. A whole episode (a conversation record, scored
+or not) becomes one sample holding all its replies: the context before its first reply is the
 prompt, everything after is the response, and every per-token list is cut at that same place, so
 its values stay where they were. Scored columns come along when present, null when not. An
 episode played with a history window (its record holds each reply's window) becomes one sample
@@ -28,7 +28,7 @@ _TURN_REPLY_COLUMNS = ("turn", "step", "response_text", "raw_action", "action", 
                        "action_failure", "env_reward", "reward", "terminated", "truncated",
                        "success", "aborted", "segment_end", "termination", "finish_reason",
                        "history_dropped", "next_value", "logprob_gap", "observation")
-# a sequence record's columns that a sample keeps as they are
+# a conversation record's columns that a sample keeps as they are
 _EPISODE_COLUMNS = ("run_id", "policy_version", "iteration", "task", "episode_id",
                     "episode_seed", "group_id", "images", "image_starts", "messages", "metrics",
                     "tokenization_check", "tool_calls", "tool_errors", "user_turns",
@@ -38,7 +38,7 @@ _WINDOW_ROW_COLUMNS = ("run_id", "policy_version", "iteration", "task", "episode
                        "episode_seed", "group_id")
 _CONVERSATION_COLUMNS = ("messages", "metrics", "tokenization_check", "tool_calls",
                          "tool_errors", "user_turns", "assistant_turns")
-# a sequence record's per-token lists (as long as input_ids), cut where the response begins
+# a conversation record's per-token lists (as long as input_ids), cut where the response begins
 _EPISODE_TOKEN_LISTS = ("engine_logprobs", "old_logprobs", "ref_logprobs", "values",
                         "token_rewards", "advantages", "returns")
 
@@ -57,7 +57,7 @@ def sample_from_turn(row: Row) -> Row:
 
 
 def sample_from_episode(record: Row) -> Row:
-    """A sequence record (rollout/conversation.py `record()`, with what the collector and
+    """A conversation record (rollout/conversation.py `record()`, with what the collector and
     scoring add) as one sample holding all its replies. An episode with no reply (its first
     messages filled the token budget) keeps its last token as a response with loss mask 0."""
     ids = list(record["input_ids"])

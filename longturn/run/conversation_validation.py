@@ -1,10 +1,10 @@
-"""Prompt validation in sequence mode: before training, play a few whole episodes per task with
-the base model, tools and interaction, and check that the prompts fit and the replies work.
+"""Prompt validation with the chat protocol: before training, play a few whole episodes per task
+with the base model, tools and interaction, and check that the prompts fit and the replies work.
 
 Per task it measures: the first context's length against the token budget, replies per episode,
 tool calls per episode and how many of them ran (`tool_call_validity`), the share of replies all
 of whose tool calls ran (`valid_reply_ratio`: a reply without a call counts as valid; this is
-what the gate `validation.min_valid_action_ratio` reads in sequence mode), success, why episodes
+what the gate `validation.min_valid_action_ratio` reads with this protocol), success, why episodes
 ended, and the tokenization check of each episode (in `strict` a mismatch stops the stage with
 the first differing span). A task fails the gate when its first context does not leave room for
 a reply or when `valid_reply_ratio` is below the gate.
@@ -109,7 +109,7 @@ def render_conversation_report(results: list[TaskValidation], failures: list[str
                            settings: dict[str, Any], tokenizer: Any, examples: int = 2) -> str:
     """Markdown: verdict, the table, how episodes ended, then example conversations exactly as
     the model saw them (the decoded token sequence)."""
-    lines = [f"# Prompt validation (sequence mode): {'FAILED' if failures else 'passed'}", ""]
+    lines = [f"# Prompt validation (chat protocol): {'FAILED' if failures else 'passed'}", ""]
     lines += [f"Gate: every task's first context fits the token budget, and at least {gate:.2f} "
               "of replies have no failed tool call (a reply without a call counts as valid)."]
     lines += [f"- {f}" for f in failures] + [""]

@@ -40,7 +40,8 @@ class WarmupDidNotConverge(UserError):
 
 
 def collect_frozen(params: Params, base: Path, rank: int, progress: bool) -> list[dict]:
-    """warmup.batches batches from the base policy (fixed-turn, or sequence-mode episodes)."""
+    """warmup.batches batches from the base policy (fixed-turn batches of env slots, or
+    conversations)."""
     tokenizer = load_tokenizer(base)
     engine = make_engine(str(base), params)
     try:  # both closed on any exit: a failed batch must not leave env workers or the engine up

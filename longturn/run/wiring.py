@@ -59,7 +59,7 @@ def make_collector(params: Params, rank: int, run_id: str) -> Collector:
 def close_collector(collector: Collector) -> None:
     """Stop a collector's env worker processes once a stage is done with it, an error included
     (a stage that stops on a full disk or an env that keeps failing leaves none running)."""
-    close = getattr(collector, "close", None)  # sequence mode holds no env processes
+    close = getattr(collector, "close", None)  # conversations hold no env processes
     if close is not None:
         close()
 

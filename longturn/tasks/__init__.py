@@ -1,2 +1,2 @@
-"""Tasks for sequence mode: problems generated in code (no data download), their tools, rewards
+"""Tasks for the chat protocol: problems generated in code (no data download), their tools, rewards
 and interactions."""

@@ -1,5 +1,5 @@
 """Arithmetic word problems generated from a seed, a rule-based reward, and a user who asks for a
-revision when the answer is wrong: the shipped task of sequence mode, needing no download.
+revision when the answer is wrong: the shipped task of the chat protocol, needing no download.
 
 Each problem is two or three operations on two- and three-digit numbers wrapped in a short story,
 with an integer answer; a small model gets them right far more often with the calculator tool
@@ -72,7 +72,7 @@ DEMONSTRATION = [
 
 
 def task_record(seed: int, demonstration: bool = False) -> dict[str, Any]:
-    """One task for the sequence rollout: its first messages (with `demonstration`, the worked
+    """One task for the conversation rollout: its first messages (with `demonstration`, the worked
     exchange before the problem) and what the tools and the interaction need to know."""
     problem = make_problem(seed)
     example = [dict(m) for m in DEMONSTRATION] if demonstration else []
@@ -122,8 +122,9 @@ class RevisionInteraction(BaseInteraction):
 
 
 class ArithmeticTask:
-    """The task as sequence mode loads it (`env.tasks: [arithmetic]`, longturn/tasks/registry.py):
-    a task record per seed, and the rule-based reward and success of a finished conversation."""
+    """The task as the chat protocol loads it (`env.tasks: [arithmetic]`,
+    longturn/tasks/registry.py): a task record per seed, and the rule-based reward and success of
+    a finished conversation."""
 
     def __init__(self, demonstration: bool = True):
         self.demonstration = demonstration

@@ -1,12 +1,12 @@
-"""A longturn text env as a sequence-mode task, its rendered frames as image observations.
+"""A longturn text env as a task of the chat protocol, its rendered frames as image observations.
 
 The episode is one conversation: the system prompt lists the env's actions, each user turn is an
 observation (an `<image>` line for the frame, then the env's text and the answer format), each
 reply's `ACTION:` is one env step. `EnvInteraction` steps the env and answers with the next
 observation (`envs.base.Observation`, whose frame the rollout buffers), ending the episode when
-the env does (on the env's time limit as truncated, bootstrapped like turn mode's time limit);
-an unreadable action runs the env's default action and costs `invalid_penalty`, as in turn
-mode. `reward` and `success` replay the replies on a fresh env of the same seed, so they
+the env does (on the env's time limit as truncated, bootstrapped like an env slot's time limit);
+an unreadable action runs the env's default action and costs `invalid_penalty`, as in env
+slots. `reward` and `success` replay the replies on a fresh env of the same seed, so they
 need nothing but the conversation.
 
 Built in: `babyai_goto_frames` (BabyAI goto with frames) and `babyai_goto_text` (the same task,

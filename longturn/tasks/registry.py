@@ -1,4 +1,4 @@
-"""Sequence-mode tasks by name: `env.tasks` lists built-in names or `package.module:OBJECT`
+"""Tasks of the chat protocol by name: `env.tasks` lists built-in names or `package.module:OBJECT`
 import paths of plugin tasks.
 
 A task is any object with (episodes, metrics and reports call it by its `env.tasks` entry)

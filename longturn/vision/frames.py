@@ -1,4 +1,4 @@
-"""Frames as PNG bytes: how image observations are kept in the sequence Parquet (lossless, a few
+"""Frames as PNG bytes: how image observations are kept in the samples Parquet (lossless, a few
 hundred bytes for a BabyAI view) and read back for the update."""
 
 from __future__ import annotations
