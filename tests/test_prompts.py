@@ -1,11 +1,16 @@
 """Prompt assembly: structure, history window, token budget (never a silent cut)."""
 
+from dataclasses import replace
+
 import pytest
 
 from longturn.agent.memory import HistoryWindow
 from longturn.agent.prompts import PromptTooLong, build_messages, build_prompt, history_reply
 from longturn.envs.babyai import BabyAITextEnv
+from longturn.engines.base import Completion
 from longturn.envs.registry import translator_for
+from longturn.params.config import parse_params
+from longturn.rollout.env_slots import AgentSettings, EnvSlot
 from longturn.run.models import load_tokenizer
 
 
@@ -100,3 +105,25 @@ def test_babyai_demonstrations_parse_and_show_turning():
     parsed = [translator.parse(reply) for _, _, reply in env.instructions.demonstrations]
     assert all(p.valid and p.n_action_tags == 1 for p in parsed)
     assert {"turn left", "turn right", "go forward"} <= {p.action for p in parsed}
+
+
+def test_the_whole_episode_as_context_keeps_every_past_turn(tokenizer):
+    """`rollout.context: episode` with the action protocol: the prompt of turn 6 still shows the
+    first observation (a window of 1 turn has dropped it), as far as max_prompt_tokens holds."""
+    whole = AgentSettings.from_params(parse_params({"rollout": {"context": "episode"},
+                                                    "prompt": {"max_prompt_tokens": 4096}}))
+    window = replace(whole, history_turns=1)
+    prompts = {}
+    for name, settings in (("episode", whole), ("window", window)):
+        slot = EnvSlot(BabyAITextEnv("goto", num_dists=0), 0, settings)
+        slot.start(seed=3, episode_id="e")
+        for turn in range(5):
+            prompt = slot.prompt(tokenizer)
+            reply = f"THINK: probe {turn}.\nACTION: turn left"
+            ids = tokenizer(reply, add_special_tokens=False)["input_ids"]
+            slot.apply(prompt, Completion(ids, [0.0] * len(ids), "stop"), reply)
+        prompts[name] = slot.prompt(tokenizer)
+    assert whole.history_turns is None
+    assert all(f"probe {turn}." in prompts["episode"].text for turn in range(5))
+    assert prompts["episode"].history_dropped == 0
+    assert "probe 4." in prompts["window"].text and "probe 0." not in prompts["window"].text
