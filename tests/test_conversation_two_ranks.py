@@ -1,5 +1,6 @@
-"""Sequence mode on two ranks: an episode that produced no reply stays in its rank's batch as a
-fully masked sample, so both ranks hold as many rows and the distributed update runs."""
+"""The chat protocol on two ranks: an episode that produced no reply stays in its rank's batch as a
+fully masked sample, and a rank with fewer samples is padded with fully masked rows
+(`TurnBatch.padded_to`), so both ranks run the same schedule and the distributed update runs."""
 
 from __future__ import annotations
 
@@ -35,6 +36,10 @@ def test_an_episode_without_a_reply_is_a_fully_masked_row(tmp_path):
     samples = scored(samples_from_episodes(records))
     batch = read_sample_batch([write_samples(samples, tmp_path / "part.parquet")])
     assert len(batch) == len(records) == 2
+    padded = batch.padded_to(5)
+    assert len(padded) == 5 and padded.aborted[2:].all() and padded.n_tokens(range(5)) == \
+        batch.n_tokens(range(2))
+    assert padded.select([0, 4]).mask[1].sum() == 0 and batch.padded_to(1) is batch
     no_reply = records[1]["input_ids"]
     assert batch.prompt_ids[1] + batch.response_ids[1] == no_reply
     assert batch.aborted[1] and not batch.loss_tokens(1).any() and batch.n_tokens([1]) == 0
@@ -42,7 +47,7 @@ def test_an_episode_without_a_reply_is_a_fully_masked_row(tmp_path):
     assert np.isfinite(np.concatenate(batch.whitened)).all()
 
 
-def test_two_ranks_update_when_one_holds_an_episode_without_a_reply(tiny_model_dir, tmp_path):
+def test_two_ranks_update_with_an_episode_without_a_reply_and_unequal_sample_counts(tiny_model_dir, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests"),
                                            os.environ.get("PYTHONPATH", "")]))
@@ -56,5 +61,7 @@ def test_two_ranks_update_when_one_holds_an_episode_without_a_reply(tiny_model_d
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["after"] == ranks[1]["after"] != ranks[0]["before"]
     assert ranks[0]["metrics"] == ranks[1]["metrics"]
-    # the trained tokens are the replies' alone: rank 0's 6, rank 1's 9, averaged over ranks
-    assert ranks[0]["metrics"]["n_tokens"] == (6 + 9) / 2
+    # the trained tokens are the replies' alone: rank 0's 6, rank 1's 12, averaged over ranks;
+    # the rows that pad rank 0 to 3 count nowhere
+    assert ranks[0]["metrics"]["n_tokens"] == (6 + 12) / 2
+    assert ranks[0]["metrics"]["n_turns"] == (2 + 3) / 2

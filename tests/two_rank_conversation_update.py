@@ -1,5 +1,5 @@
-"""Helper for tests/test_conversation_two_ranks.py: sequence-mode episodes per rank where rank 0 holds
-one that produced no reply, and (run as a script under torchrun) one PPO update per rank on them
+"""Helper for tests/test_conversation_two_ranks.py: conversations per rank where rank 0 holds one
+that produced no reply, and (run as a script under torchrun) one PPO update per rank on them
 as packed samples (docs/design.md §4).
 
     python -m torch.distributed.run --nproc_per_node 2 tests/two_rank_conversation_update.py \
@@ -19,7 +19,7 @@ import numpy as np
 
 
 def episode(rng: np.random.Generator, episode_id: str, replies: int) -> dict[str, Any]:
-    """An episode as the sequence rollout records it: context, then `replies` replies each
+    """An episode as the conversation rollout records it: context, then `replies` replies each
     followed by context; with 0 replies its first messages alone filled the token budget."""
     ids, mask, starts, ends = [], [], [], []
     for _ in range(replies):
@@ -39,9 +39,12 @@ def episode(rng: np.random.Generator, episode_id: str, replies: int) -> dict[str
 
 
 def rank_records(rank: int) -> list[dict[str, Any]]:
-    """Two episodes per rank; rank 0's second one has no reply."""
+    """Two episodes on rank 0, the second with no reply; three on rank 1 (episodes end when they
+    end, so ranks hold different numbers of samples)."""
     rng = np.random.default_rng(60 + rank)
-    return [episode(rng, f"r{rank}-e0", 2), episode(rng, f"r{rank}-e1", 0 if rank == 0 else 1)]
+    if rank == 0:
+        return [episode(rng, "r0-e0", 2), episode(rng, "r0-e1", 0)]
+    return [episode(rng, "r1-e0", 2), episode(rng, "r1-e1", 1), episode(rng, "r1-e2", 1)]
 
 
 def main(model_dir: str, out_dir: str) -> None:

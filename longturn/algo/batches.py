@@ -103,6 +103,25 @@ class TurnBatch:
             return np.ones(len(self.response_ids[i]), dtype=bool)
         return self.token_mask[i]
 
+    def padded_to(self, n: int) -> "TurnBatch":
+        """This batch with fully masked copies of its first row appended up to `n` rows: ranks
+        must run the same micro-batch schedule (ZeRO reduces every micro-batch), but episodes
+        that end when they end (whole episodes, a reply per sample of a window) give ranks
+        different numbers of samples. The copies have no loss token: no gradient, no statistic."""
+        extra = n - len(self)
+        if extra <= 0:
+            return self
+        dead = np.zeros(len(self.response_ids[0]), dtype=np.float32)
+        return TurnBatch(
+            self.prompt_ids + [self.prompt_ids[0]] * extra,
+            self.response_ids + [self.response_ids[0]] * extra,
+            {k: rows + [rows[0]] * extra for k, rows in self.columns.items()},
+            np.concatenate([self.aborted, np.ones(extra, dtype=bool)]),
+            self.whitened + [dead] * extra, has_values=self.has_values,
+            token_mask=None if self.token_mask is None else
+            self.token_mask + [np.zeros(len(dead), dtype=bool)] * extra,
+            images=None if self.images is None else self.images + [self.images[0]] * extra)
+
     def select(self, index: Sequence[int]) -> MicroBatch:
         """The micro-batch of rows ``index`` as padded tensors."""
         index = list(index)

@@ -241,7 +241,8 @@ class PPOTrainer:
         # more) and undo the group baseline
         batch = read_sample_batch(parquet_paths, whiten=s.whiten_advantages and s.has_critic,
                                 values=s.has_critic)
-        self._check_same_size(len(batch))
+        played = len(batch)
+        batch = batch.padded_to(self._largest_rank(played))
         stats = UpdateStats()
         self.actor_engine.train()
         if self.critic_engine is not None:
@@ -269,7 +270,7 @@ class PPOTrainer:
         seconds = time.perf_counter() - start
         tokens = epochs * sum(lengths)
         metrics = stats.summary()
-        metrics.update(batch_stats(batch, self.tokenizer))
+        metrics.update(batch_stats(batch, self.tokenizer), n_turns=float(played))
         metrics.update(seconds=seconds, tokens_per_s=tokens / max(seconds, 1e-9),
                        epochs_run=float(epochs), lr_actor=_learning_rate(self.actor_engine))
         if self.critic_engine is not None:
@@ -289,14 +290,11 @@ class PPOTrainer:
                      mean, target)
         return mean > target
 
-    def _check_same_size(self, n: int) -> None:
-        """Ranks must run the same micro-batch schedule (ZeRO-2 reduces every micro-batch)."""
+    def _largest_rank(self, n: int) -> int:
+        """The most samples any rank holds (`TurnBatch.padded_to` evens the ranks out)."""
         if self.world_size == 1:
-            return
-        sizes = all_reduce_tensor(torch.tensor([n, -n], dtype=torch.int64), dist.ReduceOp.MAX)
-        if int(sizes[0]) != -int(sizes[1]):
-            raise ValueError(f"ranks hold different numbers of turns ({-int(sizes[1])}.."
-                             f"{int(sizes[0])}): every rank must collect the same number")
+            return n
+        return int(all_reduce_tensor(torch.tensor([n], dtype=torch.int64), dist.ReduceOp.MAX)[0])
 
     def _mean_over_ranks(self, metrics: dict[str, float]) -> dict[str, float]:
         if self.world_size == 1:
