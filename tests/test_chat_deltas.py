@@ -43,7 +43,8 @@ def qwen3_style(smollm2_tokenizer_dir):
 
 
 class Episode:
-    """Plays an episode the way the sequence rollout appends it: ids and messages side by side."""
+    """Plays an episode the way the conversation rollout appends it: ids and messages side by
+    side."""
 
     def __init__(self, deltas: ChatDeltas, first: list[dict]):
         self.deltas = deltas

@@ -1,4 +1,4 @@
-"""Profile `tools` (sequence mode) through the real `dvc exp run` of all seven stages, at toy
+"""Profile `tools` (the chat protocol) through the real `dvc exp run` of all seven stages, at toy
 size on the tiny model: validation reports tool-call validity, evaluations count endings per
 reason, training writes audited packed samples whose loss mask is exactly the replies."""
 
@@ -16,7 +16,7 @@ from test_pipeline_smoke import ROOT, STAGES, _dvc, _git, scratch_repo
 
 
 def toy_sequence_params(model_dir: str, profile: str = "tools") -> dict:
-    """A shipped sequence-mode profile at toy size on `model_dir`."""
+    """A shipped profile of the chat protocol at toy size on `model_dir`."""
     params = resolve_profile(ROOT / "configs" / "profiles" / f"{profile}.yaml")
     params["model"] = {"source": model_dir, "dtype": "float32"}
     params["engine"].update(batch_size=4)

@@ -1,4 +1,4 @@
-"""The built-in sequence rollout: tool calls (good and malformed), the revision interaction,
+"""The built-in conversation rollout: tool calls (good and malformed), the revision interaction,
 every termination rule, the loss mask decoded, and the real engine on a tiny random model."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Sequence mode's settings: the keys validate, tasks resolve by name or import path, a bad
+"""The chat protocol's settings: the keys validate, tasks resolve by name or import path, a bad
 interaction choice or a misbehaving rollout function is named, and training seeds are stable."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""An env episode cut by its time limit (gymnasium `truncated`) in sequence mode: recorded as
-truncated (`time_limit`) and bootstrapped with the critic's value of the final context, as turn
-mode does; an episode the env terminated is `done` and gets 0 after its last reply. The episodes
+"""An env episode cut by its time limit (gymnasium `truncated`) in a conversation: recorded as
+truncated (`time_limit`) and bootstrapped with the critic's value of the final context, as env
+slots do; an episode the env terminated is `done` and gets 0 after its last reply. The episodes
 are scored as packed samples (one row holding all their replies), as the trainer scores them."""
 
 from __future__ import annotations

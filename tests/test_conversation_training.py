@@ -1,4 +1,4 @@
-"""Sequence mode through the train loop on a tiny random model: episodes scored, written as
+"""The chat protocol through the train loop on a tiny random model: episodes scored, written as
 packed samples (one row per episode holding all its replies), audited, and trained on with GAE (a
 critic) and with GRPO (groups)."""
 

@@ -421,8 +421,8 @@ def test_old_metrics_without_termination_counts_say_so(inputs: dict[str, Path],
 def test_conversation_mode_names_the_eval_columns_for_what_they_hold(inputs: dict[str, Path],
                                                                  full_report: Path,
                                                                  tmp_path: Path) -> None:
-    """In sequence mode an episode's length is its replies and its valid-action ratio the share
-    of its tool calls that ran: the table says so; turn mode keeps its names."""
+    """With the chat protocol an episode's length is its replies and its valid-action ratio the
+    share of its tool calls that ran: the table says so; the action protocol keeps its names."""
     path = build_report(inputs["zero_shot"], inputs["final"], inputs["train"], inputs["warmup"],
                         tmp_path / "report", {}, chat=True)
     head = next(line for line in path.read_text().splitlines() if line.startswith("| task |"))

@@ -118,7 +118,7 @@ def group_rows() -> list[dict[str, Any]]:
 
 def record(seed: int, replies: int, truncated: bool, group_id: str | None = None,
            prompt_seed: int | None = None) -> dict[str, Any]:
-    """A whole episode as the sequence rollout records it: a prompt, then replies each followed
+    """A whole episode as the conversation rollout records it: a prompt, then replies each followed
     by context (tool results, the template's closing); with 0 replies the prompt alone."""
     rng = np.random.default_rng(seed)
     prompt = np.random.default_rng(seed if prompt_seed is None else prompt_seed)

@@ -256,7 +256,7 @@ def test_the_train_loop_stops_its_env_workers_when_it_raises(tiny_model_dir, tmp
     assert workers_of_this_process() == []
 
 
-# --- sequence mode: a tool plug-in that breaks its contract ---------------------------------
+# --- the chat protocol: a tool plug-in that breaks its contract ----------------------------
 
 
 EXAMPLE_TOOL_RESULTS = sum(m["role"] == "tool" for m in DEMONSTRATION)  # the worked example's
