@@ -1,6 +1,6 @@
-"""Evaluation in sequence mode: play `eval.episodes_per_task` episodes per task on seeds
+"""Evaluation of the chat protocol: play `eval.episodes_per_task` episodes per task on seeds
 `eval.seed + i` (the same in the zero-shot and the final evaluation, so they pair up), and write
-what turn mode writes: metrics.json (per task and overall), episodes.parquet (one row per episode
+what an env evaluation writes (run/evaluation.py): metrics.json (per task and overall), episodes.parquet (one row per episode
 in the episode schema, so the report's paired test reads it unchanged) and turns.parquet: the
 episodes as samples (one per whole episode, or one per reply of a history window).
 
@@ -31,10 +31,10 @@ log = logging.getLogger(__name__)
 
 
 def episode_row(record: dict[str, Any]) -> dict[str, Any]:
-    """One sequence episode in the episode schema (turn mode's episodes.parquet)."""
+    """One conversation in the episode schema (an env evaluation's episodes.parquet)."""
     calls, errors = int(record["tool_calls"]), int(record["tool_errors"])
     return {"run_id": record.get("run_id"), "policy_version": record.get("policy_version"),
-            "env_name": "sequence", "task": record["task"], "episode_id": record["episode_id"],
+            "env_name": "chat", "task": record["task"], "episode_id": record["episode_id"],
             "episode_seed": record["episode_seed"], "success": bool(record["success"]),
             "return": float(record["reward"]), "env_return": float(record["reward"]),
             "length": int(record["assistant_turns"]), "valid_actions": calls - errors,
@@ -44,7 +44,7 @@ def episode_row(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """conversation_metrics of whole-episode samples plus the keys the report reads in turn mode;
+    """conversation_metrics of the samples plus the keys the report reads of an env evaluation;
     NaN as null (JSON)."""
     m = conversation_metrics(samples)
     m.update(completed_episodes=m["episodes"], aborted_episodes=0,
@@ -71,7 +71,7 @@ def evaluate_conversations(engine: Engine, tokenizer: Any, params: Params, out_d
     jobs = [(task, e.seed + i) for task in tasks for i in range(e.episodes_per_task)]
     ids = [f"eval-{t}-{s}" for t, s in jobs]
     meta = {"policy_version": policy_version, "sampling": sampling.__dict__,
-            "sequence": params.rollout.chat.model_dump()}
+            "chat": params.rollout.chat.model_dump(), "context": params.rollout.context}
     journal = EvalJournal.open(out, evaluation_key(params, policy_version, run_id, model_dir),
                                SAMPLE_SCHEMA, file_metadata(meta, version=SCHEMA_VERSION),
                                flush_every=e.parallel_envs)
