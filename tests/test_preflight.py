@@ -83,7 +83,7 @@ def test_conversation_tasks_and_plugins_are_looked_up_before_any_work(no_work, t
     seq = {**base["rollout"], "chat": {"tools": str(tools)}}
     assert "has no 'Nope'" in refused({**base, "rollout": seq})
     seq = {**base["rollout"], "chat": {"function": "longturn.rollout.conversation_rollout:nope"}}
-    assert "rollout.function 'longturn.rollout.conversation_rollout:nope'" in refused({**base, "rollout": seq})
+    assert "rollout.chat.function 'longturn.rollout.conversation_rollout:nope'" in refused({**base, "rollout": seq})
 
 
 def model_dir_with(tmp_path: Path, config: dict) -> Path:

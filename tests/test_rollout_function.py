@@ -1,4 +1,4 @@
-"""`rollout.function` by import path: the built-in, a user's function, and named errors."""
+"""`rollout.chat.function` by import path: the built-in, a user's function, and named errors."""
 
 from __future__ import annotations
 

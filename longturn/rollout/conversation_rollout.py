@@ -24,8 +24,9 @@ Images: a task record's `images` (one frame per `<image>` in its messages), and 
 that answers with an `Observation` carrying a frame, give image observations. The engine is then
 given each prompt's frames and where they go; it needs a vision-language model (`vision/`).
 
-It is registered as `longturn.rollout.conversation_rollout:conversation_rollout`; `rollout.function` may name any
-function with the same signature and records (docs/conversations.md).
+It is registered as `longturn.rollout.conversation_rollout:conversation_rollout`;
+`rollout.chat.function` may name any function with the same signature and records
+(docs/conversations.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`rollout.function`: the rollout of the chat protocol named by import path, as slime does it.
+"""`rollout.chat.function`: the rollout of the chat protocol named by import path, as slime does it.
 
 A rollout function is called as `fn(engine, tokenizer, sampling, tasks, settings)` (the engine,
 its tokenizer, the SamplingParams, a batch of task records, a ConversationSettings) and returns one
@@ -20,13 +20,13 @@ _ARGS = ("engine", "tokenizer", "sampling", "tasks", "settings")
 
 def resolve_rollout_function(path: str = BUILTIN) -> Callable[..., list[dict[str, Any]]]:
     """The function at `package.module:function`, checked to take the five rollout arguments."""
-    fn = import_class(path, f"rollout.function {path!r}")
+    fn = import_class(path, f"rollout.chat.function {path!r}")
     if not callable(fn):
-        raise SettingError(f"rollout.function {path!r} is not callable")
+        raise SettingError(f"rollout.chat.function {path!r} is not callable")
     try:
         inspect.signature(fn).bind(*_ARGS)
     except TypeError as err:
-        raise SettingError(f"rollout.function {path!r} must take ({', '.join(_ARGS)}): "
+        raise SettingError(f"rollout.chat.function {path!r} must take ({', '.join(_ARGS)}): "
                            f"{err}") from None
     except ValueError:
         pass  # a builtin without a signature: trust it
