@@ -7,7 +7,7 @@ import pytest
 
 from longturn.envs.actions import ActionTranslator
 from longturn.envs.babaisai import TASKS, BabaIsAITextEnv
-from longturn.envs.babaisai.ascii_level import grid_to_rows
+from babaisai_ascii import grid_to_rows
 from longturn.envs.base import Instructions, Observation, TextEnv
 
 ACTIONS = ["idle", "up", "right", "down", "left"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from longturn.envs.babaisai import BabaIsAITextEnv
-from longturn.envs.babaisai.ascii_level import grid_from_rows
+from babaisai_ascii import grid_from_rows
 from longturn.envs.babaisai.describe import observation_text
 from longturn.envs.babaisai.env import YOU_LOST_NOTICE
 from longturn.envs.babaisai.game import BabaGame

@@ -11,7 +11,7 @@ from longturn.envs.babaisai.levels import generate_level
 from longturn.envs.babaisai.level_one_room import DISTRACTOR_NOUN_CELLS
 from longturn.envs.babaisai.level_two_room import RIGHT_UNPUSHABLE
 from longturn.envs.babaisai.placement import Level
-from longturn.envs.babaisai.solver import parse_plan, solve
+from babaisai_solver import parse_plan, solve
 
 SPEC_TASKS = [f"env/{k}{s}" for k in ("goto_win", "make_win") for s in (
     "", "-distr_obj", "-distr_rule", "-distr_obj_rule", "-distr_obj-irrelevant_rule")] + [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from longturn.envs.babaisai.ascii_level import grid_from_rows, grid_to_rows
+from babaisai_ascii import grid_from_rows, grid_to_rows
 from longturn.envs.babaisai.game import BabaGame
 from longturn.envs.babaisai.rules import parse_rules
 

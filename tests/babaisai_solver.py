@@ -1,6 +1,6 @@
 """A plan-guided search solver: follows a level's target_plan (break / make / goto), one subgoal
 at a time, with a weighted best-first search over real engine states. An oracle for tests and
-baselines.
+baselines (it lives with the tests: nothing in the library plays by it).
 """
 
 from __future__ import annotations
