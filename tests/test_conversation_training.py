@@ -29,7 +29,7 @@ def sequence_params(model_dir: str, advantage: str = "gae", iterations: int = 2)
         "env": {"name": "arithmetic", "tasks": ["arithmetic"], "workers": False,
                 "step_timeout_s": None},
         "engine": {"batch_size": 4, "sampling": {"max_new_tokens": 12, "temperature": 1.0}},
-        "rollout": {"protocol": "chat", "n_envs": 4, "chat": {
+        "rollout": {"protocol": "chat", "context": "episode", "n_envs": 4, "chat": {
             "tools": str(ROOT / "configs/calculator_tools.yaml"),
             "interactions": str(ROOT / "configs/revision_interactions.yaml"),
             "max_assistant_turns": 3, "max_tokens": 600}},

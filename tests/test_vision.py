@@ -118,7 +118,7 @@ def vision_params(model_dir: str, iterations: int = 1, advantage: str = "gae"):
         "env": {"name": "babyai", "tasks": ["babyai_goto_frames"], "workers": False,
                 "step_timeout_s": None},
         "engine": {"batch_size": 4, "sampling": {"max_new_tokens": 10, "temperature": 1.0}},
-        "rollout": {"protocol": "chat", "n_envs": 2, "chat": {
+        "rollout": {"protocol": "chat", "context": "episode", "n_envs": 2, "chat": {
             "interactions": str(ROOT / "configs/env_interactions.yaml"),
             "max_assistant_turns": 3, "max_user_turns": 3, "max_tokens": 1500}},
         "algo": {"advantage": advantage, "group_size": 2},
