@@ -143,11 +143,11 @@ def test_a_raising_parser_or_tool_box_is_an_error_message(tokenizer, monkeypatch
     assert messages[3]["content"] == "Error: the tool calls could not be read (RecursionError)"
     assert (rec["termination"], rec["reward"], rec["tool_errors"]) == ("done", 1.0, 1)
 
-    def box_bug(self, instance_id, call):
+    async def box_bug(self, instance_id, call, timeout_s):
         raise MemoryError("the box broke\nsecond line")
 
     monkeypatch.undo()
-    monkeypatch.setattr(ToolBox, "call", box_bug)
+    monkeypatch.setattr(ToolBox, "run", box_bug)
     [rec] = run(tokenizer, {1: [call("1+1"), f"ANSWER: {p.answer}"]})
     messages = json.loads(rec["messages"])
     assert messages[3] == {"role": "tool", "name": "calculator", "content": "Error: the tool call "

@@ -43,6 +43,7 @@ SIZES_AND_COUNTS = {
     "validation.samples_per_task", "rollout.n_envs", "rollout.turns_per_env",
     "rollout.chat.max_assistant_turns", "rollout.chat.max_user_turns",
     "rollout.chat.max_tokens", "rollout.chat.max_tool_response_chars",
+    "rollout.chat.tool_timeout_s",
     "algo.group_size", "ppo.ppo_epochs", "ppo.mini_batch_size", "ppo.micro_batch_size",
     "ppo.lora_r", "ppo.lora_layers", "warmup.batches", "warmup.iterations", "train.iterations",
     "train.checkpoint_every", "train.keep_checkpoints", "train.iterations_per_task",

@@ -97,7 +97,7 @@ def test_conversation_settings_come_from_rollout_chat_and_context_plus_the_loade
         reward_fn=reward, progress=False)
     assert settings == ConversationSettings(
         max_assistant_turns=6, max_user_turns=0, max_tokens=999, max_tool_response_chars=77,
-        tokenization_check="off", context="episode", history_turns=3, tools=None,
+        tool_timeout_s=60.0, tokenization_check="off", context="episode", history_turns=3, tools=None,
         interaction=None, reward_fn=reward, progress=False)
 
 

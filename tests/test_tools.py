@@ -109,7 +109,7 @@ def test_a_tool_that_raises_gives_an_error_result(tmp_path):
     ("tools: [{class: 'longturn.tasks.calculator:Nope', schema: {type: function, function: "
      "{name: a}}}]", "has no 'Nope'"),
     ("tools: [{class: 'longturn.tasks.calculator:evaluate', schema: {type: function, function: "
-     "{name: a}}}]", "not a longturn BaseTool"),
+     "{name: a}}}]", "is not a tool class: subclass longturn.tasks.tools.BaseTool"),
     ("tools: [{class: 'longturn.tasks.calculator:CalculatorTool', schema: {type: function, "
      "function: {name: a, parameters: {type: 12}}}}]", "not a JSON Schema"),
     ("tools: [\n", "not valid YAML"),

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 from longturn.params import limits as L
 from longturn.errors import UserError
@@ -160,9 +161,18 @@ class ChatParams(Section):
     # episode), one window and its reply (context window)
     max_tokens: int = at_most(L.CONTEXT_TOKENS, 2048, ge=16)
     max_tool_response_chars: int = at_most(L.TOOL_RESPONSE_CHARS, 1000, ge=1)
+    # seconds one tool call (create, execute, calc_reward, release) or interaction call may take;
+    # past it the call is an `Error:` tool message (an interaction's ends the run)
+    tool_timeout_s: float = at_most(L.TOOL_SECONDS, 60.0, gt=0)
     # the delta-tokenized ids against a full re-render of the messages: strict fails on any text
     # difference; ignore_strippable allows whitespace and stripped <think> spans; off skips it
+    # (verl's tokenization_sanity_check_mode values are accepted: disable is off)
     tokenization_check: Literal["strict", "ignore_strippable", "off"] = "strict"
+
+    @field_validator("tokenization_check", mode="before")
+    @classmethod
+    def _verl_check_mode(cls, value: Any) -> Any:
+        return "off" if value == "disable" else value
 
     @model_validator(mode="after")
     def _interaction_needs_file(self) -> "ChatParams":

@@ -64,6 +64,9 @@ HIDDEN_SIZE = Limit(2**16, "2^16, more than any model's hidden size")
 LAYERS = Limit(1024, "1,024 layers, more than any model has")
 # Characters of one tool response: beyond 16 a token of the longest context it can never fit.
 TOOL_RESPONSE_CHARS = Limit(16 * 2**17, "16 characters a position of the longest context")
+# Seconds one tool or interaction call may take: a lock-step's replies wait for its slowest call,
+# so a call of an hour stalls every episode of the batch for that hour.
+TOOL_SECONDS = Limit(3600, "an hour: every episode of a lock-step waits for its slowest call")
 # GPUs of one pod, or of one SGLang server's tensor parallelism: a node has at most 16.
 NODE_GPUS = Limit(16, "16 GPUs, the most one node has")
 

@@ -4,7 +4,10 @@ token sequences, every active episode's next reply generated in one engine call.
 After each reply:
 - tool calls in it (Hermes format) are run through the ToolBox; their results, errors included,
   are appended as `tool` messages and the model replies again (whatever parsing or running a
-  call raises is such an `Error: …` message too: model text never ends the run);
+  call raises, and a call past `tool_timeout_s`, is such an `Error: …` message too: model text
+  never ends the run). The calls of all episodes of a lock-step, and the interaction's answers,
+  run at the same time on the plug-in loop (tasks/plugin_loop.py) and are applied in episode
+  order, so a record does not depend on which call finished first;
 - a reply without tool calls goes to the interaction, which scores it and either ends the episode
   (`time_limit` when it says the episode was cut by a time limit, else `done`) or answers as the
   user; without an interaction such a reply ends the episode;
@@ -45,7 +48,9 @@ from longturn.rollout.chat_deltas import ChatDeltas
 from longturn.rollout.history_window import frame_owners, render_window
 from longturn.rollout.conversation import (DONE, MAX_ASSISTANT_TURNS, MAX_USER_TURNS, TIME_LIMIT,
                                        TOKEN_BUDGET, Conversation)
-from longturn.tasks.interactions import BaseInteraction
+from longturn.tasks.interactions import (BaseInteraction, finalize_all, respond, start_all,
+                                         truncated as interaction_truncated)
+from longturn.tasks.plugin_loop import run_together
 from longturn.rollout.tokenization_check import check_tokenization
 from longturn.tasks.tool_calls import BadToolCall, ToolCall, parse_tool_calls
 from longturn.tasks.tools import ToolBox, ToolResult
@@ -70,6 +75,7 @@ class ConversationSettings:
     max_user_turns: int
     max_tokens: int
     max_tool_response_chars: int
+    tool_timeout_s: float  # one tool or interaction call, past which it is cut off
     tokenization_check: str
     context: str  # EPISODE: a reply is given the whole episode; WINDOW: its history window
     history_turns: int  # the turns of a window
@@ -92,23 +98,27 @@ class ConversationSettings:
         return cls(max_assistant_turns=section.max_assistant_turns,
                    max_user_turns=section.max_user_turns, max_tokens=section.max_tokens,
                    max_tool_response_chars=section.max_tool_response_chars,
+                   tool_timeout_s=section.tool_timeout_s,
                    tokenization_check=section.tokenization_check, context=context,
                    history_turns=history_turns, tools=tools, interaction=interaction,
                    reward_fn=reward_fn, progress=progress)
 
 
-def _tool_turn(ep: Conversation, tools: ToolBox, calls: list, limit: int
-               ) -> list[dict[str, Any]]:
-    """Run a reply's calls; the tool messages to append."""
-    out = []
-    for call in calls:
-        result = _run_call(ep.episode_id, tools, call)
+def _tool_turn(ep: Conversation, results: list[ToolResult], limit: int
+               ) -> tuple[list[dict[str, Any]], list]:
+    """A reply's call results, credited to the episode; the tool messages to append and their
+    frames (a result's images, each an `<image>` line before its text)."""
+    out, images = [], []
+    for result in results:
         ep.tool_calls += 1
         ep.tool_errors += result.error is not None
         ep.reward(result.reward, result.metrics)
         text = result.text if len(result.text) <= limit else result.text[:limit] + " …(cut)"
+        if result.images:
+            text = f"{IMAGE_PLACEHOLDER}\n" * len(result.images) + text
+            images += result.images
         out.append({"role": "tool", "name": result.name or "error", "content": text})
-    return out
+    return out, images
 
 
 def _read_calls(content: str) -> list[ToolCall | BadToolCall]:
@@ -121,17 +131,23 @@ def _read_calls(content: str) -> list[ToolCall | BadToolCall]:
         return [BadToolCall(content, f"the tool calls could not be read ({type(err).__name__})")]
 
 
-def _run_call(instance_id: str, tools: ToolBox, call: ToolCall | BadToolCall) -> ToolResult:
-    """One call's result; whatever the tool box or the tool raises becomes an `Error:` result
-    (ToolBox.call catches a tool's own exceptions; this is the last guard, for anything else)."""
+async def _run_call(tools: ToolBox, instance_id: str, call: ToolCall | BadToolCall,
+                    timeout_s: float, vision: bool) -> ToolResult:
+    """One call's result. Whatever the tool box raises becomes an `Error:` result (ToolBox.run
+    catches a tool's own faults; this is the last guard, for anything else), and images to a
+    model that reads none are one too."""
+    name = call.name if isinstance(call, ToolCall) else ""
     try:
-        return tools.call(instance_id, call)
+        result = await tools.run(instance_id, call, timeout_s)
     except Exception as err:  # a tool's bug must not end the run; it is logged in full
-        name = call.name if isinstance(call, ToolCall) else ""
         log.warning("tool call %r raised", name, exc_info=True)
         first_line = (str(err).splitlines() or [""])[0]
         return ToolResult(name, f"Error: the tool call failed: {type(err).__name__}: "
                           f"{first_line}", error="tool_exception")
+    if result.images and not vision:
+        return ToolResult(name, f"Error: {name} returned an image, and this model reads no "
+                          "images", error="bad_result")
+    return result
 
 
 def _user_message(text: str | Observation) -> tuple[dict[str, Any], list]:
@@ -144,26 +160,55 @@ def _user_message(text: str | Observation) -> tuple[dict[str, Any], list]:
     return {"role": "user", "content": f"{IMAGE_PLACEHOLDER}\n{text.text}"}, [text.image]
 
 
-def _after_reply(ep: Conversation, content: str, s: ConversationSettings
+def _after_replies(replied: list[tuple[Conversation, str]], s: ConversationSettings,
+                   vision: bool) -> list[tuple[list[dict], list] | None]:
+    """Decide what follows each reply of a lock-step: the messages to append and their frames,
+    or None when the episode ended. Every episode's tool calls, and every interaction answer,
+    run at once (the tools' and the interaction's waits overlap); their results are applied
+    episode by episode in order, so records do not depend on which call finished first."""
+    calls = [_read_calls(content) if s.tools is not None else [] for _, content in replied]
+    jobs = [lambda e=ep.episode_id, c=call: _run_call(s.tools, e, c, s.tool_timeout_s, vision)
+            for (ep, _), found in zip(replied, calls) for call in found]
+    asking = [i for i, found in enumerate(calls) if not found and s.interaction is not None]
+    jobs += [lambda ep=replied[i][0]: respond(s.interaction, ep.episode_id, ep.messages,
+                                              ep.task.get("interaction_kwargs", {}),
+                                              s.tool_timeout_s) for i in asking]
+    done = run_together(jobs)
+    tool_results, answers = done[:len(done) - len(asking)], dict(zip(asking, done[-len(asking):]
+                                                                      if asking else []))
+    out: list[tuple[list[dict], list] | None] = []
+    at = 0
+    for i, ((ep, _), found) in enumerate(zip(replied, calls)):
+        if found:
+            out.append(_after_tools(ep, tool_results[at:at + len(found)], s))
+            at += len(found)
+        else:
+            out.append(_after_text(ep, answers.get(i), s))
+    return out
+
+
+def _after_tools(ep: Conversation, results: list[ToolResult], s: ConversationSettings
                  ) -> tuple[list[dict], list] | None:
-    """Decide what follows a reply: the messages to append and their frames, or None when the
-    episode ended."""
-    calls = _read_calls(content) if s.tools is not None else []
-    if calls:
-        messages = _tool_turn(ep, s.tools, calls, s.max_tool_response_chars)
-        if ep.assistant_turns >= s.max_assistant_turns:
-            ep.end(MAX_ASSISTANT_TURNS)
-            return None
-        return messages, []
+    messages, images = _tool_turn(ep, results, s.max_tool_response_chars)
+    if ep.assistant_turns >= s.max_assistant_turns:
+        ep.end(MAX_ASSISTANT_TURNS)
+        return None
+    return messages, images
+
+
+def _after_text(ep: Conversation, answer: tuple | None, s: ConversationSettings
+                ) -> tuple[list[dict], list] | None:
+    """A reply without tool calls: the interaction's `answer` (should_terminate, text, score,
+    metrics), or without an interaction the end of the episode."""
     if s.interaction is None:
         if s.reward_fn is not None:
             ep.reward(s.reward_fn(ep.task, ep.messages))
         ep.end(DONE)
         return None
-    stop, text, score, metrics = s.interaction.generate_response(ep.episode_id, ep.messages)
-    ep.reward(score, metrics)
+    stop, text, score, metrics = answer
+    ep.reward(0.0 if score is None else score, metrics)  # verl allows a turn without a score
     if stop:
-        ep.end(TIME_LIMIT if s.interaction.truncated(ep.episode_id) else DONE)
+        ep.end(TIME_LIMIT if interaction_truncated(s.interaction, ep.episode_id) else DONE)
         return None
     if ep.assistant_turns >= s.max_assistant_turns:
         ep.end(MAX_ASSISTANT_TURNS)
@@ -176,28 +221,37 @@ def _after_reply(ep: Conversation, content: str, s: ConversationSettings
     return [message], images
 
 
-def _finish(ep: Conversation, s: ConversationSettings) -> dict[str, Any]:
-    """Credit the tools' episode rewards, release tools and interaction, run the check; in a
-    window, keep the window a next reply would have seen when the episode was cut short (its
-    bootstrap)."""
+def _finish(ep: Conversation, s: ConversationSettings, tool_rewards: dict[str, float]
+            ) -> dict[str, Any]:
+    """Credit the tools' episode rewards, run the check; in a window, keep the window a next
+    reply would have seen when the episode was cut short (its bootstrap)."""
+    if ep.windows:
+        ep.window = None if ep.reason == DONE else _next_window(ep, s, ep.messages,
+                                                                ep.frame_owner)
+    if ep.segments:  # no reply fitted: nothing to credit
+        for name, value in tool_rewards.items():
+            if value:
+                ep.reward(value, {f"{name}_reward": value})
+    # the sequence ends with a reply's closing, or (no reply fitted) the generation prompt
+    ep.check = check_tokenization(ep.deltas, ep.messages, ep.ids, s.tokenization_check,
+                                  add_generation_prompt=not ep.segments,
+                                  where=f"episode {ep.episode_id}").outcome
+    return ep.record()
+
+
+def _finish_all(episodes: list[Conversation], s: ConversationSettings) -> list[dict[str, Any]]:
+    """Every episode's record; the tools' episode rewards are asked for all at once, and tools
+    and interaction release every episode (all at once) even when a check fails."""
+    ids = [ep.episode_id for ep in episodes]
     try:
-        if ep.windows:
-            ep.window = None if ep.reason == DONE else _next_window(ep, s, ep.messages,
-                                                                    ep.frame_owner)
-        if s.tools is not None and ep.segments:  # no reply fitted: nothing to credit
-            for name, value in s.tools.rewards(ep.episode_id).items():
-                if value:
-                    ep.reward(value, {f"{name}_reward": value})
-        # the sequence ends with a reply's closing, or (no reply fitted) the generation prompt
-        ep.check = check_tokenization(ep.deltas, ep.messages, ep.ids, s.tokenization_check,
-                                      add_generation_prompt=not ep.segments,
-                                      where=f"episode {ep.episode_id}").outcome
+        rewards = (s.tools.rewards_many(ids, s.tool_timeout_s) if s.tools is not None
+                   else [{} for _ in episodes])
+        return [_finish(ep, s, r) for ep, r in zip(episodes, rewards)]
     finally:
         if s.tools is not None:
-            s.tools.release(ep.episode_id)
+            s.tools.release_many(ids, s.tool_timeout_s)
         if s.interaction is not None:
-            s.interaction.finalize(ep.episode_id)
-    return ep.record()
+            finalize_all(s.interaction, ids, s.tool_timeout_s)
 
 
 def conversation_rollout(engine: Engine, tokenizer: Any, sampling: SamplingParams,
@@ -214,11 +268,13 @@ def conversation_rollout(engine: Engine, tokenizer: Any, sampling: SamplingParam
         ep = Conversation.begin(f"{id_prefix}-{i}", task, deltas)
         if s.context == WINDOW:
             ep.window = _next_window(ep, s, ep.messages, ep.frame_owner)
-        if s.tools is not None:
-            s.tools.create(ep.episode_id, task.get("tools_kwargs"))
-        if s.interaction is not None:
-            s.interaction.start(ep.episode_id, **task.get("interaction_kwargs", {}))
         episodes.append(ep)
+    if s.tools is not None:  # every episode's tools and interaction start at once
+        s.tools.create_many([(ep.episode_id, ep.task.get("tools_kwargs")) for ep in episodes],
+                            s.tool_timeout_s)
+    if s.interaction is not None:
+        start_all(s.interaction, [(ep.episode_id, ep.task.get("interaction_kwargs", {}))
+                                  for ep in episodes], s.tool_timeout_s)
     bar = tqdm(total=len(tasks), desc="episodes", unit="ep", disable=not s.progress, leave=False)
     step = 0
     while active := [ep for ep in episodes if not ep.done]:
@@ -228,13 +284,15 @@ def conversation_rollout(engine: Engine, tokenizer: Any, sampling: SamplingParam
         active = [ep for ep in active if not ep.done]
         seed = None if sampling.seed is None else sampling.seed + 100_003 * step
         completions = _generate(engine, active, dataclasses.replace(sampling, seed=seed))
+        replied = []
         for ep, completion in zip(active, completions):
             reply = completion.token_ids[:_room(ep, s)]
             content = ep.add_reply(reply, completion.logprobs, step)
             if len(reply) < len(completion.token_ids):
                 ep.end(TOKEN_BUDGET)  # cut to fit: neither tools nor the user see it
                 continue
-            follow = _after_reply(ep, content, s)
+            replied.append((ep, content))
+        for (ep, _), follow in zip(replied, _after_replies(replied, s, vision is not None)):
             if follow is None:
                 continue
             messages, images = follow
@@ -255,7 +313,7 @@ def conversation_rollout(engine: Engine, tokenizer: Any, sampling: SamplingParam
         bar.refresh()
         step += 1
     bar.close()
-    return [_finish(ep, s) for ep in episodes]
+    return _finish_all(episodes, s)
 
 
 def _generate(engine: Engine, active: list[Conversation], sampling: SamplingParams) -> list:

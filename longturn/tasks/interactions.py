@@ -6,8 +6,13 @@ that calls no tool, and able to end the episode. Declared in YAML like tools:
         class: longturn.tasks.arithmetic:RevisionInteraction
         config: {max_revisions: 1}
 
-The protocol is verl's: `start` per episode, `generate_response` per reply →
-(should_terminate, text for the user message, score, metrics), `finalize` at the end. One
+verl's layout loads too (a top-level `interaction:` list, entries with `class_name`), and a
+class may be this project's synchronous `BaseInteraction` below or a verl-style async one
+(`longturn.tasks.verl_api.BaseInteraction`: `start_interaction`, `generate_response`,
+`finalize_interaction`); the rollout runs either through `start_all` / `respond_all` /
+`finalize_all`, every episode of a lock-step at once. The protocol is verl's: `start` per
+episode, `generate_response` per reply → (should_terminate, text for the user message, score,
+metrics), `finalize` at the end. One
 addition, `truncated`: an interaction that ended the episode on a time limit (an env's gymnasium
 `truncated`) says so, and the episode is bootstrapped like one cut by the turn limits.
 """
@@ -18,7 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from longturn.errors import SettingError
-from longturn.tasks.plugins import import_class, read_entries
+from longturn.tasks import verl_api
+from longturn.tasks.plugin_loop import CallTimedOut, invoke, run_together, within
+from longturn.tasks.plugins import entry_keys, import_class, read_entries
 
 
 class BaseInteraction:
@@ -48,17 +55,98 @@ class BaseInteraction:
         self.instances.pop(instance_id, None)
 
 
-def load_interactions(path: str | Path) -> dict[str, BaseInteraction]:
-    """Every interaction in an interactions YAML file, by name."""
-    out: dict[str, BaseInteraction] = {}
-    for i, entry in enumerate(read_entries(path, "interactions")):
+# an interactions entry's keys: verl's name → this project's
+_INTERACTION_KEYS = {"class_name": "class", "name": "name", "config": "config"}
+
+
+def _verl_default_name(target: str) -> str:
+    """verl's name for an entry without one: the class name without an `Interaction` suffix,
+    lowercased."""
+    simple = target.replace(":", ".").rpartition(".")[2]
+    return (simple.removesuffix("Interaction") or simple).lower()
+
+
+def load_interactions(path: str | Path) -> dict[str, Any]:
+    """Every interaction in an interactions YAML file, by name: this project's layout
+    (`interactions:` entries with `class`) or verl's (`interaction:` entries with `class_name`),
+    each class this project's `BaseInteraction` or a verl-style async one
+    (`longturn.tasks.verl_api.BaseInteraction`)."""
+    out: dict[str, Any] = {}
+    for i, raw in enumerate(read_entries(path, "interactions", verl_key="interaction")):
         where = f"{path} interactions[{i}]"
+        entry = entry_keys(raw, where, _INTERACTION_KEYS)
+        config = entry.get("config") or {}
+        if not isinstance(config, dict):
+            raise SettingError(f"{where}: 'config' must be a mapping")
         cls = import_class(entry.get("class"), where)
-        if not (isinstance(cls, type) and issubclass(cls, BaseInteraction)):
-            raise SettingError(f"{where}: {entry['class']!r} is not a longturn BaseInteraction "
-                               "subclass")
-        name = entry.get("name") or cls.__name__
+        if not (isinstance(cls, type) and issubclass(cls, (BaseInteraction,
+                                                          verl_api.BaseInteraction))):
+            raise SettingError(f"{where}: {entry['class']!r} is not an interaction class: "
+                               "subclass longturn.tasks.interactions.BaseInteraction, or a verl "
+                               "interaction with its import changed to `from "
+                               "longturn.tasks.verl_api import BaseInteraction`")
+        name = entry.get("name")
+        if not name:
+            name = _verl_default_name(entry["class"]) if "class_name" in raw else cls.__name__
         if name in out:
             raise SettingError(f"{where}: the name {name!r} is used twice")
-        out[name] = cls(entry.get("config") or {}, name)
+        if issubclass(cls, verl_api.BaseInteraction):
+            out[name] = cls(config={**config, "name": name})  # verl puts the name in the config
+        else:
+            out[name] = cls(config, name)
     return out
+
+
+# ---- the rollout's calls, for either kind, run on the plug-in loop ---------------------------
+
+def _is_verl(interaction: Any) -> bool:
+    return isinstance(interaction, verl_api.BaseInteraction)
+
+
+async def _timed(interaction: Any, method: str, timeout_s: float | None, *args: Any,
+                 **kwargs: Any) -> Any:
+    """One method call under the time limit; a hang or an exception ends the run naming the
+    interaction and the method (an interaction is part of the task, not model output)."""
+    try:
+        return await within(invoke(getattr(interaction, method), *args, **kwargs), timeout_s)
+    except CallTimedOut:
+        raise RuntimeError(f"interaction {interaction.name!r}: {method} did not return within "
+                           f"{timeout_s:g} s (rollout.chat.tool_timeout_s)") from None
+
+
+def start_all(interaction: Any, episodes: list[tuple[str, dict[str, Any]]],
+              timeout_s: float | None) -> None:
+    """Begin each (episode id, the task's interaction_kwargs), all at once."""
+    method = "start_interaction" if _is_verl(interaction) else "start"
+    run_together([lambda e=episode, k=kwargs: _timed(interaction, method, timeout_s, e, **k)
+                  for episode, kwargs in episodes])
+
+
+async def respond(interaction: Any, instance_id: str, messages: list[dict[str, Any]],
+                  interaction_kwargs: dict[str, Any], timeout_s: float | None
+                  ) -> tuple[bool, Any, float, dict[str, Any]]:
+    """`generate_response` → (should_terminate, text for the user message, score, metrics). A
+    verl-style interaction is also given the task's interaction_kwargs, as verl's agent loop
+    does."""
+    kwargs = interaction_kwargs if _is_verl(interaction) else {}
+    return await _timed(interaction, "generate_response", timeout_s, instance_id, messages,
+                        **kwargs)
+
+
+def respond_all(interaction: Any, turns: list[tuple[str, list[dict[str, Any]],
+                                                    dict[str, Any]]],
+                timeout_s: float | None) -> list[tuple[bool, Any, float, dict[str, Any]]]:
+    """`respond` for each (episode id, messages, interaction_kwargs), all at once."""
+    return run_together([lambda t=turn: respond(interaction, *t, timeout_s) for turn in turns])
+
+
+def truncated(interaction: Any, instance_id: str) -> bool:
+    """Whether the episode the interaction just ended was cut by a time limit (verl's
+    interactions do not say: never)."""
+    return False if _is_verl(interaction) else bool(interaction.truncated(instance_id))
+
+
+def finalize_all(interaction: Any, episode_ids: list[str], timeout_s: float | None) -> None:
+    method = "finalize_interaction" if _is_verl(interaction) else "finalize"
+    run_together([lambda e=episode: _timed(interaction, method, timeout_s, e)
+                  for episode in episode_ids])

@@ -1,7 +1,9 @@
 """YAML plugin lists (tools, interactions): each entry names a class by import path.
 
 Shared by `tools` and `interactions` so that both report a missing file, bad YAML, a missing key
-or an import that fails in the same words, naming the file and the entry.
+or an import that fails in the same words, naming the file and the entry. Both read this
+project's spelling and verl's (`class` or `class_name`, a top-level `interactions` or
+`interaction` list), so a verl config file loads as it is.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from longturn.errors import SettingError
 from longturn.import_path import import_object
 
 
-def read_entries(path: str | Path, key: str) -> list[dict[str, Any]]:
-    """The list under `key` in a YAML file, each entry a mapping."""
+def read_entries(path: str | Path, key: str, verl_key: str | None = None
+                 ) -> list[dict[str, Any]]:
+    """The list under `key` (or under verl's `verl_key`) in a YAML file, each entry a mapping."""
     path = Path(path)
     if not path.is_file():
         raise SettingError(f"{key} file {str(path)!r} does not exist")
@@ -24,10 +27,35 @@ def read_entries(path: str | Path, key: str) -> list[dict[str, Any]]:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
         raise SettingError(f"{key} file {str(path)!r} is not valid YAML: {err}") from err
-    entries = data.get(key) if isinstance(data, dict) else None
+    found = [k for k in (key, verl_key) if k and isinstance(data, dict) and k in data]
+    if len(found) > 1:
+        raise SettingError(f"{key} file {str(path)!r} has both {key!r} and verl's "
+                           f"{verl_key!r}: keep one list")
+    entries = data.get(found[0]) if found else None
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
-        raise SettingError(f"{key} file {str(path)!r} needs a top-level {key!r} list of mappings")
+        also = f" (or verl's {verl_key!r})" if verl_key else ""
+        raise SettingError(f"{key} file {str(path)!r} needs a top-level {key!r}{also} list of "
+                           "mappings")
     return entries
+
+
+def entry_keys(entry: dict[str, Any], where: str, allowed: dict[str, str]) -> dict[str, Any]:
+    """The entry with verl's key names turned into this project's (`allowed`: verl's name → this
+    project's; a name mapped to itself is the same in both); a key known to neither, or one
+    given in both spellings, is refused naming it."""
+    ours = set(allowed.values())
+    unknown = sorted(set(entry) - set(allowed) - ours)
+    if unknown:
+        raise SettingError(f"{where}: unknown key {unknown[0]!r}; an entry takes "
+                           f"{', '.join(sorted(ours | set(allowed)))}")
+    out = dict(entry)
+    for verl_name, name in allowed.items():
+        if verl_name == name or verl_name not in entry:
+            continue
+        if name in entry:
+            raise SettingError(f"{where}: both {name!r} and verl's {verl_name!r}: give one")
+        out[name] = out.pop(verl_name)
+    return out
 
 
 def import_class(target: Any, where: str) -> Any:

@@ -7,15 +7,20 @@
           type: function                                  # chat template's `tools=`
           function: {name: calculator, description: …, parameters: {…JSON Schema…}}
 
-The protocol is verl's: `create` when an episode starts, `execute` per call (result text, a step
-reward, metrics), `calc_reward` at the end, `release` after. `ToolBox` dispatches parsed calls
-and turns every mistake of the model (unknown tool, bad JSON, arguments that break the schema),
-every exception a tool raises and every return value that breaks the protocol (text not a str,
-a reward that is not a finite number) into an error message as the tool's result.
+verl's spelling loads too (`class_name`, `config` with `type: native`, `tool_schema`), and a
+class may be this project's synchronous `BaseTool` below or a verl-style async one
+(`longturn.tasks.verl_api.BaseTool`). The protocol is verl's: `create` when an episode starts,
+`execute` per call (result text or ToolResponse, a step reward, metrics), `calc_reward` at the
+end, `release` after. `ToolBox` runs the calls of many episodes at once, each cut off after
+`rollout.chat.tool_timeout_s`, and turns every mistake of the model (unknown tool, bad JSON,
+arguments that break the schema), every exception or hang of a tool and every return value that
+breaks the protocol (text not a str, a reward that is not a finite number) into an error message
+as the tool's result.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 from collections.abc import Mapping
@@ -24,9 +29,13 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import numpy as np
+from pydantic import ValidationError
 
 from longturn.errors import SettingError
-from longturn.tasks.plugins import import_class, read_entries
+from longturn.tasks import verl_api
+from longturn.tasks.plugin_loop import CallTimedOut, invoke, run_together, within
+from longturn.tasks.plugins import entry_keys, import_class, read_entries
 from longturn.tasks.tool_calls import BadToolCall, ToolCall
 
 log = logging.getLogger(__name__)
@@ -69,6 +78,7 @@ class ToolResult:
     reward: float = 0.0
     metrics: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
+    images: list[np.ndarray] = field(default_factory=list)  # a ToolResponse's, as frames
 
 
 def _check_schema(schema: Any, where: str) -> dict[str, Any]:
@@ -86,20 +96,81 @@ def _check_schema(schema: Any, where: str) -> dict[str, Any]:
     return schema
 
 
-def load_tools(path: str | Path) -> list[BaseTool]:
-    """Every tool listed in a tools YAML file, built."""
-    tools: list[BaseTool] = []
-    for i, entry in enumerate(read_entries(path, "tools")):
+# a tools entry's keys: verl's name → this project's
+_TOOL_KEYS = {"class_name": "class", "tool_schema": "schema", "config": "config"}
+
+
+def _verl_config(config: dict[str, Any], where: str) -> dict[str, Any]:
+    """A verl-spelled entry's config: verl reads `type` from it (how to build the tool); only
+    `native` tools exist here, MCP servers are not reached."""
+    kind = config.get("type", "native")
+    if kind != "native":
+        raise SettingError(f"{where}: config.type {kind!r} is not supported; tools here are "
+                           "classes (verl's 'native')")
+    return config
+
+
+def _build_tool(cls: type, config: dict[str, Any], schema: dict[str, Any] | None, where: str,
+                verl_spelled: bool) -> Any:
+    """The tool of one entry. A verl-style class gets what verl gives it (the whole config, the
+    schema as an OpenAIFunctionToolSchema, keyword arguments); this project's gets the config
+    without verl's `type` and the schema as a dict."""
+    if issubclass(cls, verl_api.BaseTool):
+        if schema is not None:
+            try:
+                schema = verl_api.OpenAIFunctionToolSchema.model_validate(schema)
+            except ValidationError as err:
+                first = err.errors()[0]
+                raise SettingError(f"{where}: tool_schema {'.'.join(map(str, first['loc']))}: "
+                                   f"{first['msg']}") from err
+        return cls(config=config, tool_schema=schema)
+    if schema is None:
+        raise SettingError(f"{where}: 'schema' must be an OpenAI function schema "
+                           "{type: function, function: {name, description, parameters}}")
+    if verl_spelled:
+        config = {k: v for k, v in config.items() if k != "type"}
+    return cls(config, schema)
+
+
+def load_tools(path: str | Path) -> list[Any]:
+    """Every tool listed in a tools YAML file, built: this project's spelling (`class`, `config`,
+    `schema`) or verl's (`class_name`, `config` with `type: native`, `tool_schema`)."""
+    tools: list[Any] = []
+    for i, raw in enumerate(read_entries(path, "tools")):
         where = f"{path} tools[{i}]"
-        schema = _check_schema(entry.get("schema"), where)
+        if not isinstance(raw.get("config", {}) or {}, dict):
+            raise SettingError(f"{where}: 'config' must be a mapping")
+        verl_spelled = "class_name" in raw
+        if verl_spelled and "mcp" in raw:
+            raise SettingError(f"{where}: MCP tools (verl's 'mcp' entry) are not supported; "
+                               "tools here are classes")
+        entry = entry_keys(raw, where, _TOOL_KEYS)
+        config = dict(entry.get("config") or {})
+        if verl_spelled:
+            config = _verl_config(config, where)
+        schema = (None if entry.get("schema") is None and verl_spelled
+                  else _check_schema(entry.get("schema"), where))
         cls = import_class(entry.get("class"), where)
-        if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
-            raise SettingError(f"{where}: {entry['class']!r} is not a longturn BaseTool subclass")
-        tools.append(cls(entry.get("config") or {}, schema))
+        if not (isinstance(cls, type) and issubclass(cls, (BaseTool, verl_api.BaseTool))):
+            raise SettingError(f"{where}: {entry['class']!r} is not a tool class: subclass "
+                               "longturn.tasks.tools.BaseTool, or a verl tool with its import "
+                               "changed to `from longturn.tasks.verl_api import BaseTool`")
+        tool = _build_tool(cls, config, schema, where, verl_spelled)
+        if isinstance(tool, verl_api.BaseTool):
+            _check_schema(schema_of(tool), where)
+        tools.append(tool)
     names = [t.name for t in tools]
     if len(set(names)) != len(names):
         raise SettingError(f"{path}: tool names repeat: {names}")
     return tools
+
+
+def schema_of(tool: Any) -> dict[str, Any]:
+    """A tool's OpenAI function schema as a dict (what the chat template and the argument check
+    read)."""
+    if isinstance(tool, verl_api.BaseTool):
+        return tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True)
+    return tool.schema
 
 
 def _not_a_reward(value: Any) -> bool:
@@ -113,13 +184,13 @@ def _not_a_reward(value: Any) -> bool:
 
 
 def _broken_result(returned: Any) -> str | None:
-    """What is wrong with `execute`'s return value, or None when it keeps the protocol: (text,
-    finite reward, metrics mapping or None). A dict's repr is no tool result, a NaN reward
-    would reach every advantage of the batch."""
+    """What is wrong with `execute`'s return value, or None when it keeps the protocol: (text or
+    ToolResponse, finite reward, metrics mapping or None). A dict's repr is no tool result, a
+    NaN reward would reach every advantage of the batch."""
     if not (isinstance(returned, (tuple, list)) and len(returned) == 3):
         return f"a {type(returned).__name__}, not (text, reward, metrics)"
     text, reward, metrics = returned
-    if not isinstance(text, str):
+    if not isinstance(text, (str, verl_api.ToolResponse)):
         return f"a {type(text).__name__} as its text, not a str"
     if _not_a_reward(reward):
         return f"the reward {reward!r}, not a finite number"
@@ -128,25 +199,101 @@ def _broken_result(returned: Any) -> str | None:
     return None
 
 
-class ToolBox:
-    """The tools of a run, dispatching one episode's calls by name."""
+def _frame(image: Any) -> np.ndarray:
+    """A tool's image as the rollout's frames are: an H×W×3 uint8 array (a PIL image is
+    converted to RGB)."""
+    if hasattr(image, "convert"):  # a PIL image
+        image = image.convert("RGB")
+    frame = np.asarray(image)
+    if frame.ndim != 3 or frame.shape[-1] != 3 or frame.dtype != np.uint8:
+        raise ValueError(f"an image of shape {frame.shape} and dtype {frame.dtype}, not an "
+                         "H×W×3 uint8 picture")
+    return frame
 
-    def __init__(self, tools: list[BaseTool]):
+
+def _result(name: str, returned: tuple) -> ToolResult:
+    """A kept-protocol return value as a ToolResult (a ToolResponse's text and frames)."""
+    text, reward, metrics = returned
+    images: list[np.ndarray] = []
+    if isinstance(text, verl_api.ToolResponse):
+        try:
+            images = [_frame(image) for image in text.image or []]
+        except (TypeError, ValueError) as err:
+            return ToolResult(name, f"Error: {name} returned {err}", error="bad_result")
+        text = text.text or ""
+    return ToolResult(name, text, float(reward), dict(metrics or {}), images=images)
+
+
+class ToolBox:
+    """The tools of a run, dispatching episodes' calls by name: this project's synchronous tools
+    and verl-style async ones alike, every call of a batch at once on the plug-in loop
+    (tasks/plugin_loop.py), each cut off after `timeout_s` seconds (None: no limit)."""
+
+    def __init__(self, tools: list[Any]):
         self.tools = {t.name: t for t in tools}
-        self._validators = {t.name: jsonschema.Draft202012Validator(
-            t.schema["function"]["parameters"]) for t in tools}
+        self._schemas = {t.name: schema_of(t) for t in tools}
+        self._validators = {name: jsonschema.Draft202012Validator(
+            schema["function"].get("parameters") or {"type": "object", "properties": {}})
+            for name, schema in self._schemas.items()}
+        self._ids: dict[tuple[str, str], str] = {}  # (tool, episode) → the tool's instance id
+        self._create_kwargs: dict[tuple[str, str], dict[str, Any]] = {}
 
     @property
     def schemas(self) -> list[dict[str, Any]]:
-        return [t.schema for t in self.tools.values()]
+        return list(self._schemas.values())
 
-    def create(self, instance_id: str, tools_kwargs: dict[str, dict[str, Any]] | None = None
-               ) -> None:
-        for name, tool in self.tools.items():
-            tool.create(instance_id, **(tools_kwargs or {}).get(name, {}))
+    # ---- one episode, or many at once (the rollout's batches) --------------------------------
 
-    def call(self, instance_id: str, call: ToolCall | BadToolCall) -> ToolResult:
-        """Run one parsed call; never raises for anything the model wrote."""
+    def create(self, instance_id: str, tools_kwargs: dict[str, dict[str, Any]] | None = None,
+               timeout_s: float | None = None) -> None:
+        self.create_many([(instance_id, tools_kwargs)], timeout_s)
+
+    def create_many(self, episodes: list[tuple[str, dict[str, dict[str, Any]] | None]],
+                    timeout_s: float | None) -> None:
+        """Start every tool's state for each episode; a tool that fails here ends the run (it
+        cannot serve the episode), naming the tool."""
+        run_together([lambda t=tool, e=episode, k=kwargs: self._create(t, e, k or {}, timeout_s)
+                      for episode, kwargs in episodes for tool in self.tools.values()])
+
+    def call(self, instance_id: str, call: ToolCall | BadToolCall,
+             timeout_s: float | None = None) -> ToolResult:
+        """Run one parsed call; never raises for anything the model wrote or the tool did."""
+        return self.call_many([(instance_id, call)], timeout_s)[0]
+
+    def call_many(self, calls: list[tuple[str, ToolCall | BadToolCall]],
+                  timeout_s: float | None) -> list[ToolResult]:
+        """Run every (episode, call) at once; the results in the same order."""
+        return run_together([lambda e=episode, c=call: self.run(e, c, timeout_s)
+                             for episode, call in calls])
+
+    def rewards(self, instance_id: str, timeout_s: float | None = None) -> dict[str, float]:
+        return self.rewards_many([instance_id], timeout_s)[0]
+
+    def rewards_many(self, instance_ids: list[str], timeout_s: float | None
+                     ) -> list[dict[str, float]]:
+        """Each episode's reward from each tool; one that raises, hangs or is not a finite
+        number counts 0 (and is logged), so a plug-in's bug never puts a NaN into the
+        advantages."""
+        names = list(self.tools)
+        values = run_together([lambda n=name, e=episode: self._reward(n, e, timeout_s)
+                               for episode in instance_ids for name in names])
+        return [dict(zip(names, values[i * len(names):(i + 1) * len(names)]))
+                for i in range(len(instance_ids))]
+
+    def release(self, instance_id: str, timeout_s: float | None = None) -> None:
+        self.release_many([instance_id], timeout_s)
+
+    def release_many(self, instance_ids: list[str], timeout_s: float | None) -> None:
+        """Free each episode's tool state; a tool that fails here is logged, not fatal."""
+        run_together([lambda n=name, e=episode: self._release(n, e, timeout_s)
+                      for episode in instance_ids for name in self.tools])
+
+    # ---- the coroutines the batches run --------------------------------------------------------
+
+    async def run(self, instance_id: str, call: ToolCall | BadToolCall,
+                  timeout_s: float | None) -> ToolResult:
+        """One call's result; every mistake of the model, and every exception, hang or broken
+        return value of the tool, is an `Error:` result."""
         if isinstance(call, BadToolCall):
             return ToolResult("", f"Error: {call.error}", error="bad_call")
         tool = self.tools.get(call.name)
@@ -159,8 +306,14 @@ class ToolBox:
             where = "/".join(str(p) for p in problems[0].path) or "arguments"
             return ToolResult(call.name, f"Error: bad arguments for {call.name}: {where}: "
                               f"{problems[0].message}", error="bad_arguments")
+        tool_id = self._ids.get((call.name, instance_id), instance_id)
         try:
-            returned = tool.execute(instance_id, call.arguments)
+            returned = await within(invoke(tool.execute, tool_id, call.arguments), timeout_s)
+        except CallTimedOut:
+            log.warning("tool %s did not return within %s s on %r", call.name, timeout_s,
+                        call.arguments)
+            return ToolResult(call.name, f"Error: {call.name} did not return within "
+                              f"{timeout_s:g} s", error="tool_timeout")
         except Exception as err:  # a tool's own bug must not end the run; it is logged in full
             log.warning("tool %s raised on %r", call.name, call.arguments, exc_info=True)
             return ToolResult(call.name, f"Error: {call.name} failed: {type(err).__name__}: "
@@ -171,26 +324,57 @@ class ToolBox:
                         call.arguments, problem)
             return ToolResult(call.name, f"Error: {call.name} returned {problem}",
                               error="bad_result")
-        text, reward, metrics = returned
-        return ToolResult(call.name, text, float(reward), dict(metrics or {}))
+        return _result(call.name, returned)
 
-    def rewards(self, instance_id: str, **kwargs: Any) -> dict[str, float]:
-        """Each tool's episode reward; one that raises or is not a finite number counts 0 (and
-        is logged), so a plug-in's bug never puts a NaN into the advantages."""
-        out = {}
-        for name, tool in self.tools.items():
-            try:
-                value = tool.calc_reward(instance_id, **kwargs)
-            except Exception:  # noqa: BLE001 - a tool's bug, logged in full
-                log.warning("tool %s raised in calc_reward", name, exc_info=True)
-                value = 0.0
-            if _not_a_reward(value):
-                log.warning("tool %s: calc_reward gave %r, not a finite number; counted 0",
-                            name, value)
-                value = 0.0
-            out[name] = float(value)
-        return out
+    async def _create(self, tool: Any, instance_id: str, tools_kwargs: dict[str, Any],
+                      timeout_s: float | None) -> None:
+        kwargs = dict(tools_kwargs.get(tool.name) or {})
+        if isinstance(tool, verl_api.BaseTool):
+            kwargs = _verl_create_kwargs(tool.create, kwargs)
+        try:
+            returned = await within(invoke(tool.create, instance_id, **kwargs), timeout_s)
+        except CallTimedOut:
+            raise RuntimeError(f"tool {tool.name}: create did not return within {timeout_s:g} s "
+                               f"(episode {instance_id})") from None
+        except Exception as err:
+            raise RuntimeError(f"tool {tool.name}: create raised {type(err).__name__}: {err} "
+                               f"(episode {instance_id})") from err
+        # verl's create gives (instance_id, ToolResponse) or the instance id; ours gives None
+        given = returned[0] if isinstance(returned, (tuple, list)) and returned else returned
+        self._ids[(tool.name, instance_id)] = given if isinstance(given, str) else instance_id
 
-    def release(self, instance_id: str) -> None:
-        for tool in self.tools.values():
-            tool.release(instance_id)
+    async def _reward(self, name: str, instance_id: str, timeout_s: float | None) -> float:
+        tool = self.tools[name]
+        try:
+            value = await within(invoke(tool.calc_reward, self._ids.get(
+                (name, instance_id), instance_id)), timeout_s)
+        except Exception:  # noqa: BLE001 - a tool's bug or hang, logged in full
+            log.warning("tool %s raised or hung in calc_reward", name, exc_info=True)
+            value = 0.0
+        if _not_a_reward(value):
+            log.warning("tool %s: calc_reward gave %r, not a finite number; counted 0",
+                        name, value)
+            value = 0.0
+        return float(value)
+
+    async def _release(self, name: str, instance_id: str, timeout_s: float | None) -> None:
+        tool_id = self._ids.pop((name, instance_id), instance_id)
+        try:
+            await within(invoke(self.tools[name].release, tool_id), timeout_s)
+        except Exception:  # noqa: BLE001 - freeing state must not end the run; logged in full
+            log.warning("tool %s raised or hung in release", name, exc_info=True)
+
+
+def _verl_create_kwargs(create: Any, entry: dict[str, Any]) -> dict[str, Any]:
+    """What a verl-style `create` is given from the task's `tools_kwargs[name]`: verl's data puts
+    them under `create_kwargs`, which verl has passed both spread out and as one
+    `create_kwargs=` keyword; both are given where the method's signature takes them."""
+    if not isinstance(entry.get("create_kwargs"), Mapping):
+        return entry
+    create_kwargs = dict(entry["create_kwargs"])
+    parameters = inspect.signature(create).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    out = {k: v for k, v in create_kwargs.items() if takes_any or k in parameters}
+    if takes_any or "create_kwargs" in parameters:
+        out["create_kwargs"] = create_kwargs
+    return out
