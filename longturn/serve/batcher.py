@@ -1,0 +1,123 @@
+"""Concurrent chat calls gathered into engine batches.
+
+Why: 64 agents each calling the endpoint would otherwise be 64 engine calls of one prompt each,
+and the GPU would idle between them. A batch is sent when every open episode has a request
+waiting (all agents are blocked on the model: waiting longer gains nothing), when `max_batch`
+requests wait, or `window_s` after its first request arrived (an agent busy with a tool does not
+hold the others up for longer than that). While the engine runs a batch, new requests queue for
+the next one. The engine is called from one worker thread, never two calls at once.
+
+Each request keeps its own seed and reply cap: the batch is sampled with the largest cap and each
+reply is cut back to its own (a row's tokens do not depend on the cap, so the cut reply is the
+one a call with that cap samples), with finish reason `length` when cut.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
+
+from longturn.engines.base import Completion, Engine, SamplingParams
+
+
+class EndpointClosed(Exception):
+    """The endpoint stopped before the call was answered."""
+
+
+@dataclass
+class _Waiting:
+    prompt_ids: list[int]
+    max_new_tokens: int
+    seed: int | None
+    arrived: float
+    future: asyncio.Future
+
+
+def cut(completion: Completion, limit: int) -> Completion:
+    """The completion as a call capped at `limit` tokens would have it."""
+    if len(completion.token_ids) <= limit:
+        return completion
+    return Completion(list(completion.token_ids[:limit]), list(completion.logprobs[:limit]),
+                      "length")
+
+
+class Batcher:
+    """Runs on the server's event loop: `generate` queues one prompt, `run` sends the batches."""
+
+    def __init__(self, engine: Engine, sampling: SamplingParams, *, max_batch: int,
+                 window_s: float, open_episodes: Callable[[], int]):
+        if max_batch < 1 or window_s < 0:
+            raise ValueError(f"max_batch {max_batch} (>= 1), window_s {window_s} (>= 0)")
+        self.engine, self.sampling = engine, sampling
+        self.max_batch, self.window_s, self.open_episodes = max_batch, window_s, open_episodes
+        self.batch_sizes: list[int] = []  # one entry per engine call, for metrics and tests
+        self._waiting: list[_Waiting] = []
+        self._running: list[_Waiting] = []  # the batch the engine has now
+        self._arrived = asyncio.Event()
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+
+    async def generate(self, prompt_ids: list[int], max_new_tokens: int, seed: int | None
+                       ) -> Completion:
+        loop = asyncio.get_running_loop()
+        waiting = _Waiting(prompt_ids, max_new_tokens, seed, loop.time(), loop.create_future())
+        self._waiting.append(waiting)
+        self._arrived.set()
+        return await waiting.future
+
+    def _full(self) -> bool:
+        return len(self._waiting) >= min(self.max_batch, max(1, self.open_episodes()))
+
+    async def _gather(self) -> list[_Waiting]:
+        """Wait for the first request, then until the batch is full or its window has passed."""
+        loop = asyncio.get_running_loop()
+        while not self._waiting:
+            self._arrived.clear()
+            await self._arrived.wait()
+        deadline = self._waiting[0].arrived + self.window_s
+        while not self._full() and (left := deadline - loop.time()) > 0:
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), left)
+            except TimeoutError:
+                break
+        batch, self._waiting = self._waiting[:self.max_batch], self._waiting[self.max_batch:]
+        return [w for w in batch if not w.future.done()]  # a caller that left is not sampled
+
+    def _sample(self, batch: list[_Waiting]) -> list[Completion]:
+        seeds = [w.seed for w in batch]
+        sampling = dataclasses.replace(
+            self.sampling, max_new_tokens=max(w.max_new_tokens for w in batch),
+            seed=None if None in seeds else tuple(seeds))
+        completions = self.engine.generate([w.prompt_ids for w in batch], sampling)
+        return [cut(c, w.max_new_tokens) for c, w in zip(completions, batch, strict=True)]
+
+    async def run(self) -> None:
+        """Send batches until cancelled; an engine error fails that batch's calls only."""
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self._gather()
+            if not batch:
+                continue
+            self.batch_sizes.append(len(batch))
+            self._running = batch
+            try:
+                completions = await loop.run_in_executor(self._worker, self._sample, batch)
+            except Exception as err:  # the callers answer 500; the server goes on
+                for w in batch:
+                    if not w.future.done():
+                        w.future.set_exception(err)
+                continue
+            for w, completion in zip(batch, completions):
+                if not w.future.done():
+                    w.future.set_result(completion)
+
+    def close(self) -> None:
+        """Fail every unanswered call (after `run` was cancelled), then wait for the engine."""
+        for w in self._waiting + self._running:
+            if not w.future.done():
+                w.future.set_exception(EndpointClosed("the endpoint is shutting down"))
+        self._waiting = []
+        self._worker.shutdown(wait=True)
