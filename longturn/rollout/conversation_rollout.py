@@ -51,6 +51,7 @@ from longturn.rollout.conversation import (DONE, MAX_ASSISTANT_TURNS, MAX_USER_T
 from longturn.tasks.interactions import (BaseInteraction, finalize_all, respond, start_all,
                                          truncated as interaction_truncated)
 from longturn.tasks.plugin_loop import run_together
+from longturn.tasks.verl_api import BaseInteraction as VerlInteraction
 from longturn.rollout.tokenization_check import check_tokenization
 from longturn.tasks.tool_calls import BadToolCall, ToolCall, parse_tool_calls
 from longturn.tasks.tools import ToolBox, ToolResult
@@ -80,14 +81,14 @@ class ConversationSettings:
     context: str  # EPISODE: a reply is given the whole episode; WINDOW: its history window
     history_turns: int  # the turns of a window
     tools: ToolBox | None
-    interaction: BaseInteraction | None
+    interaction: BaseInteraction | VerlInteraction | None
     reward_fn: Callable[[dict[str, Any], list[dict[str, Any]]], float] | None
     progress: bool
 
     @classmethod
     def from_config(cls, section: ChatParams, *, context: str, history_turns: int,
                     tools: ToolBox | None,
-                    interaction: BaseInteraction | None,
+                    interaction: BaseInteraction | VerlInteraction | None,
                     reward_fn: Callable[[dict[str, Any], list[dict[str, Any]]], float] | None,
                     progress: bool) -> ConversationSettings:
         """rollout.chat's limits, rollout.context and the window's turns (prompt.history_turns,
