@@ -5,6 +5,7 @@ goes out only because it is full)."""
 
 from __future__ import annotations
 
+import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
@@ -13,6 +14,7 @@ from transformers import AutoTokenizer
 
 from endpoint_engines import CountingEngine
 from longturn.engines.base import SamplingParams
+from longturn.serve.batcher import Batcher
 from longturn.serve.server import serve
 
 SAMPLING = SamplingParams(max_new_tokens=16, temperature=1.0, top_p=1.0, top_k=0, seed=3)
@@ -86,3 +88,31 @@ def test_a_reply_is_cut_to_the_calls_own_cap_in_a_shared_batch(tokenizer):
     assert (short.usage.completion_tokens, short.choices[0].finish_reason) == (2, "length")
     assert long.choices[0].finish_reason == "stop"
     assert records[0][0].response_ids == records[1][0].response_ids[:2]
+
+
+def test_a_batch_past_its_window_waits_for_a_call_still_being_rendered():
+    engine = CountingEngine([1, 2])
+
+    async def main() -> None:
+        batcher = Batcher(engine, SAMPLING, max_batch=8, window_s=0.0, open_episodes=lambda: 3)
+        running = asyncio.create_task(batcher.run())
+        rendered = asyncio.Event()
+
+        async def slow_call():
+            with batcher.arriving():
+                await rendered.wait()
+            return await batcher.generate([5], 4, None)
+
+        slow = asyncio.create_task(slow_call())
+        await asyncio.sleep(0)
+        fast = asyncio.create_task(batcher.generate([6], 4, None))
+        for _ in range(5):  # let the loop spin well past the window
+            await asyncio.sleep(0.01)
+        assert engine.batch_sizes == []  # held for the call being rendered
+        rendered.set()
+        await asyncio.gather(slow, fast)
+        running.cancel()
+        batcher.close()
+
+    asyncio.run(main())
+    assert engine.batch_sizes == [2]

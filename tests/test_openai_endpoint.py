@@ -179,3 +179,30 @@ def test_an_unknown_episode_or_path_is_a_404(tokenizer):
             plain.models.list()
         assert server.calls("known") == []
     assert engine.calls == []
+
+
+class _FailsOnce:
+    """An engine whose first call raises (a CUDA error, a dead SGLang server)."""
+
+    def __init__(self, inner):
+        self.inner, self.failed = inner, False
+
+    def generate(self, prompt_ids, sampling):
+        if not self.failed:
+            self.failed = True
+            raise RuntimeError("device lost")
+        return self.inner.generate(prompt_ids, sampling)
+
+
+def test_an_engine_failure_is_a_500_for_that_call_and_the_endpoint_goes_on(tokenizer):
+    engine = _scripted(tokenizer)
+    with serve(_FailsOnce(engine), tokenizer, SAMPLING) as server:
+        client = openai.OpenAI(base_url=server.open_episode("ep"), api_key="x", max_retries=0)
+        ask = [{"role": "user", "content": "What is 2+3?"}]
+        with pytest.raises(openai.InternalServerError, match="device lost"):
+            client.chat.completions.create(model="m", messages=ask)
+        assert server.calls("ep") == []
+        client.chat.completions.create(model="m", messages=ask)
+        (record,) = server.close_episode("ep")
+    assert (record.index, record.request_index) == (0, 1)
+    assert record.response_ids == engine.completions()[0][1].token_ids

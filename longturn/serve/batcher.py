@@ -4,8 +4,10 @@ Why: 64 agents each calling the endpoint would otherwise be 64 engine calls of o
 and the GPU would idle between them. A batch is sent when every open episode has a request
 waiting (all agents are blocked on the model: waiting longer gains nothing), when `max_batch`
 requests wait, or `window_s` after its first request arrived (an agent busy with a tool does not
-hold the others up for longer than that). While the engine runs a batch, new requests queue for
-the next one. The engine is called from one worker thread, never two calls at once.
+hold the others up for longer than that) once no call is still being checked and rendered (64
+agents' prompts take longer to render than a window: without this, the first few would go out
+alone). While the engine runs a batch, new requests queue for the next one. The engine is called
+from one worker thread, never two calls at once.
 
 Each request keeps its own seed and reply cap: the batch is sampled with the largest cap and each
 reply is cut back to its own (a row's tokens do not depend on the cap, so the cut reply is the
@@ -15,10 +17,11 @@ one a call with that cap samples), with finish reason `length` when cut.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 from longturn.engines.base import Completion, Engine, SamplingParams
 
@@ -56,8 +59,21 @@ class Batcher:
         self.batch_sizes: list[int] = []  # one entry per engine call, for metrics and tests
         self._waiting: list[_Waiting] = []
         self._running: list[_Waiting] = []  # the batch the engine has now
+        self._preparing = 0  # calls arrived but not yet queued (being checked and rendered)
         self._arrived = asyncio.Event()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+
+    @contextlib.contextmanager
+    def arriving(self) -> Iterator[None]:
+        """Around checking and rendering a call: a batch past its window waits for it. Call
+        `generate` right after the block (no await in between), so it is never counted out
+        before it is queued."""
+        self._preparing += 1
+        try:
+            yield
+        finally:
+            self._preparing -= 1
+            self._arrived.set()
 
     async def generate(self, prompt_ids: list[int], max_new_tokens: int, seed: int | None
                        ) -> Completion:
@@ -77,12 +93,15 @@ class Batcher:
             self._arrived.clear()
             await self._arrived.wait()
         deadline = self._waiting[0].arrived + self.window_s
-        while not self._full() and (left := deadline - loop.time()) > 0:
-            self._arrived.clear()
-            try:
-                await asyncio.wait_for(self._arrived.wait(), left)
-            except TimeoutError:
+        while not self._full():
+            left = deadline - loop.time()
+            if left <= 0 and not self._preparing:
                 break
+            self._arrived.clear()
+            try:  # past the window, each arrival or finished rendering looks again
+                await asyncio.wait_for(self._arrived.wait(), left if left > 0 else None)
+            except TimeoutError:
+                pass
         batch, self._waiting = self._waiting[:self.max_batch], self._waiting[self.max_batch:]
         return [w for w in batch if not w.future.done()]  # a caller that left is not sampled
 

@@ -102,14 +102,14 @@ class ChatEndpoint:
     async def chat_completions(self, request: web.Request) -> web.Response:
         try:
             episode = self._episode(request)
-            try:
-                body = await request.json()
-            except ValueError:
-                raise RequestError("the request body is not valid JSON") from None
-            loop = asyncio.get_running_loop()
-            parsed, rendered, prompt_ids = await loop.run_in_executor(
-                self._render_thread, self._prepare, body, episode)
-            index = self.book.accept(episode)
+            with self.batcher.arriving():  # a batch waits for a call still being read
+                try:
+                    body = await request.json()
+                except ValueError:
+                    raise RequestError("the request body is not valid JSON") from None
+                parsed, rendered, prompt_ids = await asyncio.get_running_loop().run_in_executor(
+                    self._render_thread, self._prepare, body, episode)
+            index = self.book.accept(episode)  # no await from here to the batcher's queue
         except RequestError as err:
             return _error(err)
         except KeyError:  # closed while it was checked
