@@ -5,8 +5,10 @@ chat template renders, malformed requests (clear 4xx, nothing recorded) and unkn
 from __future__ import annotations
 
 import json
+import threading
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
@@ -206,3 +208,29 @@ def test_an_engine_failure_is_a_500_for_that_call_and_the_endpoint_goes_on(token
         (record,) = server.close_episode("ep")
     assert (record.index, record.request_index) == (0, 1)
     assert record.response_ids == engine.completions()[0][1].token_ids
+
+
+class _Held:
+    """An engine that holds its call until released (an agent's episode ends meanwhile)."""
+
+    def __init__(self, inner):
+        self.inner, self.entered, self.release = inner, threading.Event(), threading.Event()
+
+    def generate(self, prompt_ids, sampling):
+        self.entered.set()
+        assert self.release.wait(30)
+        return self.inner.generate(prompt_ids, sampling)
+
+
+def test_a_call_whose_episode_ends_while_it_runs_is_a_404_and_not_recorded(tokenizer):
+    engine = _Held(_scripted(tokenizer))
+    with serve(engine, tokenizer, SAMPLING) as server:
+        client = openai.OpenAI(base_url=server.open_episode("ep"), api_key="x", max_retries=0)
+        with ThreadPoolExecutor(1) as pool:
+            late = pool.submit(client.chat.completions.create, model="m",
+                               messages=[{"role": "user", "content": "hi"}])
+            assert engine.entered.wait(30)
+            assert server.close_episode("ep") == []  # the agent was given up on
+            engine.release.set()
+            with pytest.raises(openai.NotFoundError, match="ended while the call ran"):
+                late.result()

@@ -20,6 +20,10 @@ from typing import Any
 EPISODE_ID = re.compile(r"[A-Za-z0-9._~-]{1,200}")  # as it stands in a URL path, unescaped
 
 
+class EpisodeNotOpen(KeyError):
+    """A call or a read of an episode that is not open (never opened, or closed)."""
+
+
 @dataclass(frozen=True)
 class CallRecord:
     """One answered chat completion."""
@@ -63,14 +67,22 @@ class EpisodeBook:
                 raise ValueError(f"episode {episode_id!r} is already open")
             self._open[episode_id] = _Episode()
 
+    def _episode(self, episode_id: str) -> _Episode:
+        episode = self._open.get(episode_id)
+        if episode is None:
+            raise EpisodeNotOpen(episode_id)
+        return episode
+
     def close(self, episode_id: str) -> list[CallRecord]:
         """The episode's calls; later calls of it are refused."""
         with self._lock:
-            return self._open.pop(episode_id).calls
+            calls = self._episode(episode_id).calls
+            del self._open[episode_id]
+            return calls
 
     def calls(self, episode_id: str) -> list[CallRecord]:
         with self._lock:
-            return list(self._open[episode_id].calls)
+            return list(self._episode(episode_id).calls)
 
     def is_open(self, episode_id: str) -> bool:
         with self._lock:
@@ -81,14 +93,14 @@ class EpisodeBook:
             return len(self._open)
 
     def replies(self, episode_id: str) -> dict[str, str]:
-        """Tool-call id → reply text, of the calls answered so far (KeyError: not open)."""
+        """Tool-call id → reply text, of the calls answered so far."""
         with self._lock:
-            return dict(self._open[episode_id].replies)
+            return dict(self._episode(episode_id).replies)
 
     def accept(self, episode_id: str) -> int:
-        """Count a checked request in; its index in the episode (KeyError: not open)."""
+        """Count a checked request in; its index in the episode."""
         with self._lock:
-            episode = self._open[episode_id]
+            episode = self._episode(episode_id)
             episode.requests += 1
             return episode.requests - 1
 

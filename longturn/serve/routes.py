@@ -20,8 +20,8 @@ from longturn.engines.base import SamplingParams
 from longturn.engines.row_seeds import keyed_seed
 from longturn.serve.batcher import Batcher, EndpointClosed
 from longturn.serve.openai_reply import reply_message
-from longturn.serve.openai_request import RequestError, parse_request
-from longturn.serve.recording import CallRecord, EpisodeBook
+from longturn.serve.openai_request import ChatRequest, RequestError, parse_request
+from longturn.serve.recording import CallRecord, EpisodeBook, EpisodeNotOpen
 from longturn.serve.rendering import PromptRenderer
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ class ChatEndpoint:
         return web.json_response({"object": "list", "data": [
             {"id": self.model_name, "object": "model", "created": 0, "owned_by": "longturn"}]})
 
-    def _prepare(self, body: Any, episode: str) -> tuple[Any, list[dict], list[int]]:
+    def _prepare(self, body: Any, episode: str) -> tuple[ChatRequest, list[dict], list[int]]:
         """Check and render (on the render thread: the template and tokenizer are CPU work
         that must not stall the loop while other calls arrive)."""
         parsed = parse_request(body, self.sampling.max_new_tokens, self.book.replies(episode))
@@ -112,7 +112,7 @@ class ChatEndpoint:
             index = self.book.accept(episode)  # no await from here to the batcher's queue
         except RequestError as err:
             return _error(err)
-        except KeyError:  # closed while it was checked
+        except EpisodeNotOpen:  # closed while it was checked
             return _error(RequestError(f"episode {episode!r} is over", "episode", 404,
                                        "not_found_error"))
         seed = (keyed_seed(self.sampling.seed, f"{episode}/{index}")
