@@ -6,6 +6,7 @@ goes out only because it is full)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
@@ -116,3 +117,35 @@ def test_a_batch_past_its_window_waits_for_a_call_still_being_rendered():
 
     asyncio.run(main())
     assert engine.batch_sizes == [2]
+
+
+def test_a_call_that_arrived_during_a_batch_waits_for_that_batchs_agents_to_call_again():
+    release = threading.Event()
+
+    class Held(CountingEngine):
+        def generate(self, prompt_ids, sampling):
+            assert release.wait(30)
+            return super().generate(prompt_ids, sampling)
+
+    engine = Held([1, 2])
+
+    async def main() -> None:
+        batcher = Batcher(engine, SAMPLING, max_batch=8, window_s=0.05, open_episodes=lambda: 3)
+        running = asyncio.create_task(batcher.run())
+
+        async def agent(calls: int) -> None:
+            for _ in range(calls):
+                await batcher.generate([7], 4, None)
+
+        a, b = asyncio.create_task(agent(2)), asyncio.create_task(agent(2))
+        while not batcher.batch_sizes:  # the batch of a and b is with the engine
+            await asyncio.sleep(0.01)
+        c = asyncio.create_task(agent(1))  # arrives while it runs ...
+        await asyncio.sleep(0.2)  # ... and its window passes
+        release.set()
+        await asyncio.gather(a, b, c)
+        running.cancel()
+        batcher.close()
+
+    asyncio.run(main())
+    assert engine.batch_sizes == [2, 3]  # c went out with a's and b's next calls, not alone

@@ -3,11 +3,14 @@
 Why: 64 agents each calling the endpoint would otherwise be 64 engine calls of one prompt each,
 and the GPU would idle between them. A batch is sent when every open episode has a request
 waiting (all agents are blocked on the model: waiting longer gains nothing), when `max_batch`
-requests wait, or `window_s` after its first request arrived (an agent busy with a tool does not
-hold the others up for longer than that) once no call is still being checked and rendered (64
-agents' prompts take longer to render than a window: without this, the first few would go out
-alone). While the engine runs a batch, new requests queue for the next one. The engine is called
-from one worker thread, never two calls at once.
+requests wait, or `window_s` after its first request arrived or the last batch was answered,
+whichever is later (an agent busy with a tool does not hold the others up for longer than that),
+once no call is still being checked and rendered. Why the two last rules: 64 agents' prompts take
+longer to render than a window (without the wait the first few would go out alone), and a call
+that arrived while the engine ran a batch would otherwise go out alone right after it, just
+before the agents of that batch call again: an agent once out of step would stay out of step,
+one extra engine call every round. While the engine runs a batch, new requests queue for the next
+one. The engine is called from one worker thread, never two calls at once.
 
 Each request keeps its own seed and reply cap: the batch is sampled with the largest cap and each
 reply is cut back to its own (a row's tokens do not depend on the cap, so the cut reply is the
@@ -60,6 +63,7 @@ class Batcher:
         self._waiting: list[_Waiting] = []
         self._running: list[_Waiting] = []  # the batch the engine has now
         self._preparing = 0  # calls arrived but not yet queued (being checked and rendered)
+        self._answered_at = float("-inf")  # when the last batch's calls were answered
         self._arrived = asyncio.Event()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
 
@@ -92,7 +96,7 @@ class Batcher:
         while not self._waiting:
             self._arrived.clear()
             await self._arrived.wait()
-        deadline = self._waiting[0].arrived + self.window_s
+        deadline = max(self._waiting[0].arrived, self._answered_at) + self.window_s
         while not self._full():
             left = deadline - loop.time()
             if left <= 0 and not self._preparing:
@@ -132,6 +136,7 @@ class Batcher:
             for w, completion in zip(batch, completions):
                 if not w.future.done():
                     w.future.set_result(completion)
+            self._answered_at = loop.time()
 
     def close(self) -> None:
         """Fail every unanswered call (after `run` was cancelled), then wait for the engine."""
