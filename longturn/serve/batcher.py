@@ -28,6 +28,10 @@ from typing import Callable, Iterator
 
 from longturn.engines.base import Completion, Engine, SamplingParams
 
+# How long past its window a batch waits at most for calls still being read and rendered (a
+# client that never finishes sending its body must not hold every agent up)
+RENDER_WAIT_S = 2.0
+
 
 class EndpointClosed(Exception):
     """The endpoint stopped before the call was answered."""
@@ -99,11 +103,12 @@ class Batcher:
         deadline = max(self._waiting[0].arrived, self._answered_at) + self.window_s
         while not self._full():
             left = deadline - loop.time()
-            if left <= 0 and not self._preparing:
+            if left <= 0 and (not self._preparing or left <= -RENDER_WAIT_S):
                 break
             self._arrived.clear()
             try:  # past the window, each arrival or finished rendering looks again
-                await asyncio.wait_for(self._arrived.wait(), left if left > 0 else None)
+                await asyncio.wait_for(self._arrived.wait(),
+                                       left if left > 0 else left + RENDER_WAIT_S)
             except TimeoutError:
                 pass
         batch, self._waiting = self._waiting[:self.max_batch], self._waiting[self.max_batch:]
