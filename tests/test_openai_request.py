@@ -83,3 +83,14 @@ def test_a_reply_is_tool_calls_only_when_every_call_parses():
     assert reply_message(broken, "stop", True, 4) == ({"role": "assistant", "content": broken},
                                                       "stop")
     assert reply_message(good, "length", False, 4)[1] == "length"  # tool_choice none: text
+
+
+def test_a_tool_result_without_a_call_names_its_tool_as_longturn_tasks_write_it():
+    """A task's worked example (arithmetic's) has tool results written without a call id."""
+    example = [{"role": "user", "content": "q"},
+               {"role": "assistant", "content": hermes_call("calculator", {"expression": "1"})},
+               {"role": "tool", "name": "calculator", "content": "1"}]
+    assert parse_request(_request(example), 64, {}).messages[-1] == {
+        "role": "tool", "name": "calculator", "content": "1"}
+    with pytest.raises(RequestError, match="tool_call_id must be a string"):
+        parse_request(_request([{"role": "tool", "content": "1"}]), 64, {})

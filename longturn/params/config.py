@@ -206,6 +206,27 @@ class RolloutParams(Section):
     n_envs: int = at_most(L.ENV_SLOTS, 8, ge=1)
     turns_per_env: int = at_most(L.EPISODE_TURNS, 8, ge=1)
     chat: ChatParams = ChatParams()
+    # your agent, `package.module:function(task, base_url) -> reward`, plays each chat episode
+    # through the OpenAI chat API served on the loopback; each of its calls is a sample
+    # (docs/openai-endpoint.md). An agent still running this long after its rollout started is
+    # cut off: its episode is aborted
+    agent: str | None = None
+    agent_timeout_s: float = at_most(L.TOOL_SECONDS, 600.0, gt=0)
+
+    @model_validator(mode="after")
+    def _agent_plays_chat_alone(self) -> "RolloutParams":
+        if self.agent is None:
+            return self
+        if self.protocol != "chat":
+            raise ValueError(f"rollout.agent {self.agent!r} calls the OpenAI chat API: set "
+                             "rollout.protocol: chat")
+        taken = [f"rollout.chat.{k}" for k in ("function", "tools", "interactions")
+                 if getattr(self.chat, k) is not None]
+        if taken:
+            raise ValueError(f"rollout.agent {self.agent!r} plays the episode with its own "
+                             f"tools and turns: {', '.join(taken)} would not be read; set "
+                             f"{'them' if len(taken) > 1 else 'it'} to null")
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -26,7 +26,7 @@ EPISODE_COLUMNS = ("task", "episode_seed", "success")
 REASON_LABELS = {"success": "success", "failure": "failure", "time_limit": "time limit",
                  "env_error": "env error", "timeout": "timeout", "done": "done",
                  "max_assistant_turns": "max replies", "max_user_turns": "max user turns",
-                 "token_budget": "token budget"}
+                 "token_budget": "token budget", "agent_error": "agent error"}
 
 
 # --------------------------------------------------------------------------- paired episodes

@@ -36,7 +36,11 @@ MAX_ASSISTANT_TURNS = "max_assistant_turns"
 MAX_USER_TURNS = "max_user_turns"
 TOKEN_BUDGET = "token_budget"
 TIME_LIMIT = "time_limit"  # the interaction ended it on a time limit (an env's `truncated`)
-REASONS = (DONE, MAX_ASSISTANT_TURNS, MAX_USER_TURNS, TOKEN_BUDGET, TIME_LIMIT)
+# an agent's episode (rollout.agent, serve/agent_rollout.py) aborted: the agent raised, or did
+# not return in time; its calls are out of the loss
+AGENT_ERROR, AGENT_TIMEOUT = "agent_error", "timeout"
+REASONS = (DONE, MAX_ASSISTANT_TURNS, MAX_USER_TURNS, TOKEN_BUDGET, TIME_LIMIT, AGENT_ERROR,
+           AGENT_TIMEOUT)
 
 
 @dataclass

@@ -6,6 +6,7 @@ way.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -13,7 +14,8 @@ from typing import Any, Callable
 from longturn.params.config import Params
 from longturn.engines.base import Engine, SamplingParams
 from longturn.errors import SettingError
-from longturn.rollout.functions import BUILTIN, resolve_rollout_function
+from longturn.rollout.functions import AGENT_ROLLOUT, BUILTIN, resolve_rollout_function
+from longturn.tasks.plugins import import_class
 from longturn.tasks.interactions import load_interactions
 from longturn.rollout.conversation_rollout import WINDOW, ConversationSettings
 from longturn.tasks.tools import ToolBox, load_tools
@@ -42,6 +44,19 @@ def _interaction(params: Params) -> Any:
     return found[s.interaction]
 
 
+def _rollout_function(params: Params) -> Callable[..., list[dict[str, Any]]]:
+    """rollout.chat.function, or the built-in rollout; with rollout.agent, the agent rollout
+    bound to that agent (named by import path: serve/ sits above this module)."""
+    r = params.rollout
+    if r.agent is None:
+        return resolve_rollout_function(r.chat.function or BUILTIN)
+    agent = import_class(r.agent, f"rollout.agent {r.agent!r}")
+    if not callable(agent):
+        raise SettingError(f"rollout.agent {r.agent!r} is not callable")
+    return functools.partial(import_class(AGENT_ROLLOUT, "the agent rollout"), agent=agent,
+                             timeout_s=r.agent_timeout_s)
+
+
 @dataclass
 class ConversationRun:
     """The tasks, the settings (tools, interaction, limits) and the rollout function of a run."""
@@ -59,7 +74,7 @@ class ConversationRun:
             s, context=params.rollout.context, history_turns=params.prompt.history_turns,
             tools=ToolBox(load_tools(s.tools)) if s.tools is not None else None,
             interaction=_interaction(params), reward_fn=None, progress=progress)
-        run = cls(tasks, settings, resolve_rollout_function(s.function or BUILTIN))
+        run = cls(tasks, settings, _rollout_function(params))
         settings.reward_fn = run.reward
         return run
 
@@ -90,6 +105,6 @@ class ConversationRun:
             rec.update(episode_id=episode_id, task=task["task"], episode_seed=int(task["seed"]),
                        env_index=i)  # its slot in this call: a window's samples chain by it
             messages = rec["messages"]
-            rec["success"] = self.success(task, json.loads(messages) if isinstance(messages, str)
-                                          else messages)
+            rec["success"] = not rec.get("aborted") and self.success(
+                task, json.loads(messages) if isinstance(messages, str) else messages)
         return out

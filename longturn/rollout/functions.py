@@ -15,6 +15,7 @@ from longturn.errors import SettingError
 from longturn.tasks.plugins import import_class
 
 BUILTIN = "longturn.rollout.conversation_rollout:conversation_rollout"
+AGENT_ROLLOUT = "longturn.serve.agent_rollout:agent_rollout"  # rollout.agent's (bound to it)
 _ARGS = ("engine", "tokenizer", "sampling", "tasks", "settings")
 
 

@@ -89,7 +89,8 @@ def _episode_replies(record: Row, ids: list[int], starts: list[int], ends: list[
             **_blank_reply(), "start": start - first, "end": end - first, "turn": k, "step": k,
             "reward": float(rewards[k]), "terminated": last and not truncated,
             "truncated": truncated, "success": bool(record.get("success")) and last,
-            "aborted": False, "segment_end": False,
+            # an agent that raised or hung (serve/agent_rollout.py): no reply of it trains
+            "aborted": bool(record.get("aborted")), "segment_end": False,
             "termination": record.get("termination") if last else None,
             "next_value": record.get("bootstrap_value") if last else None,
             # what the model saw since the previous reply: GiGPO's anchor state

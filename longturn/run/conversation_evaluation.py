@@ -40,14 +40,15 @@ def episode_row(record: dict[str, Any]) -> dict[str, Any]:
             "length": int(record["assistant_turns"]), "valid_actions": calls - errors,
             "valid_action_ratio": (calls - errors) / calls if calls else 1.0,
             "terminated": record["termination"] == "done", "truncated": bool(record["truncated"]),
-            "aborted": False, "termination": record["termination"]}
+            "aborted": bool(record.get("aborted")), "termination": record["termination"]}
 
 
 def summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
     """conversation_metrics of the samples plus the keys the report reads of an env evaluation;
     NaN as null (JSON)."""
     m = conversation_metrics(samples)
-    m.update(completed_episodes=m["episodes"], aborted_episodes=0,
+    aborted = int(m.get("termination/agent_error", 0) + m.get("termination/timeout", 0))
+    m.update(completed_episodes=m["episodes"] - aborted, aborted_episodes=aborted,
              success_denominator="completed_episodes", mean_length=m["mean_assistant_turns"],
              valid_action_ratio=m["tool_call_validity"])
     return json_safe(m)

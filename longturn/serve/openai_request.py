@@ -130,10 +130,13 @@ def _message(message: Any, where: str, replies: Mapping[str, str],
         return _assistant(message, where, replies, call_names)
     content = _text(message.get("content"), f"{where}.content")
     if role == "tool":
-        call_id = message.get("tool_call_id")
-        if not isinstance(call_id, str):
-            raise RequestError(f"{where}.tool_call_id must be a string", f"{where}.tool_call_id")
-        name = message.get("name") or call_names.get(call_id) or "tool"
+        # a tool result names its call; one written without a call (a task's worked example,
+        # longturn's own message format) names its tool instead
+        call_id, name = message.get("tool_call_id"), message.get("name")
+        if not isinstance(call_id, str) and not isinstance(name, str):
+            raise RequestError(f"{where}.tool_call_id must be a string (or, for a result "
+                               "without a call, name the tool in `name`)", f"{where}.tool_call_id")
+        name = name or call_names.get(call_id) or "tool"
         return {"role": "tool", "name": name, "content": content}
     return {"role": "system" if role == "developer" else role, "content": content}
 

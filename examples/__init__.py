@@ -1,0 +1,1 @@
+"""Worked examples of bringing your own code (importable as `examples.MODULE:OBJECT`)."""

@@ -1,0 +1,147 @@
+"""`rollout.agent`: episodes played by the user's own agent code through the OpenAI chat API.
+
+An agent is a function `agent(task, base_url) -> reward` (`package.module:function`): it gets a
+task record (its `messages`, `seed` and whatever the task puts there) and the base URL of an
+OpenAI-compatible endpoint serving the policy (serve/server.py), plays one episode with the
+`openai` client or any HTTP client, and returns its reward (a number; None: the task's own reward
+of the last conversation it sent). The agent never hands tokens back: the endpoint records every
+call's prompt ids, response ids and logprobs under the episode id in the URL.
+
+Why each call is its own sample: a call's context is exactly what the agent sent, which need not
+be a prefix of the next call's (agents drop, summarise and rewrite history), so the episode is
+recorded the way a history window is (`window_prompts`, one reply per call, chained by slot and
+lock-step), and the chat protocol's scoring, dual-discount GAE, group estimators, Parquet,
+report and audit take it unchanged (rollout/samples.py `samples_from_window`).
+
+The episodes of one call of this rollout play at once, each agent in a thread of its own; their
+calls are gathered into engine batches by the endpoint. An agent that raises, or that has not
+returned `agent_timeout_s` after the rollout started, ends its episode aborted (`agent_error`,
+`timeout`): its calls stay in the record but out of every loss, and the run goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from tqdm.auto import tqdm
+
+from longturn.engines.base import Engine, SamplingParams
+from longturn.rollout.conversation import AGENT_ERROR, AGENT_TIMEOUT as TIMEOUT
+from longturn.serve.recording import CallRecord
+from longturn.serve.server import serve
+
+log = logging.getLogger(__name__)
+
+Agent = Callable[[dict[str, Any], str], Any]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an agent's episode ended: its reward, or why it was aborted."""
+
+    reward: float | None
+    aborted: str | None = None
+
+
+def agent_rollout(engine: Engine, tokenizer: Any, sampling: SamplingParams,
+                  tasks: list[dict[str, Any]], settings: Any, *, agent: Agent,
+                  timeout_s: float) -> list[dict[str, Any]]:
+    """Play every task with `agent` at once; one record per task, in task order (bound to an
+    agent by `ConversationRun.from_params`, then called as any rollout function)."""
+    ids = [f"agent-{i}" for i in range(len(tasks))]
+    with serve(engine, tokenizer, sampling, max_prompt_tokens=settings.max_tokens) as server:
+        urls = [server.open_episode(episode_id) for episode_id in ids]
+        pool = ThreadPoolExecutor(max_workers=max(1, len(tasks)), thread_name_prefix="agent")
+        futures = {pool.submit(agent, dict(task), url): i
+                   for i, (task, url) in enumerate(zip(tasks, urls))}
+        calls, outcomes = _collect(futures, ids, server.close_episode, timeout_s,
+                                   settings.progress)
+        pool.shutdown(wait=False, cancel_futures=True)  # a hung agent's thread is left behind
+    return [_record(task, calls[i], outcomes[i], settings.reward_fn, server.renderer)
+            for i, task in enumerate(tasks)]
+
+
+def _collect(futures: dict[Future, int], ids: list[str],
+             close: Callable[[str], list[CallRecord]], timeout_s: float, progress: bool
+             ) -> tuple[dict[int, list[CallRecord]], dict[int, Outcome]]:
+    """Each episode's calls and outcome, closing it on the endpoint as soon as its agent ends
+    (the batcher stops waiting for it), and every one still running at the deadline."""
+    calls: dict[int, list[CallRecord]] = {}
+    outcomes: dict[int, Outcome] = {}
+    deadline = time.monotonic() + timeout_s
+    pending = set(futures)
+    bar = tqdm(total=len(futures), desc="agents", unit="ep", disable=not progress, leave=False)
+    while pending:
+        done, pending = wait(pending, timeout=max(0.0, deadline - time.monotonic()),
+                             return_when="FIRST_COMPLETED")
+        if not done:  # the deadline: every agent still running is cut off
+            for future in pending:
+                i = futures[future]
+                calls[i], outcomes[i] = close(ids[i]), Outcome(None, TIMEOUT)
+                log.warning("agent of episode %s did not return within %g s: episode aborted",
+                            ids[i], timeout_s)
+            break
+        for future in done:
+            i = futures[future]
+            calls[i], outcomes[i] = close(ids[i]), _outcome(future, ids[i])
+            bar.update(1)
+    bar.close()
+    return calls, outcomes
+
+
+def _outcome(future: Future, episode_id: str) -> Outcome:
+    """The agent's reward; an exception or a reward that is not a finite number aborts."""
+    error = future.exception()
+    if error is not None:
+        log.warning("agent of episode %s raised, episode aborted: %s: %s", episode_id,
+                    type(error).__name__, error, exc_info=error)
+        return Outcome(None, AGENT_ERROR)
+    value = future.result()
+    if value is None:
+        return Outcome(None)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        log.warning("agent of episode %s returned %r, not a finite number or None: episode "
+                    "aborted", episode_id, value)
+        return Outcome(None, AGENT_ERROR)
+    return Outcome(float(value))
+
+
+def _record(task: dict[str, Any], calls: list[CallRecord], outcome: Outcome,
+            reward_fn: Callable[[dict[str, Any], list[dict[str, Any]]], float] | None,
+            renderer: Any) -> dict[str, Any]:
+    """A conversation record of the calls, one reply each with its prompt as its window (the
+    columns `Conversation.record` writes with a history window)."""
+    messages = ([*calls[-1].messages, calls[-1].reply] if calls
+                else list(task.get("messages") or []))
+    reward = outcome.reward
+    if reward is None and outcome.aborted is None:
+        reward = float(reward_fn(task, messages)) if reward_fn is not None else 0.0
+    ids: list[int] = []
+    starts, ends, logprobs = [], [], []
+    for call in calls:
+        starts.append(len(ids))
+        ids += call.response_ids
+        logprobs += call.logprobs
+        ends.append(len(ids))
+    if not calls:  # no call answered: the task's first prompt as context, out of the loss
+        ids = renderer.render(messages, [])[1]
+        logprobs = [0.0] * len(ids)
+    n = len(calls)
+    return {
+        "input_ids": ids, "loss_mask": [int(bool(calls))] * len(ids),
+        "engine_logprobs": logprobs, "segment_starts": starts, "segment_ends": ends,
+        "segment_rewards": [0.0] * (n - 1) + [reward or 0.0] if n else [],
+        "reward": float(reward or 0.0), "termination": outcome.aborted or "done",
+        "truncated": False, "aborted": outcome.aborted is not None, "assistant_turns": n,
+        "user_turns": 0, "tool_calls": sum(len(c.reply.get("tool_calls") or []) for c in calls),
+        "tool_errors": 0, "tokenization_check": "skipped", "messages": json.dumps(messages),
+        "metrics": json.dumps({}), "images": [], "image_starts": [],
+        "reply_steps": list(range(n)), "window_prompts": [list(c.prompt_ids) for c in calls],
+        "window_frames": [[] for _ in calls], "window_image_starts": [[] for _ in calls],
+    }
