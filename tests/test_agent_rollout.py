@@ -66,6 +66,9 @@ def test_the_react_example_plays_each_call_as_a_sample_of_what_it_sent(tokenizer
         assert record["assistant_turns"] == 2 and record["tool_calls"] == 1
         samples = samples_from_episodes([record])
         assert [s["replies"][0]["step"] for s in samples] == [0, 1]
+        # GiGPO's anchor state of a call is what it sent: equal prompts, equal states
+        states = [s["replies"][0]["observation"] for s in samples]
+        assert states[0] != states[1] and all(s.startswith("prompt ") for s in states)
         assert {s["env_index"] for s in samples} == {slot}
         for sample in samples:  # the tokens the engine was given and gave, nothing else
             completion = generated[tuple(sample["prompt_ids"])]

@@ -93,8 +93,10 @@ def _episode_replies(record: Row, ids: list[int], starts: list[int], ends: list[
             "aborted": bool(record.get("aborted")), "segment_end": False,
             "termination": record.get("termination") if last else None,
             "next_value": record.get("bootstrap_value") if last else None,
-            # what the model saw since the previous reply: GiGPO's anchor state
-            "observation": " ".join(map(str, ids[ends[k - 1] if k else 0:start])),
+            # what the model saw since the previous reply (GiGPO's anchor state), or the state
+            # the record names for the reply (an agent's call: what it sent)
+            "observation": (record["reply_observations"][k] if record.get("reply_observations")
+                            else " ".join(map(str, ids[ends[k - 1] if k else 0:start]))),
         })
     return replies
 

@@ -21,6 +21,7 @@ returned `agent_timeout_s` after the rollout started, ends its episode aborted (
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -112,6 +113,10 @@ def _outcome(future: Future, episode_id: str) -> Outcome:
     return Outcome(float(value))
 
 
+def _digest(ids: list[int]) -> str:
+    return "prompt " + hashlib.sha256(repr(list(ids)).encode()).hexdigest()[:24]
+
+
 def _record(task: dict[str, Any], calls: list[CallRecord], outcome: Outcome,
             reward_fn: Callable[[dict[str, Any], list[dict[str, Any]]], float] | None,
             renderer: Any) -> dict[str, Any]:
@@ -143,5 +148,7 @@ def _record(task: dict[str, Any], calls: list[CallRecord], outcome: Outcome,
         "tool_errors": 0, "tokenization_check": "skipped", "messages": json.dumps(messages),
         "metrics": json.dumps({}), "images": [], "image_starts": [],
         "reply_steps": list(range(n)), "window_prompts": [list(c.prompt_ids) for c in calls],
+        # GiGPO's anchor state of a call: exactly what it sent (a digest: prompts are long)
+        "reply_observations": [_digest(c.prompt_ids) for c in calls],
         "window_frames": [[] for _ in calls], "window_image_starts": [[] for _ in calls],
     }
