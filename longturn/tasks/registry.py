@@ -18,6 +18,7 @@ from longturn.import_path import import_object
 
 BUILTIN = {"arithmetic": "longturn.tasks.arithmetic:TASK",
            "arithmetic_plain": "longturn.tasks.arithmetic:PLAIN",
+           "arithmetic_gsm8k": "longturn.tasks.arithmetic_gsm8k:TASK",
            "babyai_goto_frames": "longturn.tasks.env_frames:BABYAI_GOTO_FRAMES",
            "babyai_goto_text": "longturn.tasks.env_frames:BABYAI_GOTO_TEXT"}
 _METHODS = ("record", "reward", "success")

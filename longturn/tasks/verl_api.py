@@ -5,8 +5,13 @@ here after changing only its imports:
     from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse   # verl
     from verl.interactions.base import BaseInteraction                      # verl
     from verl.utils.rollout_trace import rollout_trace_op                   # verl
+    from verl.utils.reward_score import gsm8k                               # verl
     from longturn.tasks.verl_api import (BaseInteraction, BaseTool,         # here
                                          OpenAIFunctionToolSchema, ToolResponse, rollout_trace_op)
+    from longturn.tasks.verl_api import gsm8k                               # here
+
+(`gsm8k`: verl's GSM8K scorer, `compute_score` / `extract_solution`, tasks/gsm8k_score.py; the
+one scorer verl's GSM8K tool and interaction import besides the base classes.)
 
 The names, signatures, `async` methods and return shapes are verl's (verl/tools/base_tool.py,
 verl/tools/schemas.py, verl/interactions/base.py); the code is this project's. `ToolBox`
@@ -25,6 +30,8 @@ from typing import Any
 from uuid import uuid4
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from longturn.tasks import gsm8k_score as gsm8k  # noqa: F401 - verl's name, re-exported
 
 
 class _Open(BaseModel):
