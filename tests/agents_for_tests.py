@@ -31,3 +31,8 @@ def hangs_after_a_call(task: dict, base_url: str) -> float:
 def says_a_word(task: dict, base_url: str) -> str:
     one_call(task, base_url)
     return "great"  # not a reward
+
+
+def leaves_the_reward_to_the_task(task: dict, base_url: str) -> None:
+    one_call(task, base_url)
+    return None

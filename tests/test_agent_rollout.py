@@ -105,6 +105,25 @@ def test_an_agent_that_raises_or_returns_nonsense_aborts_only_its_episode(tokeni
         assert sample["replies"][0]["aborted"] and sample["replies"][0]["reward"] == 0.0
 
 
+def test_replies_that_are_only_tool_calls_reach_the_task_reward_as_text(tokenizer):
+    """The client drops `content` of a reply that is only a tool call: the task still reads a
+    conversation in this project's format (every content a string)."""
+    run = _run("examples.react_calculator_agent:agent")
+    engine = ScriptedEngine(tokenizer, lambda prompt: CALL)  # never answers: 4 bare calls
+    (record,) = run.play(engine, tokenizer, SAMPLING, [run.record("arithmetic_plain", 4)], ["e"])
+    assert record["termination"] == "done" and record["assistant_turns"] == 4
+    assert record["reward"] == 0.0 and not record["success"]
+    assert all(isinstance(m["content"], str) for m in json.loads(record["messages"]))
+
+
+def test_a_task_reward_that_fails_on_the_agents_messages_aborts_that_episode(tokenizer):
+    run = _run("agents_for_tests:leaves_the_reward_to_the_task")
+    run.settings.reward_fn = lambda task, messages: 1 / 0
+    engine = ScriptedEngine(tokenizer, lambda prompt: "ANSWER: 1")
+    (record,) = run.play(engine, tokenizer, SAMPLING, [run.record("arithmetic_plain", 4)], ["e"])
+    assert record["termination"] == "agent_error" and record["aborted"]
+
+
 def test_a_hung_agent_is_cut_off_and_the_others_finish(tokenizer):
     engine = ScriptedEngine(tokenizer, lambda prompt: "ANSWER: 1")
     settings = _run("agents_for_tests:one_call").settings

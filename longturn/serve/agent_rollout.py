@@ -56,6 +56,8 @@ def agent_rollout(engine: Engine, tokenizer: Any, sampling: SamplingParams,
     """Play every task with `agent` at once; one record per task, in task order (bound to an
     agent by `ConversationRun.from_params`, then called as any rollout function)."""
     ids = [f"agent-{i}" for i in range(len(tasks))]
+    for name in ("httpx", "httpx2"):  # the agents' HTTP clients log every call at INFO
+        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger(name).level))
     with serve(engine, tokenizer, sampling, max_prompt_tokens=settings.max_tokens) as server:
         urls = [server.open_episode(episode_id) for episode_id in ids]
         pool = ThreadPoolExecutor(max_workers=max(1, len(tasks)), thread_name_prefix="agent")
@@ -113,6 +115,28 @@ def _outcome(future: Future, episode_id: str) -> Outcome:
     return Outcome(float(value))
 
 
+def _plain(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages in this project's format, as tasks read them: every content a string (an
+    OpenAI client leaves it out, or null, on a reply that is only tool calls)."""
+    return [{**m, "content": m.get("content") or ""} for m in messages]
+
+
+def _task_reward(reward_fn: Callable[[dict[str, Any], list[dict[str, Any]]], float] | None,
+                 task: dict[str, Any], messages: list[dict[str, Any]]
+                 ) -> tuple[float | None, str | None]:
+    """The task's own reward of the agent's last conversation; a reward function that cannot
+    read it aborts this episode, not the rollout."""
+    if reward_fn is None:
+        return 0.0, None
+    try:
+        return float(reward_fn(task, messages)), None
+    except Exception as err:  # the task's code on the agent's messages: anything can happen
+        log.warning("the task's reward failed on the agent's conversation of task %s seed %s, "
+                    "episode aborted: %s: %s", task.get("task"), task.get("seed"),
+                    type(err).__name__, err)
+        return None, AGENT_ERROR
+
+
 def _digest(ids: list[int]) -> str:
     return "prompt " + hashlib.sha256(repr(list(ids)).encode()).hexdigest()[:24]
 
@@ -122,11 +146,12 @@ def _record(task: dict[str, Any], calls: list[CallRecord], outcome: Outcome,
             renderer: Any) -> dict[str, Any]:
     """A conversation record of the calls, one reply each with its prompt as its window (the
     columns `Conversation.record` writes with a history window)."""
-    messages = ([*calls[-1].messages, calls[-1].reply] if calls
-                else list(task.get("messages") or []))
+    messages = _plain([*calls[-1].messages, calls[-1].reply] if calls
+                      else list(task.get("messages") or []))
     reward = outcome.reward
     if reward is None and outcome.aborted is None:
-        reward = float(reward_fn(task, messages)) if reward_fn is not None else 0.0
+        reward, aborted = _task_reward(reward_fn, task, messages)
+        outcome = Outcome(reward, aborted)
     ids: list[int] = []
     starts, ends, logprobs = [], [], []
     for call in calls:
