@@ -58,7 +58,9 @@ def agent_rollout(engine: Engine, tokenizer: Any, sampling: SamplingParams,
     ids = [f"agent-{i}" for i in range(len(tasks))]
     for name in ("httpx", "httpx2"):  # the agents' HTTP clients log every call at INFO
         logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger(name).level))
-    with serve(engine, tokenizer, sampling, max_prompt_tokens=settings.max_tokens) as server:
+    # rollout.chat.max_tokens bounds a call's prompt and reply together, as it bounds a window's
+    room = max(1, settings.max_tokens - sampling.max_new_tokens)
+    with serve(engine, tokenizer, sampling, max_prompt_tokens=room) as server:
         urls = [server.open_episode(episode_id) for episode_id in ids]
         pool = ThreadPoolExecutor(max_workers=max(1, len(tasks)), thread_name_prefix="agent")
         futures = {pool.submit(agent, dict(task), url): i
