@@ -212,6 +212,10 @@ class RolloutParams(Section):
     # cut off: its episode is aborted
     agent: str | None = None
     agent_timeout_s: float = at_most(L.TOOL_SECONDS, 600.0, gt=0)
+    # slime's custom generate, `package.module:generate` (`async def generate(args, sample,
+    # sampling_params) -> Sample`), plays each chat episode whole against SGLang's /generate
+    # served on the loopback (docs/openai-endpoint.md); rollout.agent_timeout_s bounds it too
+    slime_generate: str | None = None
 
     @model_validator(mode="after")
     def _agent_plays_chat_alone(self) -> "RolloutParams":
@@ -224,6 +228,25 @@ class RolloutParams(Section):
                  if getattr(self.chat, k) is not None]
         if taken:
             raise ValueError(f"rollout.agent {self.agent!r} plays the episode with its own "
+                             f"tools and turns: {', '.join(taken)} would not be read; set "
+                             f"{'them' if len(taken) > 1 else 'it'} to null")
+        return self
+
+    @model_validator(mode="after")
+    def _slime_generate_plays_whole_episodes(self) -> "RolloutParams":
+        name = self.slime_generate
+        if name is None:
+            return self
+        if self.agent is not None:
+            raise ValueError(f"rollout.slime_generate {name!r} and rollout.agent "
+                             f"{self.agent!r}: name one")
+        if self.protocol != "chat" or self.context != "episode":
+            raise ValueError(f"rollout.slime_generate {name!r} plays whole episodes: set "
+                             "rollout.protocol: chat and rollout.context: episode")
+        taken = [f"rollout.chat.{k}" for k in ("function", "tools", "interactions")
+                 if getattr(self.chat, k) is not None]
+        if taken:
+            raise ValueError(f"rollout.slime_generate {name!r} plays the episode with its own "
                              f"tools and turns: {', '.join(taken)} would not be read; set "
                              f"{'them' if len(taken) > 1 else 'it'} to null")
         return self

@@ -7,6 +7,7 @@ way.
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -24,6 +25,7 @@ from longturn.tasks.registry import load_task
 # What every rollout function's record must carry for the Parquet, scoring and metrics.
 REQUIRED = ("input_ids", "loss_mask", "segment_starts", "segment_ends", "segment_rewards",
             "termination", "truncated", "messages")
+SLIME_ROLLOUT = "longturn.serve.slime_rollout:slime_rollout"  # rollout.slime_generate's
 # and, with a history window, what each reply was given (Conversation.record)
 WINDOW_REQUIRED = ("reply_steps", "window_prompts", "window_frames", "window_image_starts")
 
@@ -45,9 +47,17 @@ def _interaction(params: Params) -> Any:
 
 
 def _rollout_function(params: Params) -> Callable[..., list[dict[str, Any]]]:
-    """rollout.chat.function, or the built-in rollout; with rollout.agent, the agent rollout
-    bound to that agent (named by import path: serve/ sits above this module)."""
+    """rollout.chat.function, or the built-in rollout; with rollout.agent (rollout.slime_generate),
+    the agent (slime) rollout bound to it (named by import path: serve/ sits above this module)."""
     r = params.rollout
+    if r.slime_generate is not None:
+        generate = import_class(r.slime_generate, f"rollout.slime_generate {r.slime_generate!r}")
+        if not inspect.iscoroutinefunction(generate):
+            raise SettingError(f"rollout.slime_generate {r.slime_generate!r} is not an async "
+                               "function (slime's `async def generate(args, sample, "
+                               "sampling_params)`)")
+        return functools.partial(import_class(SLIME_ROLLOUT, "the slime rollout"),
+                                 generate=generate, timeout_s=r.agent_timeout_s)
     if r.agent is None:
         return resolve_rollout_function(r.chat.function or BUILTIN)
     agent = import_class(r.agent, f"rollout.agent {r.agent!r}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import threading
 from typing import Any, Iterator
 
@@ -23,6 +24,7 @@ from aiohttp import web
 
 from longturn.engines.base import Engine, SamplingParams
 from longturn.serve.batcher import Batcher
+from longturn.serve.native_generate import NativeGenerate
 from longturn.serve.recording import CallRecord, EpisodeBook
 from longturn.serve.rendering import PromptRenderer
 from longturn.serve.routes import ChatEndpoint
@@ -50,6 +52,9 @@ class OpenAIServer:
         self.book = EpisodeBook()
         self.renderer = PromptRenderer(tokenizer, template_kwargs)
         self.port: int | None = None
+        self.tokenizer = tokenizer
+        self._episode_of_port: dict[int, str] = {}  # a native episode's own port (open_native)
+        self._native_sites: dict[str, web.BaseSite] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
@@ -75,7 +80,11 @@ class OpenAIServer:
         self._endpoint = ChatEndpoint(self.book, self.renderer, self.batcher, self.sampling,
                                       self.model_name, self.max_prompt_tokens)
         self._batching = asyncio.create_task(self.batcher.run())
-        self._runner = web.AppRunner(self._endpoint.app(), access_log=None, shutdown_timeout=5.0)
+        native = NativeGenerate(self.book, self.tokenizer, self.batcher, self.sampling,
+                                self.max_prompt_tokens, self._episode_of_port)
+        app = self._endpoint.app()
+        app.router.add_post("/generate", native.generate)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
         await self._runner.setup()
         await web.TCPSite(self._runner, self.host, 0).start()
         self.port = self._runner.addresses[0][1]
@@ -128,9 +137,42 @@ class OpenAIServer:
         self.book.open(episode_id)
         return self.episode_url(episode_id)
 
+    def open_native(self, episode_id: str) -> int:
+        """Open an episode served on a port of its own, for SGLang's native `POST /generate`
+        (serve/native_generate.py: slime's generate functions name an address, not a path);
+        that port. `close_episode` closes the port too."""
+        self.book.open(episode_id)
+        try:
+            return self._call(self._listen(episode_id), START_TIMEOUT_S)
+        except BaseException:
+            self.book.close(episode_id)
+            raise
+
+    async def _listen(self, episode_id: str) -> int:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind((self.host, 0))  # the port known before it listens, from the socket itself
+        port = sock.getsockname()[1]
+        site = web.SockSite(self._runner, sock)
+        await site.start()
+        self._native_sites[episode_id] = site
+        self._episode_of_port[port] = episode_id
+        return port
+
+    async def _unlisten(self, episode_id: str) -> None:
+        site = self._native_sites.pop(episode_id, None)
+        if site is not None:
+            for port, episode in list(self._episode_of_port.items()):
+                if episode == episode_id:
+                    del self._episode_of_port[port]
+            await site.stop()
+
     def close_episode(self, episode_id: str) -> list[CallRecord]:
-        """The episode's calls in answer order; its later calls get 404."""
-        return self.book.close(episode_id)
+        """The episode's calls in answer order; its later calls get 404 (and its own port, if
+        it has one, closes)."""
+        calls = self.book.close(episode_id)
+        if episode_id in self._native_sites:
+            self._call(self._unlisten(episode_id), START_TIMEOUT_S)
+        return calls
 
     def calls(self, episode_id: str) -> list[CallRecord]:
         """The calls answered so far of an open episode."""
