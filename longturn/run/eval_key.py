@@ -3,8 +3,8 @@ of other settings, other weights or other code (its journal: `longturn/run/eval_
 
 The key is a few digests, each named, so a journal that does not match says what changed:
 - params: the sections the evaluation stages depend on in dvc.yaml (model.dtype, env, prompt,
-  engine, eval, rollout.protocol, rollout.context, rollout.chat, rollout.agent, with the tools
-  and interactions files it names)
+  engine, eval, rollout.protocol, rollout.context, rollout.chat, rollout.agent and
+  rollout.slime_generate, with the tools and interactions files it names)
   and the labels stored in every row;
 - weights: each file of the model dir by path, size and modification time (cheap on any size of
   model; a model written again, even with the same bytes, counts as other weights);
@@ -36,7 +36,7 @@ def params_digest(params: Params, policy_version: str, run_id: str) -> str:
     return _digest({"model.dtype": p["model"]["dtype"], "env": p["env"], "prompt": p["prompt"],
                     "engine": p["engine"], "eval": p["eval"], "rollout.protocol": r["protocol"],
                     "rollout.context": r["context"], "rollout.chat": r["chat"],
-                    "rollout.agent": [r["agent"], r["agent_timeout_s"]],
+                    "rollout.agent": [r["agent"], r["agent_timeout_s"], r["slime_generate"]],
                     "chat files": _named_files(params.rollout.chat.tools,
                                                    params.rollout.chat.interactions),
                     "policy_version": policy_version, "run_id": run_id})
