@@ -218,36 +218,27 @@ class RolloutParams(Section):
     slime_generate: str | None = None
 
     @model_validator(mode="after")
-    def _agent_plays_chat_alone(self) -> "RolloutParams":
-        if self.agent is None:
+    def _own_rollout_plays_alone(self) -> "RolloutParams":
+        """rollout.agent and rollout.slime_generate play chat episodes with their own tools and
+        turns: one of them at most, and nothing of rollout.chat's own rollout beside it."""
+        named = [(key, value) for key, value in (("rollout.agent", self.agent),
+                                                 ("rollout.slime_generate", self.slime_generate))
+                 if value is not None]
+        if len(named) > 1:
+            raise ValueError(" and ".join(f"{k} {v!r}" for k, v in named) + ": name one")
+        if not named:
             return self
+        key, value = named[0]
+        plays = f"{key} {value!r}"
         if self.protocol != "chat":
-            raise ValueError(f"rollout.agent {self.agent!r} calls the OpenAI chat API: set "
-                             "rollout.protocol: chat")
+            raise ValueError(f"{plays} plays chat episodes: set rollout.protocol: chat")
+        if self.slime_generate is not None and self.context != "episode":
+            raise ValueError(f"{plays} plays whole episodes: set rollout.context: episode")
         taken = [f"rollout.chat.{k}" for k in ("function", "tools", "interactions")
                  if getattr(self.chat, k) is not None]
         if taken:
-            raise ValueError(f"rollout.agent {self.agent!r} plays the episode with its own "
-                             f"tools and turns: {', '.join(taken)} would not be read; set "
-                             f"{'them' if len(taken) > 1 else 'it'} to null")
-        return self
-
-    @model_validator(mode="after")
-    def _slime_generate_plays_whole_episodes(self) -> "RolloutParams":
-        name = self.slime_generate
-        if name is None:
-            return self
-        if self.agent is not None:
-            raise ValueError(f"rollout.slime_generate {name!r} and rollout.agent "
-                             f"{self.agent!r}: name one")
-        if self.protocol != "chat" or self.context != "episode":
-            raise ValueError(f"rollout.slime_generate {name!r} plays whole episodes: set "
-                             "rollout.protocol: chat and rollout.context: episode")
-        taken = [f"rollout.chat.{k}" for k in ("function", "tools", "interactions")
-                 if getattr(self.chat, k) is not None]
-        if taken:
-            raise ValueError(f"rollout.slime_generate {name!r} plays the episode with its own "
-                             f"tools and turns: {', '.join(taken)} would not be read; set "
+            raise ValueError(f"{plays} plays the episode with its own tools and turns: "
+                             f"{', '.join(taken)} would not be read; set "
                              f"{'them' if len(taken) > 1 else 'it'} to null")
         return self
 

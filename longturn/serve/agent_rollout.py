@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from tqdm.auto import tqdm
 
 from longturn.engines.base import Engine, SamplingParams
 from longturn.rollout.conversation import AGENT_ERROR, AGENT_TIMEOUT as TIMEOUT
+from longturn.serve.episode_reward import RewardFn, given_reward, task_reward
 from longturn.serve.recording import CallRecord
 from longturn.serve.server import serve
 
@@ -107,14 +107,7 @@ def _outcome(future: Future, episode_id: str) -> Outcome:
         log.warning("agent of episode %s raised, episode aborted: %s: %s", episode_id,
                     type(error).__name__, error, exc_info=error)
         return Outcome(None, AGENT_ERROR)
-    value = future.result()
-    if value is None:
-        return Outcome(None)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        log.warning("agent of episode %s returned %r, not a finite number or None: episode "
-                    "aborted", episode_id, value)
-        return Outcome(None, AGENT_ERROR)
-    return Outcome(float(value))
+    return Outcome(*given_reward(future.result(), f"the agent of episode {episode_id}"))
 
 
 def _plain(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -123,28 +116,12 @@ def _plain(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{**m, "content": m.get("content") or ""} for m in messages]
 
 
-def _task_reward(reward_fn: Callable[[dict[str, Any], list[dict[str, Any]]], float] | None,
-                 task: dict[str, Any], messages: list[dict[str, Any]]
-                 ) -> tuple[float | None, str | None]:
-    """The task's own reward of the agent's last conversation; a reward function that cannot
-    read it aborts this episode, not the rollout."""
-    if reward_fn is None:
-        return 0.0, None
-    try:
-        return float(reward_fn(task, messages)), None
-    except Exception as err:  # the task's code on the agent's messages: anything can happen
-        log.warning("the task's reward failed on the agent's conversation of task %s seed %s, "
-                    "episode aborted: %s: %s", task.get("task"), task.get("seed"),
-                    type(err).__name__, err)
-        return None, AGENT_ERROR
-
-
 def _digest(ids: list[int]) -> str:
     return "prompt " + hashlib.sha256(repr(list(ids)).encode()).hexdigest()[:24]
 
 
 def _record(task: dict[str, Any], calls: list[CallRecord], outcome: Outcome,
-            reward_fn: Callable[[dict[str, Any], list[dict[str, Any]]], float] | None,
+            reward_fn: RewardFn | None,
             renderer: Any) -> dict[str, Any]:
     """A conversation record of the calls, one reply each with its prompt as its window (the
     columns `Conversation.record` writes with a history window)."""
@@ -152,7 +129,7 @@ def _record(task: dict[str, Any], calls: list[CallRecord], outcome: Outcome,
                       else list(task.get("messages") or []))
     reward = outcome.reward
     if reward is None and outcome.aborted is None:
-        reward, aborted = _task_reward(reward_fn, task, messages)
+        reward, aborted = task_reward(reward_fn, task, messages)
         outcome = Outcome(reward, aborted)
     ids: list[int] = []
     starts, ends, logprobs = [], [], []

@@ -22,11 +22,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from longturn.engines.base import Completion, Engine, SamplingParams
+from longturn.engines.row_seeds import keyed_seed
+from longturn.serve.openai_request import RequestError
+
+log = logging.getLogger(__name__)
 
 # How long past its window a batch waits at most for calls still being read and rendered (a
 # client that never finishes sending its body must not hold every agent up)
@@ -90,6 +95,23 @@ class Batcher:
         self._waiting.append(waiting)
         self._arrived.set()
         return await waiting.future
+
+    async def answer(self, episode: str, index: int, prompt_ids: list[int], max_new_tokens: int,
+                     what: str) -> tuple[Completion, int | None]:
+        """A recorded call's completion and seed: the seed follows from the run's seed, the
+        episode and the call's arrival number, so a call samples the same whichever calls share
+        its batch. A stopping endpoint or a failing engine is the RequestError the route
+        answers (503, 500)."""
+        seed = (keyed_seed(self.sampling.seed, f"{episode}/{index}")
+                if isinstance(self.sampling.seed, int) else None)
+        try:
+            return await self.generate(prompt_ids, max_new_tokens, seed), seed
+        except EndpointClosed as err:
+            raise RequestError(str(err), status=503, kind="server_error") from err
+        except Exception as err:
+            log.exception("the engine failed on %s of episode %s", what, episode)
+            raise RequestError(f"the engine failed: {type(err).__name__}: {err}", status=500,
+                               kind="server_error") from err
 
     def _full(self) -> bool:
         return len(self._waiting) >= min(self.max_batch, max(1, self.open_episodes()))

@@ -20,22 +20,15 @@ episode like a chat call (prompt ids, response ids, logprobs) and batched with e
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any
 
 from aiohttp import web
 
 from longturn.engines.base import Completion, SamplingParams
-from longturn.engines.row_seeds import keyed_seed
-from longturn.serve.batcher import Batcher, EndpointClosed
+from longturn.serve.batcher import Batcher
 from longturn.serve.openai_request import RequestError
 from longturn.serve.recording import CallRecord, EpisodeBook, EpisodeNotOpen
-
-log = logging.getLogger(__name__)
-
-
-def _error(err: RequestError) -> web.Response:
-    return web.json_response(err.body(), status=err.status)
+from longturn.serve.routes import error_response
 
 
 def _int_list(value: Any, where: str) -> list[int]:
@@ -140,20 +133,15 @@ class NativeGenerate:
                 ids, params, cap, stops, stop_ids = self._parse(body)
             index = self.book.accept(episode)  # no await from here to the batcher's queue
         except RequestError as err:
-            return _error(err)
+            return error_response(err)
         except EpisodeNotOpen:
-            return _error(RequestError("this port's episode is over", status=404,
-                                       kind="not_found_error"))
-        seed = (keyed_seed(self.sampling.seed, f"{episode}/{index}")
-                if isinstance(self.sampling.seed, int) else None)
+            return error_response(RequestError("this port's episode is over", status=404,
+                                               kind="not_found_error"))
         try:
-            completion = await self.batcher.generate(ids, cap, seed)
-        except EndpointClosed as err:
-            return _error(RequestError(str(err), status=503, kind="server_error"))
-        except Exception as err:
-            log.exception("the engine failed on a /generate call of episode %s", episode)
-            return _error(RequestError(f"the engine failed: {type(err).__name__}: {err}",
-                                       status=500, kind="server_error"))
+            completion, seed = await self.batcher.answer(episode, index, ids, cap,
+                                                         "a /generate call")
+        except RequestError as err:
+            return error_response(err)
         completion, matched = self._stopped(completion, stops, stop_ids)
         skip = params.get("skip_special_tokens", True)
         text = await asyncio.get_running_loop().run_in_executor(
@@ -170,8 +158,8 @@ class NativeGenerate:
             reply_finish_reason=completion.finish_reason, seed=seed, max_new_tokens=cap,
             requested=dict(params)), [])
         if record is None:
-            return _error(RequestError("the episode ended while the call ran", status=404,
-                                       kind="not_found_error"))
+            return error_response(RequestError("the episode ended while the call ran",
+                                               status=404, kind="not_found_error"))
         meta: dict[str, Any] = {
             "id": f"generate-{episode}-{index}", "finish_reason": finish,
             "prompt_tokens": len(ids), "completion_tokens": len(completion.token_ids)}

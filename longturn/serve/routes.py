@@ -9,7 +9,6 @@ included, is an OpenAI error object, so any OpenAI client raises its usual excep
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Awaitable, Callable
@@ -17,20 +16,18 @@ from typing import Any, Awaitable, Callable
 from aiohttp import web
 
 from longturn.engines.base import SamplingParams
-from longturn.engines.row_seeds import keyed_seed
-from longturn.serve.batcher import Batcher, EndpointClosed
+from longturn.serve.batcher import Batcher
 from longturn.serve.openai_reply import reply_message
 from longturn.serve.openai_request import ChatRequest, RequestError, parse_request
 from longturn.serve.recording import CallRecord, EpisodeBook, EpisodeNotOpen
 from longturn.serve.rendering import PromptRenderer
 
-log = logging.getLogger(__name__)
-
 PREFIX = "/episodes/{episode}/v1"
 MAX_BODY_BYTES = 64 * 2**20  # a long agent context in JSON, with room
 
 
-def _error(err: RequestError) -> web.Response:
+def error_response(err: RequestError) -> web.Response:
+    """A refused call as the OpenAI error object with its status (every route's errors)."""
     return web.json_response(err.body(), status=err.status)
 
 
@@ -47,8 +44,8 @@ async def json_errors(request: web.Request,
         hint = (f"; calls go to {PREFIX.replace('{episode}', '<episode id>')}/chat/completions"
                 if err.status == 404 else "")
         kind = "not_found_error" if err.status == 404 else "invalid_request_error"
-        return _error(RequestError(f"{err.reason}: {request.method} {request.path}{hint}",
-                                   status=err.status, kind=kind))
+        return error_response(RequestError(
+            f"{err.reason}: {request.method} {request.path}{hint}", status=err.status, kind=kind))
 
 
 class ChatEndpoint:
@@ -81,7 +78,7 @@ class ChatEndpoint:
         try:
             self._episode(request)
         except RequestError as err:
-            return _error(err)
+            return error_response(err)
         return web.json_response({"object": "list", "data": [
             {"id": self.model_name, "object": "model", "created": 0, "owned_by": "longturn"}]})
 
@@ -111,20 +108,15 @@ class ChatEndpoint:
                     self._render_thread, self._prepare, body, episode)
             index = self.book.accept(episode)  # no await from here to the batcher's queue
         except RequestError as err:
-            return _error(err)
+            return error_response(err)
         except EpisodeNotOpen:  # closed while it was checked
-            return _error(RequestError(f"episode {episode!r} is over", "episode", 404,
-                                       "not_found_error"))
-        seed = (keyed_seed(self.sampling.seed, f"{episode}/{index}")
-                if isinstance(self.sampling.seed, int) else None)
+            return error_response(RequestError(f"episode {episode!r} is over", "episode", 404,
+                                               "not_found_error"))
         try:
-            completion = await self.batcher.generate(prompt_ids, parsed.max_new_tokens, seed)
-        except EndpointClosed as err:
-            return _error(RequestError(str(err), status=503, kind="server_error"))
-        except Exception as err:
-            log.exception("the engine failed on a chat completion of episode %s", episode)
-            return _error(RequestError(f"the engine failed: {type(err).__name__}: {err}",
-                                       status=500, kind="server_error"))
+            completion, seed = await self.batcher.answer(
+                episode, index, prompt_ids, parsed.max_new_tokens, "a chat completion")
+        except RequestError as err:
+            return error_response(err)
         text = self.renderer.reply_text(completion.token_ids)
         message, finish = reply_message(text, completion.finish_reason, parsed.read_tool_calls,
                                         index)
@@ -136,8 +128,8 @@ class ChatEndpoint:
             reply_finish_reason=finish, seed=seed, max_new_tokens=parsed.max_new_tokens,
             requested=parsed.requested), [c["id"] for c in message.get("tool_calls", [])])
         if record is None:
-            return _error(RequestError(f"episode {episode!r} ended while the call ran", "episode",
-                                       404, "not_found_error"))
+            return error_response(RequestError(f"episode {episode!r} ended while the call ran",
+                                               "episode", 404, "not_found_error"))
         return web.json_response({
             "id": f"chatcmpl-{episode}-{index}", "object": "chat.completion",
             "created": int(time.time()), "model": self.model_name,

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
@@ -29,6 +28,7 @@ from typing import Any, Callable
 from longturn.engines.base import Engine, SamplingParams
 from longturn.rollout.conversation import AGENT_ERROR, AGENT_TIMEOUT as TIMEOUT
 from longturn.rollout.conversation import DONE, TOKEN_BUDGET
+from longturn.serve.episode_reward import given_reward, task_reward
 from longturn.serve.recording import CallRecord, EpisodeNotOpen
 from longturn.serve.server import OpenAIServer, serve
 from longturn.serve.slime_api import Sample
@@ -212,22 +212,8 @@ def _record(task: dict[str, Any], sample: Sample | None, aborted: str | None,
 
 def _reward(sample: Sample, task: dict[str, Any], messages: list[dict[str, Any]],
             reward_fn: Any) -> tuple[float | None, str | None]:
-    """sample.reward when the function set a number; else the task's reward of the response."""
-    value = sample.reward
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if math.isfinite(value):
-            return float(value), None
-        log.warning("slime generate set reward %r, not finite: episode aborted", value)
-        return None, AGENT_ERROR
-    if value is not None:
-        log.warning("slime generate set reward %r, not a number: episode aborted", value)
-        return None, AGENT_ERROR
-    if reward_fn is None:
-        return 0.0, None
-    try:
-        return float(reward_fn(task, messages)), None
-    except Exception as err:
-        log.warning("the task's reward failed on the slime response of task %s seed %s, "
-                    "episode aborted: %s: %s", task.get("task"), task.get("seed"),
-                    type(err).__name__, err)
-        return None, AGENT_ERROR
+    """sample.reward when the function set one; else the task's reward of the response."""
+    reward, aborted = given_reward(sample.reward, "slime generate")
+    if reward is None and aborted is None:
+        return task_reward(reward_fn, task, messages)
+    return reward, aborted
