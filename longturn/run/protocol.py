@@ -62,7 +62,6 @@ class Protocol:
     """What differs between the two ways of reading replies; everything else is shared."""
 
     name: str
-    plays_envs: bool  # episodes of `env.name` (the report's title names it)
     collector: Callable[[Params, int, str], Collector]
     to_samples: Callable[[Rows], Rows]  # what a collector played, as training samples
     batch_metrics: Callable[[Rows, Rows, Collector], dict[str, float]]  # rows, samples
@@ -132,15 +131,16 @@ def _write_rows(rows: Rows, path: Path, meta: dict[str, Any]) -> Any:
 
 PROTOCOLS = {
     "action": Protocol(
-        "action", plays_envs=True, collector=_env_collector, to_samples=samples_from_turns,
-        batch_metrics=_turn_metrics, describe=_describe_turns, evaluate=evaluate_envs, check_names=check_env_tasks,
+        "action", collector=_env_collector, to_samples=samples_from_turns,
+        batch_metrics=_turn_metrics, describe=_describe_turns, evaluate=evaluate_envs,
+        check_names=check_env_tasks,
         validation=Validation(
             _validate_envs, "valid_action_ratio", validation.gate_failures,
             lambda results, failures, gate, settings, tokenizer:
                 render_report(results, failures, gate, settings),
             _write_rows)),
     "chat": Protocol(
-        "chat", plays_envs=False, collector=_conversation_collector,
+        "chat", collector=_conversation_collector,
         to_samples=samples_from_episodes, batch_metrics=_episode_metrics,
         describe=_describe_episodes,
         evaluate=evaluate_conversations, check_names=check_conversation_plugins,
