@@ -79,19 +79,24 @@ def sample_from_episode(record: Row) -> Row:
 
 def _episode_replies(record: Row, ids: list[int], starts: list[int], ends: list[int],
                      first: int) -> list[Row]:
-    """One reply per segment; how the episode ended goes on the last one."""
+    """One reply per segment; how the episode ended goes on the last one. A record that is
+    `cut` holds the replies of one fixed-turn batch of an episode that goes on in the next: its
+    last reply is a segment end (bootstrapped), not the episode's end."""
     rewards = list(record.get("segment_rewards") or [0.0] * len(starts))
+    cut = bool(record.get("cut"))
     replies = []
     for k, (start, end) in enumerate(zip(starts, ends)):
         last = k == len(starts) - 1
-        truncated = bool(record.get("truncated")) and last
+        ended = last and not cut
+        truncated = bool(record.get("truncated")) and ended
         replies.append({
-            **_blank_reply(), "start": start - first, "end": end - first, "turn": k, "step": k,
-            "reward": float(rewards[k]), "terminated": last and not truncated,
-            "truncated": truncated, "success": bool(record.get("success")) and last,
+            **_blank_reply(), "start": start - first, "end": end - first,
+            "turn": k + int(record.get("first_turn") or 0), "step": k,
+            "reward": float(rewards[k]), "terminated": ended and not truncated,
+            "truncated": truncated, "success": bool(record.get("success")) and ended,
             # an agent that raised or hung (serve/agent_rollout.py): no reply of it trains
-            "aborted": bool(record.get("aborted")), "segment_end": False,
-            "termination": record.get("termination") if last else None,
+            "aborted": bool(record.get("aborted")), "segment_end": last and cut,
+            "termination": record.get("termination") if ended else None,
             "next_value": record.get("bootstrap_value") if last else None,
             # what the model saw since the previous reply (GiGPO's anchor state), or the state
             # the record names for the reply (an agent's call: what it sent)
