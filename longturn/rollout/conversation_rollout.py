@@ -240,7 +240,7 @@ def _finish(ep: Conversation, s: ConversationSettings, tool_rewards: dict[str, f
     return ep.record()
 
 
-def _finish_all(episodes: list[Conversation], s: ConversationSettings) -> list[dict[str, Any]]:
+def finish_all(episodes: list[Conversation], s: ConversationSettings) -> list[dict[str, Any]]:
     """Every episode's record; the tools' episode rewards are asked for all at once, and tools
     and interaction release every episode (all at once) even when a check fails."""
     ids = [ep.episode_id for ep in episodes]
@@ -259,14 +259,35 @@ def conversation_rollout(engine: Engine, tokenizer: Any, sampling: SamplingParam
                      tasks: list[dict[str, Any]], settings: ConversationSettings,
                      id_prefix: str = "seq") -> list[dict[str, Any]]:
     """Play every task to its end; one record per task, in task order."""
-    s = settings
+    episodes = start_episodes(chat_deltas(engine, tokenizer, settings), tasks,
+                              [f"{id_prefix}-{i}" for i in range(len(tasks))], settings)
+    bar = tqdm(total=len(tasks), desc="episodes", unit="ep", disable=not settings.progress,
+               leave=False)
+    step = 0
+    while any(not ep.done for ep in episodes):
+        lock_step(engine, episodes, settings, sampling, step)
+        bar.n = sum(ep.done for ep in episodes)
+        bar.refresh()
+        step += 1
+    bar.close()
+    return finish_all(episodes, settings)
+
+
+def chat_deltas(engine: Engine, tokenizer: Any, s: ConversationSettings) -> ChatDeltas:
+    """The template deltas every episode of a rollout shares (with the engine's image token)."""
     vision = getattr(engine, "vision", None)
-    deltas = ChatDeltas(tokenizer, s.tools.schemas if s.tools else None,
-                        image_token=vision.placeholder if vision is not None else None,
-                        verify=s.tokenization_check != "off")
+    return ChatDeltas(tokenizer, s.tools.schemas if s.tools else None,
+                      image_token=vision.placeholder if vision is not None else None,
+                      verify=s.tokenization_check != "off")
+
+
+def start_episodes(deltas: ChatDeltas, tasks: list[dict[str, Any]], ids: list[str],
+                   settings: ConversationSettings) -> list[Conversation]:
+    """New episodes of these task records; their tools and interaction start all at once."""
+    s = settings
     episodes = []
-    for i, task in enumerate(tasks):
-        ep = Conversation.begin(f"{id_prefix}-{i}", task, deltas)
+    for episode_id, task in zip(ids, tasks):
+        ep = Conversation.begin(episode_id, task, deltas)
         if s.context == WINDOW:
             ep.window = _next_window(ep, s, ep.messages, ep.frame_owner)
         episodes.append(ep)
@@ -276,45 +297,47 @@ def conversation_rollout(engine: Engine, tokenizer: Any, sampling: SamplingParam
     if s.interaction is not None:
         start_all(s.interaction, [(ep.episode_id, ep.task.get("interaction_kwargs", {}))
                                   for ep in episodes], s.tool_timeout_s)
-    bar = tqdm(total=len(tasks), desc="episodes", unit="ep", disable=not s.progress, leave=False)
-    step = 0
-    while active := [ep for ep in episodes if not ep.done]:
-        for ep in active:
-            if _room(ep, s) < 1:
-                ep.end(TOKEN_BUDGET)
-        active = [ep for ep in active if not ep.done]
-        seed = None if sampling.seed is None else sampling.seed + 100_003 * step
-        completions = _generate(engine, active, dataclasses.replace(sampling, seed=seed))
-        replied = []
-        for ep, completion in zip(active, completions):
-            reply = completion.token_ids[:_room(ep, s)]
-            content = ep.add_reply(reply, completion.logprobs, step)
-            if len(reply) < len(completion.token_ids):
-                ep.end(TOKEN_BUDGET)  # cut to fit: neither tools nor the user see it
-                continue
-            replied.append((ep, content))
-        for (ep, _), follow in zip(replied, _after_replies(replied, s, vision is not None)):
-            if follow is None:
-                continue
-            messages, images = follow
-            delta = deltas.append(messages)
-            window = None
-            if ep.window is not None:  # the next reply's window must leave room for a reply
-                window = _next_window(ep, s, ep.messages + messages, ep.frame_owner
-                                      + frame_owners(messages, len(images), len(ep.messages)))
-                over = len(window.ids) + len(deltas.closing_ids) >= s.max_tokens
-            else:
-                over = len(ep.ids) + len(delta) >= s.max_tokens
-            if over:
-                ep.end(TOKEN_BUDGET)
-                continue
-            ep.add_messages(messages, delta, images)
-            ep.window = window
-        bar.n = sum(ep.done for ep in episodes)
-        bar.refresh()
-        step += 1
-    bar.close()
-    return _finish_all(episodes, s)
+    return episodes
+
+
+def lock_step(engine: Engine, episodes: list[Conversation], settings: ConversationSettings,
+              sampling: SamplingParams, step: int) -> None:
+    """One reply for each episode that has not ended, in one engine call, and what follows it
+    (tool results, the interaction's answer, the end); sampling seeds follow from `step`."""
+    s = settings
+    vision = getattr(engine, "vision", None)
+    active = [ep for ep in episodes if not ep.done]
+    for ep in active:
+        if _room(ep, s) < 1:
+            ep.end(TOKEN_BUDGET)
+    active = [ep for ep in active if not ep.done]
+    seed = None if sampling.seed is None else sampling.seed + 100_003 * step
+    completions = _generate(engine, active, dataclasses.replace(sampling, seed=seed))
+    replied = []
+    for ep, completion in zip(active, completions):
+        reply = completion.token_ids[:_room(ep, s)]
+        content = ep.add_reply(reply, completion.logprobs, step)
+        if len(reply) < len(completion.token_ids):
+            ep.end(TOKEN_BUDGET)  # cut to fit: neither tools nor the user see it
+            continue
+        replied.append((ep, content))
+    for (ep, _), follow in zip(replied, _after_replies(replied, s, vision is not None)):
+        if follow is None:
+            continue
+        messages, images = follow
+        delta = ep.deltas.append(messages)
+        window = None
+        if ep.window is not None:  # the next reply's window must leave room for a reply
+            window = _next_window(ep, s, ep.messages + messages, ep.frame_owner
+                                  + frame_owners(messages, len(images), len(ep.messages)))
+            over = len(window.ids) + len(ep.deltas.closing_ids) >= s.max_tokens
+        else:
+            over = len(ep.ids) + len(delta) >= s.max_tokens
+        if over:
+            ep.end(TOKEN_BUDGET)
+            continue
+        ep.add_messages(messages, delta, images)
+        ep.window = window
 
 
 def _generate(engine: Engine, active: list[Conversation], sampling: SamplingParams) -> list:
