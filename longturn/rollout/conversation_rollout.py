@@ -48,8 +48,8 @@ from longturn.rollout.chat_deltas import ChatDeltas
 from longturn.rollout.history_window import frame_owners, render_window
 from longturn.rollout.conversation import (DONE, MAX_ASSISTANT_TURNS, MAX_USER_TURNS, TIME_LIMIT,
                                        TOKEN_BUDGET, Conversation)
-from longturn.tasks.interactions import (BaseInteraction, finalize_all, respond, start_all,
-                                         truncated as interaction_truncated)
+from longturn.tasks.interactions import (BaseInteraction, finalize_all, interaction_of, respond,
+                                         start_all, truncated as interaction_truncated)
 from longturn.tasks.plugin_loop import run_together
 from longturn.tasks.verl_api import BaseInteraction as VerlInteraction
 from longturn.rollout.tokenization_check import check_tokenization
@@ -81,14 +81,16 @@ class ConversationSettings:
     context: str  # EPISODE: a reply is given the whole episode; WINDOW: its history window
     history_turns: int  # the turns of a window
     tools: ToolBox | None
-    interaction: BaseInteraction | VerlInteraction | None
+    # one interaction for every episode, or a file's by name (each task's interaction_kwargs
+    # name picks its own: tasks/interactions.py interaction_of)
+    interaction: BaseInteraction | VerlInteraction | dict[str, Any] | None
     reward_fn: Callable[[dict[str, Any], list[dict[str, Any]]], float] | None
     progress: bool
 
     @classmethod
     def from_config(cls, section: ChatParams, *, context: str, history_turns: int,
                     tools: ToolBox | None,
-                    interaction: BaseInteraction | VerlInteraction | None,
+                    interaction: BaseInteraction | VerlInteraction | dict[str, Any] | None,
                     reward_fn: Callable[[dict[str, Any], list[dict[str, Any]]], float] | None,
                     progress: bool) -> ConversationSettings:
         """rollout.chat's limits, rollout.context and the window's turns (prompt.history_turns,
@@ -171,7 +173,7 @@ def _after_replies(replied: list[tuple[Conversation, str]], s: ConversationSetti
     jobs = [lambda e=ep.episode_id, c=call: _run_call(s.tools, e, c, s.tool_timeout_s, vision)
             for (ep, _), found in zip(replied, calls) for call in found]
     asking = [i for i, found in enumerate(calls) if not found and s.interaction is not None]
-    jobs += [lambda ep=replied[i][0]: respond(s.interaction, ep.episode_id, ep.messages,
+    jobs += [lambda ep=replied[i][0]: respond(_partner(s, ep), ep.episode_id, ep.messages,
                                               ep.task.get("interaction_kwargs", {}),
                                               s.tool_timeout_s) for i in asking]
     done = run_together(jobs)
@@ -209,7 +211,7 @@ def _after_text(ep: Conversation, answer: tuple | None, s: ConversationSettings
     stop, text, score, metrics = answer
     ep.reward(0.0 if score is None else score, metrics)  # verl allows a turn without a score
     if stop:
-        ep.end(TIME_LIMIT if interaction_truncated(s.interaction, ep.episode_id) else DONE)
+        ep.end(TIME_LIMIT if interaction_truncated(_partner(s, ep), ep.episode_id) else DONE)
         return None
     if ep.assistant_turns >= s.max_assistant_turns:
         ep.end(MAX_ASSISTANT_TURNS)
@@ -252,7 +254,8 @@ def finish_all(episodes: list[Conversation], s: ConversationSettings) -> list[di
         if s.tools is not None:
             s.tools.release_many(ids, s.tool_timeout_s)
         if s.interaction is not None:
-            finalize_all(s.interaction, ids, s.tool_timeout_s)
+            finalize_all([(_partner(s, ep), ep.episode_id) for ep in episodes],
+                         s.tool_timeout_s)
 
 
 def conversation_rollout(engine: Engine, tokenizer: Any, sampling: SamplingParams,
@@ -295,9 +298,14 @@ def start_episodes(deltas: ChatDeltas, tasks: list[dict[str, Any]], ids: list[st
         s.tools.create_many([(ep.episode_id, ep.task.get("tools_kwargs")) for ep in episodes],
                             s.tool_timeout_s)
     if s.interaction is not None:
-        start_all(s.interaction, [(ep.episode_id, ep.task.get("interaction_kwargs", {}))
-                                  for ep in episodes], s.tool_timeout_s)
+        start_all([(_partner(s, ep), ep.episode_id, ep.task.get("interaction_kwargs", {}))
+                   for ep in episodes], s.tool_timeout_s)
     return episodes
+
+
+def _partner(s: ConversationSettings, ep: Conversation) -> Any:
+    """The interaction this episode talks to (the run's one, or its task's by name)."""
+    return interaction_of(s.interaction, ep.task, ep.episode_id)
 
 
 def lock_step(engine: Engine, episodes: list[Conversation], settings: ConversationSettings,

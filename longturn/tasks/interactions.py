@@ -9,8 +9,10 @@ that calls no tool, and able to end the episode. Declared in YAML like tools:
 verl's layout loads too (a top-level `interaction:` list, entries with `class_name`), and a
 class may be this project's synchronous `BaseInteraction` below or a verl-style async one
 (`longturn.tasks.verl_api.BaseInteraction`: `start_interaction`, `generate_response`,
-`finalize_interaction`); the rollout runs either through `start_all` / `respond_all` /
-`finalize_all`, every episode of a lock-step at once. The protocol is verl's: `start` per
+`finalize_interaction`); the rollout runs either through `start_all` / `respond` /
+`finalize_all`, every episode of a lock-step at once, each with its own interaction
+(`interaction_of`: a file's entries are picked per task by `interaction_kwargs["name"]`, as
+verl does). The protocol is verl's: `start` per
 episode, `generate_response` per reply → (should_terminate, text for the user message, score,
 metrics), `finalize` at the end. One
 addition, `truncated`: an interaction that ended the episode on a time limit (an env's gymnasium
@@ -114,12 +116,32 @@ async def _timed(interaction: Any, method: str, timeout_s: float | None, *args: 
                            f"{timeout_s:g} s (rollout.chat.tool_timeout_s)") from None
 
 
-def start_all(interaction: Any, episodes: list[tuple[str, dict[str, Any]]],
-              timeout_s: float | None) -> None:
-    """Begin each (episode id, the task's interaction_kwargs), all at once."""
-    method = "start_interaction" if _is_verl(interaction) else "start"
-    run_together([lambda e=episode, k=kwargs: _timed(interaction, method, timeout_s, e, **k)
-                  for episode, kwargs in episodes])
+def interaction_of(chosen: Any, task: dict[str, Any], episode_id: str) -> Any:
+    """The interaction one episode talks to. `chosen` is the run's: one interaction for every
+    episode (rollout.chat.interaction), or a file's interactions by name, of which the task's
+    `interaction_kwargs["name"]` picks one as in verl's agent loop. verl requires the name;
+    here a task without one gets a file's only entry, so tasks that never name one keep working."""
+    if not isinstance(chosen, dict):
+        return chosen
+    name = (task.get("interaction_kwargs") or {}).get("name")
+    where = f"episode {episode_id} (task {task.get('task', '?')!r})"
+    if name is None and len(chosen) == 1:
+        return next(iter(chosen.values()))
+    if name is None:
+        raise SettingError(f"{where}: interaction_kwargs has no 'name' and "
+                           f"rollout.chat.interactions declares {sorted(chosen)}: name one in "
+                           "the task's interaction_kwargs, or set rollout.chat.interaction")
+    if not isinstance(name, str) or name not in chosen:
+        raise SettingError(f"{where}: interaction_kwargs name {name!r} is not in "
+                           f"rollout.chat.interactions (it declares {sorted(chosen)})")
+    return chosen[name]
+
+
+def start_all(episodes: list[tuple[Any, str, dict[str, Any]]], timeout_s: float | None) -> None:
+    """Begin each (its interaction, episode id, the task's interaction_kwargs), all at once."""
+    run_together([lambda i=interaction, e=episode, k=kwargs: _timed(
+        i, "start_interaction" if _is_verl(i) else "start", timeout_s, e, **k)
+        for interaction, episode, kwargs in episodes])
 
 
 async def respond(interaction: Any, instance_id: str, messages: list[dict[str, Any]],
@@ -133,20 +155,14 @@ async def respond(interaction: Any, instance_id: str, messages: list[dict[str, A
                         **kwargs)
 
 
-def respond_all(interaction: Any, turns: list[tuple[str, list[dict[str, Any]],
-                                                    dict[str, Any]]],
-                timeout_s: float | None) -> list[tuple[bool, Any, float, dict[str, Any]]]:
-    """`respond` for each (episode id, messages, interaction_kwargs), all at once."""
-    return run_together([lambda t=turn: respond(interaction, *t, timeout_s) for turn in turns])
-
-
 def truncated(interaction: Any, instance_id: str) -> bool:
     """Whether the episode the interaction just ended was cut by a time limit (verl's
     interactions do not say: never)."""
     return False if _is_verl(interaction) else bool(interaction.truncated(instance_id))
 
 
-def finalize_all(interaction: Any, episode_ids: list[str], timeout_s: float | None) -> None:
-    method = "finalize_interaction" if _is_verl(interaction) else "finalize"
-    run_together([lambda e=episode: _timed(interaction, method, timeout_s, e)
-                  for episode in episode_ids])
+def finalize_all(episodes: list[tuple[Any, str]], timeout_s: float | None) -> None:
+    """End each (its interaction, episode id), all at once."""
+    run_together([lambda i=interaction, e=episode: _timed(
+        i, "finalize_interaction" if _is_verl(i) else "finalize", timeout_s, e)
+        for interaction, episode in episodes])
