@@ -28,9 +28,11 @@ def tokenizer(smollm2_tokenizer_dir: str):
 
 
 def _run(generate: str, timeout_s: float = 60.0) -> ConversationRun:
+    """A run of `generate`, a function of tests/slime_generate_for_tests.py or a full path."""
+    path = generate if ":" in generate else f"slime_generate_for_tests:{generate}"
     params = parse_params({"env": {"tasks": ["arithmetic_plain"]}, "rollout": {
-        "protocol": "chat", "context": "episode",
-        "slime_generate": f"slime_generate_for_tests:{generate}", "agent_timeout_s": timeout_s}})
+        "protocol": "chat", "context": "episode", "slime_generate": path,
+        "agent_timeout_s": timeout_s}})
     return ConversationRun.from_params(params, progress=False)
 
 
@@ -97,6 +99,37 @@ def test_a_slime_tool_loop_packs_the_engines_tokens_in_and_its_tool_results_out(
         assert json.loads(record["messages"])[-1]["content"] == (  # sample.response, as slime's
             "I compute. <calc>6*7</calc>\n<result>42</result>\n<calc>40+2</calc>\n"
             f"<result>42</result>\nANSWER: {int(task['answer']) + (k == 2)}<|im_end|>")
+
+
+def test_the_shipped_example_nudges_calls_the_calculator_and_answers(tokenizer):
+    """examples/slime_calculator_generate.py: a reply with neither a call nor an answer is told so
+    (a user turn), a call stopped at </tool_call> gets its result (a tool turn), then the answer;
+    the inserted turns are out of the loss, the reward is the task's."""
+    run = _run("examples.slime_calculator_generate:generate")
+    tasks = [run.record("arithmetic_plain", seed) for seed in (1, 2)]
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
+
+    def reply(prompt: list[int]) -> str:
+        text = tokenizer.decode(prompt)
+        if "<|im_start|>tool" in text:
+            task = next(t for t in tasks if t["messages"][-1]["content"] in text)
+            return f"ANSWER: {task['answer']}"
+        return f"{call} and more" if "<|im_start|>user\nCall the" in text else "Hmm."
+    engine = RecordingEngine(ScriptedEngine(tokenizer, reply))
+    records = run.play(engine, tokenizer, SAMPLING, tasks, ["e0", "e1"])
+    outputs = {tuple(c.token_ids) for _, c in engine.completions()}
+    for record in records:
+        assert record["termination"] == "done" and record["reward"] == 1.0
+        [sample] = samples_from_episodes([record])
+        ids = sample["prompt_ids"] + sample["response_ids"]
+        mask = [0] * len(sample["prompt_ids"]) + sample["loss_mask"]
+        model_runs, inserted = _runs(mask, ids, 1), _runs(mask, ids, 0)[1:]
+        assert tokenizer.decode(model_runs[1]).endswith("</tool_call>")  # cut at the stop
+        assert all(tuple(r) in outputs for r in (model_runs[0], model_runs[2]))
+        assert [tokenizer.decode(r) for r in inserted] == [
+            "\n<|im_start|>user\nCall the calculator, or end with a line 'ANSWER: <number>'."
+            "<|im_end|>\n<|im_start|>assistant\n",
+            "<|im_end|>\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n"]
 
 
 def test_append_response_tokens_and_a_reward_set_by_the_function(tokenizer):
