@@ -104,6 +104,37 @@ def test_stage_deps_cover_the_code_it_runs(name):
                          f"in deps: {sorted(str(p.relative_to(ROOT)) for p in missing)}")
 
 
+USER_CODE_KEYS = ("agent", "slime_generate")  # rollout keys naming code by `module:function`
+
+
+def shipped_user_code() -> set[Path]:
+    """The files of the agents and generate functions the shipped profiles name."""
+    files = set()
+    for profile in (ROOT / "configs" / "profiles").glob("*.yaml"):
+        rollout = (yaml.safe_load(profile.read_text()) or {}).get("rollout") or {}
+        for key in USER_CODE_KEYS:
+            if rollout.get(key):
+                found = module_file(rollout[key].partition(":")[0])
+                assert found is not None, f"{profile.name}: rollout.{key} names no file here"
+                files.add(found)
+    return files
+
+
+def reads_user_code(stage: dict) -> bool:
+    params = [p if isinstance(p, str) else next(iter(p)) for p in stage.get("params", [])]
+    return any(p in ("rollout", *(f"rollout.{k}" for k in USER_CODE_KEYS)) for p in params)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, s in STAGES.items() if reads_user_code(s)))
+def test_stages_that_run_user_code_depend_on_the_shipped_examples(name):
+    """A stage whose params name the agent runs its file too, which no import reaches."""
+    files = shipped_user_code()
+    assert files, "no shipped profile names rollout.agent or rollout.slime_generate"
+    deps = dep_paths(STAGES[name])
+    missing = sorted(str(f.relative_to(ROOT)) for f in files if not covered(f, deps))
+    assert not missing, f"dvc.yaml stage {name!r} runs {missing} but does not list them"
+
+
 def test_walker_follows_function_imports_and_plugin_strings():
     reached = {str(p.relative_to(ROOT)) for p in reached_files(ROOT / "components/zero_shot_eval.py")}
     assert "longturn/engines/hf.py" in reached  # imported inside the registry's factory

@@ -117,11 +117,11 @@ def _dvc(cwd: Path, *args: str) -> str:
 
 
 def scratch_repo(tmp_path: Path, params: dict) -> Path:
-    """A committed git + DVC repo with this checkout's code, configs, dvc.yaml, .dvcignore and
-    `params`."""
+    """A committed git + DVC repo with this checkout's code, configs, examples, dvc.yaml,
+    .dvcignore and `params`."""
     repo = tmp_path / "repo"
     repo.mkdir()
-    for name in ("longturn", "components", "configs"):
+    for name in ("longturn", "components", "configs", "examples"):
         shutil.copytree(ROOT / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "dvc.yaml", repo / "dvc.yaml")
     write_params(repo / "params.yaml", params)
