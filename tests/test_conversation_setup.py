@@ -51,7 +51,9 @@ def test_tasks_by_name_or_import_path():
 
 def test_the_interaction_is_picked_by_name():
     run = ConversationRun.from_params(params(tools=TOOLS, interactions=INTERACTIONS), progress=False)
-    assert run.settings.interaction.name == "revise"  # the file's only one
+    assert list(run.settings.interaction) == ["revise"]  # the file's, each task picks by name
+    one = ConversationRun.from_params(params(interactions=INTERACTIONS, interaction="revise"))
+    assert one.settings.interaction.name == "revise"  # named: one for every episode
     assert sorted(run.settings.tools.tools) == ["calculator"]
     with pytest.raises(SettingError, match=r"'ask' is not in .*\['revise'\]"):
         ConversationRun.from_params(params(interactions=INTERACTIONS, interaction="ask"))

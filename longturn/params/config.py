@@ -152,7 +152,9 @@ class ChatParams(Section):
 
     tools: str | None = None           # tools YAML (class, config, OpenAI function schema)
     interactions: str | None = None    # interactions YAML
-    interaction: str | None = None     # its entry by name (null: the file's only one)
+    # the entry every episode talks to, by name; null: each task's interaction_kwargs.name
+    # picks its own, as in verl (a task without a name: the file's only entry)
+    interaction: str | None = None
     function: str | None = None        # rollout by import path (null: the built-in one,
                                        # longturn.rollout.conversation_rollout:conversation_rollout)
     max_assistant_turns: int = at_most(L.CONTEXT_TOKENS, 4, ge=1)  # each reply is a token at least

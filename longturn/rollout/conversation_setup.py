@@ -31,15 +31,14 @@ WINDOW_REQUIRED = ("reply_steps", "window_prompts", "window_frames", "window_ima
 
 
 def _interaction(params: Params) -> Any:
+    """The one rollout.chat.interaction names, for every episode; without it the file's
+    interactions by name, each task's `interaction_kwargs.name` picking its own (as in verl)."""
     s = params.rollout.chat
     if s.interactions is None:
         return None
     found = load_interactions(s.interactions)
     if s.interaction is None:
-        if len(found) != 1:
-            raise SettingError(f"rollout.chat.interactions {s.interactions!r} declares "
-                               f"{sorted(found)}: name one in rollout.chat.interaction")
-        return next(iter(found.values()))
+        return found
     if s.interaction not in found:
         raise SettingError(f"rollout.chat.interaction {s.interaction!r} is not in "
                            f"{s.interactions!r} (it declares {sorted(found)})")
