@@ -12,7 +12,9 @@ import pytest
 
 from longturn.errors import OutputNotWritable
 from longturn.run.eval_journal import PARTIAL, EvalJournal
-from longturn.run.eval_key import code_digest, weights_digest
+from longturn.params.config import parse_params
+from longturn.run.eval_key import (_digest, agent_code_digest, code_digest, evaluation_key,
+                                   weights_digest)
 from longturn.rollout.samples import samples_from_turns
 from longturn.trajectories import SAMPLE_SCHEMA, file_metadata
 
@@ -120,3 +122,20 @@ def test_the_key_names_weights_and_code_by_what_changes_them(tmp_path):
     assert code_digest(package) == code
     (package / "a.py").write_text("x = 2\n")
     assert code_digest(package) != code
+
+
+def test_the_key_changes_with_the_agents_source(tmp_path, monkeypatch):
+    """The import string stays the same while the agent's file is edited: other agent code."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    agent = tmp_path / "journal_key_agent.py"
+    agent.write_text("def agent(task, base_url):\n    return 1.0\n")
+    params = parse_params({"rollout": {"protocol": "chat",
+                                       "agent": "journal_key_agent:agent"}})
+    key = evaluation_key(params, "base", "eval", None)
+    assert evaluation_key(params, "base", "eval", None) == key
+    agent.write_text("def agent(task, base_url):\n    return 0.0\n")
+    edited = evaluation_key(params, "base", "eval", None)
+    assert edited["agent code"] != key["agent code"]
+    assert {k for k in key if key[k] != edited[k]} == {"agent code"}
+    builtin = parse_params({"rollout": {"protocol": "chat", "agent": "sys:exit"}})
+    assert agent_code_digest(builtin) == _digest({"sys:exit": "sys:exit"})  # no file: its name

@@ -8,12 +8,16 @@ The key is a few digests, each named, so a journal that does not match says what
   and the labels stored in every row;
 - weights: each file of the model dir by path, size and modification time (cheap on any size of
   model; a model written again, even with the same bytes, counts as other weights);
-- code: every file of the longturn package, by content.
+- code: every file of the longturn package, by content;
+- agent code: the module file rollout.agent or rollout.slime_generate names, by content (its
+  import string alone stays the same while the agent's code changes).
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
+import inspect
 import json
 import os
 from pathlib import Path
@@ -70,6 +74,20 @@ def code_digest(package: Path = PACKAGE) -> str:
     return h.hexdigest()
 
 
+def agent_code_digest(params: Params) -> str:
+    """The source file of each module rollout.agent and rollout.slime_generate name (imported as
+    the run imports it), by content; a module without a file (built in) by its name."""
+    files = {}
+    for name in filter(None, (params.rollout.agent, params.rollout.slime_generate)):
+        module = importlib.import_module(name.partition(":")[0])
+        try:
+            path = inspect.getsourcefile(module)
+        except TypeError:  # a built-in module
+            path = None
+        files[name] = hashlib.sha256(Path(path).read_bytes()).hexdigest() if path else name
+    return _digest(files)
+
+
 def evaluation_key(params: Params, policy_version: str, run_id: str,
                    model_dir: str | Path | None) -> dict[str, str]:
     """The key a journal is kept under; `model_dir` None: weights not known (an engine passed in
@@ -77,4 +95,4 @@ def evaluation_key(params: Params, policy_version: str, run_id: str,
     return {"journal": JOURNAL_VERSION,
             "params": params_digest(params, policy_version, run_id),
             "weights": "unknown" if model_dir is None else weights_digest(model_dir),
-            "code": code_digest()}
+            "code": code_digest(), "agent code": agent_code_digest(params)}
