@@ -14,7 +14,7 @@ from longturn.errors import SettingError, UserError
 from longturn.params.config import AlgoParams, parse_params
 from longturn.rollout.fixed_turn_collector import FixedTurnCollector
 from longturn.rollout.group_collector import EpisodeGroupCollector
-from longturn.rollout.conversation_collector import ConversationCollector
+from longturn.rollout.conversation_collector import ConversationCollector, FixedTurnConversations
 from longturn.run.wiring import close_collector, critic_dir, make_collector, trainer_settings
 
 
@@ -75,8 +75,21 @@ def test_the_action_protocol_collects_as_the_estimator_says(advantage, kind, gro
     assert critic_dir(params, Path("warm")) == (Path("warm") if has_critic else None)
 
 
-@pytest.mark.parametrize("advantage, group", [("gae", 1), ("grpo", 2), ("gigpo", 2)])
+@pytest.mark.parametrize("advantage, group", [("grpo", 2), ("gigpo", 2), ("gae", 1)])
 def test_the_chat_protocol_plays_whole_episodes_grouped_when_the_estimator_plays_groups(
         advantage, group) -> None:
-    collector = make_collector(_params(advantage, protocol="chat"), rank=0, run_id="t")
+    params = _params(advantage, protocol="chat")
+    params.rollout.context = "episode"  # gae: the verl / slime way, whole episodes
+    collector = make_collector(params, rank=0, run_id="t")
     assert type(collector) is ConversationCollector and collector.group_size == group
+
+
+def test_the_chat_protocol_collects_fixed_turn_batches_with_a_critic() -> None:
+    """With a history window, as env slots do: n_envs episode slots × turns_per_env replies,
+    episodes carried over."""
+    params = _params("gae", protocol="chat")
+    params.rollout.context = "window"
+    collector = make_collector(params, rank=0, run_id="t")
+    assert type(collector) is FixedTurnConversations
+    assert (collector.n_envs, collector.turns_per_env) == (params.rollout.n_envs,
+                                                           params.rollout.turns_per_env)

@@ -23,8 +23,8 @@ from longturn.rollout.conversation import REASONS, TOKEN_BUDGET
 from longturn.stats import wilson_interval
 
 OUTCOMES = ("identical", "same_text", "strippable", "skipped")
-_SUMS = ("episodes", "successes", "reward", "assistant_turns", "user_turns", "tool_calls",
-         "tool_errors", "tokens", "model_tokens", "images")
+_SUMS = ("episodes", "successes", "reward", "replies", "assistant_turns", "user_turns",
+         "tool_calls", "tool_errors", "tokens", "model_tokens", "images")
 
 
 def _totals(samples: list[dict[str, Any]]) -> dict[str, float]:
@@ -36,6 +36,7 @@ def _totals(samples: list[dict[str, Any]]) -> dict[str, float]:
     for s in samples:
         replies = s["replies"] or []
         out["reward"] += float(sum(r["reward"] or 0.0 for r in replies))
+        out["replies"] += len(replies)
         for key in ("assistant_turns", "user_turns", "tool_calls", "tool_errors"):
             out[key] += int(s[key] or 0)
         out["tokens"] += len(s["prompt_ids"]) + len(s["response_ids"])
@@ -92,7 +93,7 @@ def conversation_metrics(samples: list[dict[str, Any]],
         "tool_call_validity": (calls - t["tool_errors"]) / calls if calls else float("nan"),
         "mean_tokens": per("tokens"),
         "model_token_fraction": t["model_tokens"] / t["tokens"] if t["tokens"] else float("nan"),
-        "images_per_episode": per("images"),
+        "images_per_episode": per("images"), "replies": int(t["replies"]),
     }
     out.update({k: int(v) for k, v in t.items() if "/" in k})
     return out

@@ -251,11 +251,15 @@ def finish_all(episodes: list[Conversation], s: ConversationSettings) -> list[di
                    else [{} for _ in episodes])
         return [_finish(ep, s, r) for ep, r in zip(episodes, rewards)]
     finally:
-        if s.tools is not None:
-            s.tools.release_many(ids, s.tool_timeout_s)
-        if s.interaction is not None:
-            finalize_all([(_partner(s, ep), ep.episode_id) for ep in episodes],
-                         s.tool_timeout_s)
+        release_all(episodes, s)
+
+
+def release_all(episodes: list[Conversation], s: ConversationSettings) -> None:
+    """Tools and interaction let go of these episodes, all at once (finished or abandoned)."""
+    if s.tools is not None:
+        s.tools.release_many([ep.episode_id for ep in episodes], s.tool_timeout_s)
+    if s.interaction is not None:
+        finalize_all([(_partner(s, ep), ep.episode_id) for ep in episodes], s.tool_timeout_s)
 
 
 def conversation_rollout(engine: Engine, tokenizer: Any, sampling: SamplingParams,

@@ -5,8 +5,11 @@ collects, summarises, evaluates and validates episodes.
   (rollout/env_slots.py) and collected as the estimator says: fixed-turn batches whose episodes
   continue across updates (a critic), or groups of whole episodes from one seed (critic-free).
 - `chat`: chat replies on the tasks of `env.tasks`: tool calls run by `rollout.chat.tools`, free
-  text answered by the interaction (rollout/conversation_rollout.py), always whole episodes (in
-  groups of one seed for critic-free estimators).
+  text answered by the interaction (rollout/conversation_rollout.py), collected as the estimator
+  says too: with a critic and a history window, fixed-turn batches whose episodes continue
+  across updates (Verlog's method); groups of whole episodes from one seed without a critic;
+  whole episodes with the whole episode as context (verl / slime's way: one packed sample each),
+  and from a rollout function of the user's own (`rollout.chat.function`, `rollout.slime_generate`).
 
 What a reply is given (`rollout.context`: window or episode) is the other setting, read by each
 rollout's settings (`AgentSettings`, `ConversationSettings`); both protocols write the one sample
@@ -24,8 +27,9 @@ from longturn.distributed import sum_over_ranks
 from longturn.engines.base import Engine
 from longturn.engines.registry import make_engine
 from longturn.params.config import Params
-from longturn.rollout.conversation_collector import ConversationCollector
+from longturn.rollout.conversation_collector import ConversationCollector, FixedTurnConversations
 from longturn.rollout.conversation_metrics import conversation_metrics
+from longturn.rollout.conversation_rollout import conversation_rollout
 from longturn.rollout.conversation_setup import ConversationRun
 from longturn.rollout.env_slots import AgentSettings, env_factory_from_params
 from longturn.rollout.fixed_turn_collector import FixedTurnCollector
@@ -41,7 +45,8 @@ from longturn.run.validation_report import render_report
 from longturn.trajectories import write_samples, write_table
 
 # what the train loop collects with
-Collector = FixedTurnCollector | EpisodeGroupCollector | ConversationCollector
+Collector = (FixedTurnCollector | EpisodeGroupCollector | ConversationCollector
+             | FixedTurnConversations)
 Rows = list[dict[str, Any]]
 
 
@@ -82,10 +87,13 @@ def _env_collector(params: Params, rank: int, run_id: str) -> Collector:
 
 
 def _conversation_collector(params: Params, rank: int, run_id: str) -> Collector:
+    r, run, tasks = params.rollout, ConversationRun.from_params(params), list(params.env.tasks)
     plays_groups = Estimator.named(params.algo.advantage).collection is Collection.SEED_GROUPS
+    if not plays_groups and run.function is conversation_rollout and r.context == "window":
+        return FixedTurnConversations(run, tasks, r.n_envs, r.turns_per_env, params.seed,
+                                      rank=rank, run_id=run_id)
     group = params.algo.group_size if plays_groups else 1
-    return ConversationCollector(ConversationRun.from_params(params), list(params.env.tasks),
-                                 params.rollout.n_envs, group, params.seed, rank=rank,
+    return ConversationCollector(run, tasks, r.n_envs, group, params.seed, rank=rank,
                                  run_id=run_id)
 
 
@@ -99,8 +107,8 @@ def _turn_metrics(rows: Rows, samples: Rows, collector: Collector) -> dict[str, 
 def _episode_metrics(rows: Rows, samples: Rows, collector: Collector) -> dict[str, float]:
     """The whole-episode metrics of the samples over every rank (`turns` counts replies)."""
     metrics = {k: float(v) for k, v in conversation_metrics(samples, sum_over_ranks).items()}
-    metrics["turns"] = metrics["mean_assistant_turns"] * metrics["episodes"]
-    metrics["episodes_ended"] = metrics["episodes"]  # whole episodes: every one ended
+    metrics["turns"] = metrics.pop("replies")
+    metrics["episodes_ended"] = metrics["episodes"]  # counted by the samples that end them
     return metrics
 
 
