@@ -20,6 +20,7 @@ from longturn.algo.critic import ValueModel, packed_response_values, packed_stat
 from longturn.engines.decoder_stack import decoder_of
 from longturn.engines.prefix_memo import PrefixMemo
 from longturn.algo.trunk import Branch, TrunkState, run_branch, run_trunk
+from longturn.algo.trunk_rows import TrunkRows
 from longturn.engines.logprobs import PackedBatch, response_logits, token_logprobs
 from longturn.errors import UserError
 from longturn.vision import feed
@@ -97,9 +98,11 @@ class ModelSet:
 
     def __init__(self, actor: nn.Module, ref: nn.Module | None, critic: ValueModel | None,
                  share_trunk: bool = True, gradient_checkpointing: bool = False,
-                 vision: Any = None) -> None:
+                 vision: Any = None, keep_trunk_rows: bool = True) -> None:
         """`vision`: a vision-language model's frozen image side (`vision.encoder`), whose
-        features every model's embedding takes at image placeholders (`vision.feed`)."""
+        features every model's embedding takes at image placeholders (`vision.feed`).
+        `keep_trunk_rows`: scoring keeps each row's trunk output for the update (off under
+        ZeRO-3, where a rank skipping the trunk would skip its parameter gathers)."""
         if ref is None and not hasattr(actor, "disable_adapter"):
             raise ValueError("no reference model given and the actor has no adapters to disable")
         self.actor, self.ref, self.critic = actor, ref, critic
@@ -119,6 +122,7 @@ class ModelSet:
         self.critic_decoder = parts[1] if critic is not None else None
         self.depth = shared_trunk_depth(parts) if share_trunk and self.split else 0
         self.trunk_prefixes = PrefixMemo()  # the frozen trunk's prefix passes: the whole run
+        self.trunk_rows = TrunkRows() if keep_trunk_rows and vision is None else None
         self._branch_prefixes: PrefixMemo | None = None  # inside `scoring()` only
 
     @contextmanager
@@ -131,9 +135,15 @@ class ModelSet:
         finally:
             self._branch_prefixes = None
 
+    def keeping_trunk_rows(self) -> AbstractContextManager:
+        """A scoring call whose rows' trunk outputs the next update reads (`trunk_rows.py`)."""
+        return nullcontext() if self.trunk_rows is None else self.trunk_rows.keeping()
+
     def forget_prefixes(self) -> None:
-        """Drop every kept prefix pass (weights were loaded)."""
+        """Drop every kept prefix pass and row (weights were loaded)."""
         self.trunk_prefixes.clear()
+        if self.trunk_rows is not None:
+            self.trunk_rows.clear()
 
     def reference(self) -> AbstractContextManager:
         """Context in which the reference branch runs."""
@@ -148,7 +158,8 @@ class ModelSet:
         """The shared trunk of this batch (empty when nothing is shared); no grad."""
         if not self.split:
             return TrunkState(0)
-        return run_trunk(self.actor_decoder, batch, self.depth, self.trunk_prefixes)
+        return run_trunk(self.actor_decoder, batch, self.depth, self.trunk_prefixes,
+                         self.trunk_rows)
 
     def actor_logits(self, batch: PackedBatch, trunk: TrunkState) -> torch.Tensor:
         """Raw logits [B, R, V] predicting each response token (grad follows grad mode)."""

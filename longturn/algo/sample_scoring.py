@@ -61,7 +61,7 @@ def score_samples(samples: list[Sample], models: ModelSet, settings: ScoringSett
                disable=not progress, leave=False)
     # no_grad, not inference_mode: under ZeRO-3 the forward gathers parameters into buffers that
     # training reuses, and inference tensors cannot be saved for backward later.
-    with torch.no_grad(), bar:
+    with torch.no_grad(), bar, models.keeping_trunk_rows():  # for the update that follows
         scored = score_batch(models, [list(s["prompt_ids"]) for s in live],
                              [list(s["response_ids"]) for s in live], settings, pad_id,
                              not reuse, bar, values=critic, images=frames)

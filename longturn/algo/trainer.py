@@ -184,7 +184,8 @@ class PPOTrainer:
         self.vision_dir = None if vision is None else Path(actor_dir) / VISION_DIR
         self.models = ModelSet(self.actor_engine.module, ref,
                                None if self.critic_engine is None else self.critic_engine.module,
-                               settings.share_trunk, settings.gradient_checkpointing, vision)
+                               settings.share_trunk, settings.gradient_checkpointing, vision,
+                               keep_trunk_rows=settings.zero_stage < 3)
         log.info("trainer on %s, bf16 autocast %s, advantage %s: %d of %d layers shared by %s",
                  self.actor_engine.device, "on" if settings.bf16 else "off",
                  settings.estimator.name, self.models.depth,

@@ -10,7 +10,8 @@ when the batch has one, is run at batch size 1 in every part: trunk layers once,
 top layers once more, and the rows read it through a read-only cache.
 
 Scoring and the PPO update both go through these two functions, so old logprobs and the update's
-first logprobs are computed the same way.
+first logprobs are computed the same way; the update reads the trunk's output of the rows
+scoring ran where it was kept (`trunk_rows.py`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from transformers import DynamicCache
 from longturn.engines.decoder_stack import (PassInputs, ReadOnlyPrefixCache, pass_inputs,
                                          prefix_inputs, run_layers)
 from longturn.engines.prefix_memo import PrefixMemo
+from longturn.algo.trunk_rows import TrunkRows
 from longturn.engines.logprobs import PackedBatch
 
 
@@ -57,12 +59,14 @@ def _suffix_inputs(decoder: nn.Module, embeds: torch.Tensor, batch: PackedBatch,
 
 
 def run_trunk(decoder: nn.Module, batch: PackedBatch, depth: int,
-              memo: PrefixMemo | None = None) -> TrunkState:
+              memo: PrefixMemo | None = None, rows: TrunkRows | None = None) -> TrunkState:
     """Embedding and layers[:depth] of `decoder` over the batch (and its shared prefix, whose
-    pass `memo` keeps across batches: the trunk is frozen)."""
+    pass `memo` keeps across batches: the trunk is frozen); the batch's own columns are
+    assembled from `rows` where scoring kept every row's."""
     state = TrunkState(depth)
     if depth == 0:
         return state
+    modules = [decoder.embed_tokens, *decoder.layers[:depth]]
     with torch.no_grad():
         cache = None
         if batch.prefix_ids is not None:
@@ -73,14 +77,18 @@ def run_trunk(decoder: nn.Module, batch: PackedBatch, depth: int,
                 hidden = run_layers(decoder, 0, depth, embeds, inputs, recorded)
                 return hidden, inputs, list(recorded.layers[:depth])
 
-            modules = [decoder.embed_tokens, *decoder.layers[:depth]]
             parts = (prefix_pass() if memo is None
                      else memo.get("trunk", batch.prefix_ids, modules, prefix_pass))
             state.prefix_hidden, state.prefix, state.prefix_layers = parts
             cache = ReadOnlyPrefixCache(state.prefix_layers)
         embeds = decoder.embed_tokens(batch.input_ids)
         state.suffix = _suffix_inputs(decoder, embeds, batch, cache)
-        state.hidden = run_layers(decoder, 0, depth, embeds, state.suffix, cache)
+
+        def own_pass() -> torch.Tensor:
+            return run_layers(decoder, 0, depth, embeds, state.suffix, cache)
+
+        state.hidden = (own_pass() if rows is None
+                        else rows.get(batch, modules, state.prefix_hidden, own_pass))
     return state
 
 
