@@ -10,6 +10,7 @@ collects, summarises, evaluates and validates episodes.
   across updates (Verlog's method); groups of whole episodes from one seed without a critic;
   whole episodes with the whole episode as context (verl / slime's way: one packed sample each),
   and from a rollout function of the user's own (`rollout.chat.function`, `rollout.slime_generate`).
+  `rollout.agent`'s calls come in fixed-turn batches with a critic too (serve/agent_turns.py).
 
 What a reply is given (`rollout.context`: window or episode) is the other setting, read by each
 rollout's settings (`AgentSettings`, `ConversationSettings`); both protocols write the one sample
@@ -89,6 +90,9 @@ def _env_collector(params: Params, rank: int, run_id: str) -> Collector:
 def _conversation_collector(params: Params, rank: int, run_id: str) -> Collector:
     r, run, tasks = params.rollout, ConversationRun.from_params(params), list(params.env.tasks)
     plays_groups = Estimator.named(params.algo.advantage).collection is Collection.SEED_GROUPS
+    if not plays_groups and r.agent is not None:  # an agent's calls in fixed-turn batches
+        from longturn.serve.agent_turns import AgentTurnCollector  # serve/ sits above rollout/
+        return AgentTurnCollector.from_params(params, run, rank, run_id)
     if not plays_groups and run.function is conversation_rollout and r.context == "window":
         return FixedTurnConversations(run, tasks, r.n_envs, r.turns_per_env, params.seed,
                                       rank=rank, run_id=run_id)

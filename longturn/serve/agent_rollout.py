@@ -56,8 +56,7 @@ def agent_rollout(engine: Engine, tokenizer: Any, sampling: SamplingParams,
     """Play every task with `agent` at once; one record per task, in task order (bound to an
     agent by `ConversationRun.from_params`, then called as any rollout function)."""
     ids = [f"agent-{i}" for i in range(len(tasks))]
-    for name in ("httpx", "httpx2"):  # the agents' HTTP clients log every call at INFO
-        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger(name).level))
+    quiet_http_clients()
     # rollout.chat.max_tokens bounds a call's prompt and reply together, as it bounds a window's
     room = max(1, settings.max_tokens - sampling.max_new_tokens)
     with serve(engine, tokenizer, sampling, max_prompt_tokens=room) as server:
@@ -70,6 +69,12 @@ def agent_rollout(engine: Engine, tokenizer: Any, sampling: SamplingParams,
         pool.shutdown(wait=False, cancel_futures=True)  # a hung agent's thread is left behind
     return [_record(task, calls[i], outcomes[i], settings.reward_fn, server.renderer)
             for i, task in enumerate(tasks)]
+
+
+def quiet_http_clients() -> None:
+    """The agents' HTTP clients log every call at INFO: warnings only."""
+    for name in ("httpx", "httpx2"):
+        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger(name).level))
 
 
 def _collect(futures: dict[Future, int], ids: list[str],
@@ -121,18 +126,23 @@ def _digest(ids: list[int]) -> str:
 
 
 def _record(task: dict[str, Any], calls: list[CallRecord], outcome: Outcome,
-            reward_fn: RewardFn | None,
-            renderer: Any) -> dict[str, Any]:
-    """A conversation record of the calls, one reply each with its prompt as its window (the
-    columns `Conversation.record` writes with a history window)."""
+            reward_fn: RewardFn | None, renderer: Any, first: int = 0, step: int = 0,
+            bootstrap: list[int] | None = None) -> dict[str, Any]:
+    """A conversation record of the calls `calls[first:]` (all of them but for a fixed-turn
+    portion: serve/agent_turns.py), one reply each with its prompt as its window (the columns
+    `Conversation.record` writes with a history window), the k-th at lock-step `step + k`. With
+    `bootstrap` (the prompt of the episode's next call) the episode goes on: the record is `cut`
+    and its last reply bootstraps from that prompt."""
     messages = _plain([*calls[-1].messages, calls[-1].reply] if calls
                       else list(task.get("messages") or []))
     reward = outcome.reward
-    if reward is None and outcome.aborted is None:
+    if reward is None and outcome.aborted is None and bootstrap is None:
         reward, aborted = task_reward(reward_fn, task, messages)
         outcome = Outcome(reward, aborted)
     ids: list[int] = []
     starts, ends, logprobs = [], [], []
+    tool_calls = sum(len(c.reply.get("tool_calls") or []) for c in calls)
+    whole, calls = len(calls), calls[first:]
     for call in calls:
         starts.append(len(ids))
         ids += call.response_ids
@@ -146,13 +156,20 @@ def _record(task: dict[str, Any], calls: list[CallRecord], outcome: Outcome,
         "input_ids": ids, "loss_mask": [int(bool(calls))] * len(ids),
         "engine_logprobs": logprobs, "segment_starts": starts, "segment_ends": ends,
         "segment_rewards": [0.0] * (n - 1) + [reward or 0.0] if n else [],
-        "reward": float(reward or 0.0), "termination": outcome.aborted or "done",
-        "truncated": False, "aborted": outcome.aborted is not None, "assistant_turns": n,
-        "user_turns": 0, "tool_calls": sum(len(c.reply.get("tool_calls") or []) for c in calls),
+        "reward": float(reward or 0.0),
+        "termination": None if bootstrap is not None else outcome.aborted or "done",
+        "truncated": False, "aborted": outcome.aborted is not None, "assistant_turns": whole,
+        "user_turns": 0, "tool_calls": tool_calls,
         "tool_errors": 0, "tokenization_check": "skipped", "messages": json.dumps(messages),
         "metrics": json.dumps({}), "images": [], "image_starts": [],
-        "reply_steps": list(range(n)), "window_prompts": [list(c.prompt_ids) for c in calls],
+        "reply_steps": list(range(step, step + n)), "first_turn": first,
+        "window_prompts": [list(c.prompt_ids) for c in calls],
         # GiGPO's anchor state of a call: exactly what it sent (a digest: prompts are long)
         "reply_observations": [_digest(c.prompt_ids) for c in calls],
         "window_frames": [[] for _ in calls], "window_image_starts": [[] for _ in calls],
+        **({} if bootstrap is None else {
+            "cut": True, "bootstrap_prompt_ids": list(bootstrap), "bootstrap_frames": [],
+            "bootstrap_image_starts": [],  # the episode's own columns come with its last part
+            **dict.fromkeys(("messages", "metrics", "tool_calls", "tool_errors", "user_turns",
+                             "assistant_turns", "tokenization_check"))}),
     }

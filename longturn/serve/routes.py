@@ -1,7 +1,8 @@
 """The HTTP side of the endpoint: `/episodes/<id>/v1/models` and `/episodes/<id>/v1/chat/completions`.
 
 One call: the episode must be open (404), the request is checked and rendered (4xx naming the
-field; nothing recorded), its prompt goes to the batcher with the call's own seed, the reply is
+field; nothing recorded), a call past its episode's quota is held (serve/call_quota.py), its
+prompt goes to the batcher with the call's own seed, the reply is
 read for tool calls, recorded, and answered in the OpenAI shape. Every error, routing ones
 included, is an OpenAI error object, so any OpenAI client raises its usual exception.
 """
@@ -17,6 +18,7 @@ from aiohttp import web
 
 from longturn.engines.base import SamplingParams
 from longturn.serve.batcher import Batcher
+from longturn.serve.call_quota import CallQuota
 from longturn.serve.openai_reply import reply_message
 from longturn.serve.openai_request import ChatRequest, RequestError, parse_request
 from longturn.serve.recording import CallRecord, EpisodeBook, EpisodeNotOpen
@@ -52,8 +54,9 @@ class ChatEndpoint:
     """The handlers and what they share; lives on the server's event loop."""
 
     def __init__(self, book: EpisodeBook, renderer: PromptRenderer, batcher: Batcher,
-                 sampling: SamplingParams, model_name: str, max_prompt_tokens: int | None):
-        self.book, self.renderer, self.batcher = book, renderer, batcher
+                 sampling: SamplingParams, model_name: str, max_prompt_tokens: int | None,
+                 quota: CallQuota):
+        self.book, self.renderer, self.batcher, self.quota = book, renderer, batcher, quota
         self.sampling, self.model_name = sampling, model_name
         self.max_prompt_tokens = max_prompt_tokens
         self._render_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="render")
@@ -106,6 +109,7 @@ class ChatEndpoint:
                     raise RequestError("the request body is not valid JSON") from None
                 parsed, rendered, prompt_ids = await asyncio.get_running_loop().run_in_executor(
                     self._render_thread, self._prepare, body, episode)
+            await self.quota.admit(episode, prompt_ids)  # past the episode's quota: held here
             index = self.book.accept(episode)  # no await from here to the batcher's queue
         except RequestError as err:
             return error_response(err)

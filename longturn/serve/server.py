@@ -24,7 +24,9 @@ from aiohttp import web
 
 from longturn.engines.base import Engine, SamplingParams
 from longturn.serve.batcher import Batcher
+from longturn.serve.call_quota import CallQuota
 from longturn.serve.native_generate import NativeGenerate
+from longturn.serve.openai_request import RequestError
 from longturn.serve.recording import CallRecord, EpisodeBook
 from longturn.serve.rendering import PromptRenderer
 from longturn.serve.routes import ChatEndpoint
@@ -50,6 +52,7 @@ class OpenAIServer:
         self.max_batch, self.window_s, self.host = max_batch, window_s, host
         self.max_prompt_tokens = max_prompt_tokens
         self.book = EpisodeBook()
+        self.quota = CallQuota()  # loop-side: read and set through `allow` and `quotas`
         self.renderer = PromptRenderer(tokenizer, template_kwargs)
         self.port: int | None = None
         self.tokenizer = tokenizer
@@ -76,9 +79,9 @@ class OpenAIServer:
 
     async def _start(self) -> None:
         self.batcher = Batcher(self.engine, self.sampling, max_batch=self.max_batch,
-                               window_s=self.window_s, open_episodes=self.book.open_count)
+                               window_s=self.window_s, open_episodes=self._calling)
         self._endpoint = ChatEndpoint(self.book, self.renderer, self.batcher, self.sampling,
-                                      self.model_name, self.max_prompt_tokens)
+                                      self.model_name, self.max_prompt_tokens, self.quota)
         self._batching = asyncio.create_task(self.batcher.run())
         native = NativeGenerate(self.book, self.tokenizer, self.batcher, self.sampling,
                                 self.max_prompt_tokens, self._episode_of_port)
@@ -98,7 +101,13 @@ class OpenAIServer:
         finally:
             self._end_loop()
 
+    def _calling(self) -> int:
+        """Open episodes that may call now (the batcher waits for these)."""
+        return self.book.open_count() - self.quota.spent()
+
     async def _stop(self) -> None:
+        self.quota.drop_all(RequestError("the endpoint is shutting down", status=503,
+                                         kind="server_error"))
         self._batching.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._batching
@@ -170,9 +179,28 @@ class OpenAIServer:
         """The episode's calls in answer order; its later calls get 404 (and its own port, if
         it has one, closes)."""
         calls = self.book.close(episode_id)
+        self._call(self._drop(episode_id), START_TIMEOUT_S)
         if episode_id in self._native_sites:
             self._call(self._unlisten(episode_id), START_TIMEOUT_S)
         return calls
+
+    async def _drop(self, episode_id: str) -> None:
+        self.quota.drop(episode_id, RequestError(f"episode {episode_id!r} is over", "episode",
+                                                 404, "not_found_error"))
+
+    def allow(self, quotas: dict[str, int]) -> None:
+        """Give these episodes so many more calls each (serve/call_quota.py: beyond them a
+        call is held unanswered), all at once."""
+        async def give() -> None:
+            for episode_id, calls in quotas.items():
+                self.quota.allow(episode_id, calls)
+        self._call(give(), START_TIMEOUT_S)
+
+    def quotas(self) -> dict[str, tuple[int, list[int] | None]]:
+        """Episode → (calls it may still make, the prompt ids of its held call or None)."""
+        async def read() -> dict[str, tuple[int, list[int] | None]]:
+            return self.quota.state()
+        return self._call(read(), START_TIMEOUT_S)
 
     def calls(self, episode_id: str) -> list[CallRecord]:
         """The calls answered so far of an open episode."""
