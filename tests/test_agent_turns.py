@@ -22,6 +22,7 @@ from longturn.algo.sample_scoring import score_samples
 from longturn.engines.base import SamplingParams
 from longturn.engines.hf import HFEngine
 from longturn.params.config import parse_params
+from longturn.params.sizes import iteration_rows
 from longturn.rollout.conversation_collector import ConversationCollector
 from longturn.rollout.conversation_setup import ConversationRun
 from longturn.rollout.samples import samples_from_episodes
@@ -68,6 +69,7 @@ def _params(advantage: str = "gae"):
 def test_the_estimator_picks_fixed_turn_agents_with_a_critic_and_whole_groups_without():
     params = _params()
     assert isinstance(protocol(params).collector(params, 0, "t"), AgentTurnCollector)
+    assert iteration_rows(params) == [("rollout.n_envs", N_ENVS), ("rollout.turns_per_env", 8)]
     params = _params("grpo")
     assert isinstance(protocol(params).collector(params, 0, "t"), ConversationCollector)
 

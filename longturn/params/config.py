@@ -201,7 +201,8 @@ class RolloutParams(Section):
     into an action of `env.name`; `chat`, chat replies (tool calls, free text) on the tasks of
     `env.tasks` with `rollout.chat`. The estimator decides the collection: fixed-turn batches of
     exactly n_envs × turns_per_env turns per rank and iteration whose episodes continue across
-    updates (gae with the action protocol), or n_envs whole episodes (turns_per_env not read)."""
+    updates (gae with the action protocol, a chat history window or rollout.agent), or n_envs
+    whole episodes (turns_per_env not read)."""
 
     protocol: Literal["action", "chat"] = "action"
     context: Literal["window", "episode"] = "window"
@@ -211,7 +212,8 @@ class RolloutParams(Section):
     # your agent, `package.module:function(task, base_url) -> reward`, plays each chat episode
     # through the OpenAI chat API served on the loopback; each of its calls is a sample
     # (docs/openai-endpoint.md). An agent still running this long after its rollout started is
-    # cut off: its episode is aborted
+    # cut off: its episode is aborted (with a critic, its calls come in fixed-turn batches and
+    # the time its call is held between iterations is not counted)
     agent: str | None = None
     agent_timeout_s: float = at_most(L.TOOL_SECONDS, 600.0, gt=0)
     # slime's custom generate, `package.module:generate` (`async def generate(args, sample,

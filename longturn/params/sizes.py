@@ -30,9 +30,11 @@ def row_positions(p: Params) -> Factor:
 def iteration_rows(p: Params) -> list[Factor] | None:
     """The factors of one iteration's rows per rank (None: episodes end by the env's own limit,
     unknown here). A conversation is one row with the whole episode as context, a row per reply
-    with a window."""
+    with a window; an agent's calls with a critic n_envs × turns_per_env."""
     r = p.rollout
     if r.protocol == "chat":
+        if p.algo.advantage == "gae" and r.agent is not None:  # its calls in fixed-turn batches
+            return [("rollout.n_envs", r.n_envs), ("rollout.turns_per_env", r.turns_per_env)]
         if r.context == "episode":
             return [("rollout.n_envs", r.n_envs)]
         return [("rollout.n_envs", r.n_envs),
