@@ -21,6 +21,7 @@ from longturn.algo.model_set import ModelSet
 from longturn.algo.sample_scoring import score_samples
 from longturn.engines.base import SamplingParams
 from longturn.engines.hf import HFEngine
+from longturn.errors import SettingError
 from longturn.params.config import parse_params
 from longturn.params.sizes import iteration_rows
 from longturn.rollout.conversation_collector import ConversationCollector
@@ -72,6 +73,21 @@ def test_the_estimator_picks_fixed_turn_agents_with_a_critic_and_whole_groups_wi
     assert iteration_rows(params) == [("rollout.n_envs", N_ENVS), ("rollout.turns_per_env", 8)]
     params = _params("grpo")
     assert isinstance(protocol(params).collector(params, 0, "t"), ConversationCollector)
+
+
+def test_a_resumed_collector_starts_fresh_episodes_with_the_counters_it_saved():
+    run = ConversationRun.from_params(_params(), progress=False)
+
+    def collector(n_envs: int) -> AgentTurnCollector:
+        return AgentTurnCollector(run, three_calls, 4.0, ["arithmetic_plain"], n_envs, TURNS,
+                                  seed=1)
+    saved = collector(N_ENVS)
+    saved.episode_counts = [3, 5]
+    resumed = collector(N_ENVS)
+    resumed.load_state(saved.state())
+    assert resumed.episode_counts == [3, 5] and resumed.slots == [None, None]
+    with pytest.raises(SettingError, match="resume with the same rollout.n_envs"):
+        collector(3).load_state(saved.state())
 
 
 @pytest.fixture(scope="module")

@@ -183,7 +183,7 @@ class AgentTurnCollector:
         return pickle.dumps({"episode_counts": self.episode_counts})
 
     def load_state(self, blob: bytes) -> None:
-        counts = pickle.loads(blob)["episode_counts"]
+        counts = pickle.loads(blob)["episode_counts"] if blob else self.episode_counts
         if len(counts) != self.n_envs:
             raise SettingError(f"checkpoint has {len(counts)} agent slots, params ask for "
                                f"{self.n_envs}: resume with the same rollout.n_envs")
