@@ -1,6 +1,7 @@
 """The two combinations a history window opens, through the real `dvc exp run` of all seven stages
 at toy size: arithmetic with the calculator tool (profile calculator_window) on the tiny model,
-and BabyAI goto with frames (profile vision_window) on a tiny random LLaVA. Training writes one
+and BabyAI goto with frames (profile vision_window) on a tiny random LLaVA. Training collects
+Verlog's fixed-turn batches (episodes carried over, a cut one bootstrapped) and writes one
 sample per reply whose prompt is that reply's window: the task and the last N turns, nothing
 older, with the frames of those turns only; the advantages are finite and `longturn audit gae`
 recomputes them from the files. And bench/turn_cost.py --conversation, the cost of a late reply
@@ -42,15 +43,28 @@ def audit_gae(repo: Path) -> None:
 
 
 def episodes(part: Path) -> list[list]:
-    """The training file's samples, episode by episode, in reply order."""
+    """The training file's samples, episode by episode, in reply order. Fixed-turn batches
+    (a critic): each slot gives every lock-step one reply; an episode's replies are consecutive
+    lock-steps of its slot, and one still running at the batch's end is a bootstrapped segment
+    end."""
     samples = pd.read_parquet(part)
+    slots = samples["env_index"].tolist()
+    steps = [r[0]["step"] for r in samples["replies"]]
+    turns_per_env = max(steps) + 1
+    assert sorted(zip(slots, steps)) == [(slot, step) for slot in sorted(set(slots))
+                                         for step in range(turns_per_env)]
     out = []
     for _, group in samples.groupby("episode_id"):
         rows = sorted(group.itertuples(), key=lambda r: r.replies[0]["turn"])
         assert all(len(r.replies) == 1 for r in rows)  # one reply per sample
         assert [r.replies[0]["turn"] for r in rows] == list(range(len(rows)))
-        assert [r.replies[0]["step"] for r in rows] == list(range(len(rows)))
+        first = rows[0].replies[0]["step"]
+        assert [r.replies[0]["step"] for r in rows] == list(range(first, first + len(rows)))
         assert len({r.env_index for r in rows}) == 1 and rows[0].env_index is not None
+        end = rows[-1].replies[0]
+        if end["termination"] is None:  # cut at the batch's end: the critic sees its next window
+            assert end["segment_end"] and end["step"] == turns_per_env - 1
+            assert len(rows[-1].bootstrap_prompt_ids) > 0
         for r in rows:
             assert list(r.loss_mask) == [1] * len(r.response_ids)
             assert np.isfinite(r.advantages).all() and np.isfinite(r.returns).all()
@@ -83,6 +97,8 @@ def test_arithmetic_with_the_calculator_trained_with_a_window(tmp_path, tiny_mod
     checked = 0
     for rows in episodes(part):
         last = rows[-1]
+        if last.messages is None:  # still running when the batch ended: no messages yet
+            continue
         assistant = [m["content"] for m in json.loads(last.messages) if m["role"] == "assistant"]
         replies = assistant[len(assistant) - int(last.assistant_turns):]  # after the worked example
         task = tokenizer.decode(rows[0].prompt_ids)  # the first reply sees the task alone
