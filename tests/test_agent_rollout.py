@@ -155,19 +155,25 @@ def test_an_agent_needs_the_chat_protocol_and_an_importable_function():
 
 
 def test_dvc_exp_run_of_the_agent_profile(tmp_path, tiny_model_dir):
-    """The worked example end to end, as README runs it: every stage, each call a sample of one
-    reply chained by step within its episode, GAE recomputed from the files."""
+    """The worked example end to end, as README runs it: every stage, with GAE in fixed-turn
+    batches (exactly n_envs x turns_per_env calls an iteration, each call a sample of one reply
+    at its slot's lock-step; the agents and the endpoint go on across the update), GAE
+    recomputed from the files."""
     params = toy_sequence_params(tiny_model_dir, "agent")
+    params["algo"] = {**params.get("algo", {}), "advantage": "gae"}
+    params["rollout"].update(turns_per_env=2)
+    params["train"].update(iterations=2)
     repo = scratch_repo(tmp_path, params)
     out = _dvc(repo, "exp", "run", "-n", "agent")
     for stage in STAGES:
         assert f"Running stage '{stage}'" in out
-    part = repo / "data/train/trajectories/iteration=0000/part-00.parquet"
-    samples = pd.read_parquet(part)
-    assert (samples["replies"].map(len) == 1).all() and samples["env_index"].notna().all()
-    for _, episode in samples.groupby("episode_id"):
-        steps = sorted(r[0]["step"] for r in episode["replies"])
-        assert steps == list(range(len(episode)))
-    assert audit_samples_file(part) < 1e-4
+    for iteration in (0, 1):
+        part = repo / f"data/train/trajectories/iteration={iteration:04d}/part-00.parquet"
+        samples = pd.read_parquet(part)
+        assert (samples["replies"].map(len) == 1).all() and samples["env_index"].notna().all()
+        steps = samples.groupby("env_index")["replies"].agg(lambda r: sorted(x[0]["step"]
+                                                                              for x in r))
+        assert steps.tolist() == [[0, 1], [0, 1]]
+        assert audit_samples_file(part) < 1e-4
     metrics = json.loads((repo / "data/eval/final/metrics.json").read_text())
     assert metrics["overall"]["episodes"] == 2
