@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from longturn.agent.token_cache import token_ids
 from longturn.agent.memory import HistoryEntry
-from longturn.envs.base import Instructions
+from longturn.instructions import Instructions
 from longturn.errors import UserError
 
 EMPTY_VIEW = "(nothing noteworthy in view)"

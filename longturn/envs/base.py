@@ -5,10 +5,12 @@ Envs describe the world and execute actions; they never format chat prompts (age
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+
+from longturn.instructions import Instructions  # noqa: F401 (envs import it from here too)
 
 
 @dataclass
@@ -17,18 +19,6 @@ class Observation:
 
     text: str
     image: np.ndarray | None = None
-
-
-@dataclass
-class Instructions:
-    """Episode-level instructions the prompt builder turns into a system prompt."""
-
-    goal: str
-    actions: dict[str, str]  # action name -> short description, in display order
-    tips: list[str] = field(default_factory=list)
-    # worked exchanges (goal, observation text, ideal reply) that small models imitate; shown in
-    # order before the history, so they sit in the prompt prefix every turn shares
-    demonstrations: tuple[tuple[str, str, str], ...] = ()
 
 
 @runtime_checkable
