@@ -298,12 +298,14 @@ def start_episodes(deltas: ChatDeltas, tasks: list[dict[str, Any]], ids: list[st
         if s.context == WINDOW:
             ep.window = _next_window(ep, s, ep.messages, ep.frame_owner)
         episodes.append(ep)
+    # each episode's interaction picked (a wrong name stops here, before any tool instance)
+    partners = [_partner(s, ep) for ep in episodes] if s.interaction is not None else []
     if s.tools is not None:  # every episode's tools and interaction start at once
         s.tools.create_many([(ep.episode_id, ep.task.get("tools_kwargs")) for ep in episodes],
                             s.tool_timeout_s)
-    if s.interaction is not None:
-        start_all([(_partner(s, ep), ep.episode_id, ep.task.get("interaction_kwargs", {}))
-                   for ep in episodes], s.tool_timeout_s)
+    if partners:
+        start_all([(partner, ep.episode_id, ep.task.get("interaction_kwargs", {}))
+                   for partner, ep in zip(partners, episodes)], s.tool_timeout_s)
     return episodes
 
 
