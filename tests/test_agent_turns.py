@@ -15,6 +15,8 @@ import torch
 from openai import OpenAI
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+import agents_for_tests
+from endpoint_engines import ScriptedEngine
 from longturn.algo.critic import ValueModel
 from longturn.algo.gae import GAEParams
 from longturn.algo.model_set import ModelSet
@@ -88,6 +90,23 @@ def test_a_resumed_collector_starts_fresh_episodes_with_the_counters_it_saved():
     assert resumed.episode_counts == [3, 5] and resumed.slots == [None, None]
     with pytest.raises(SettingError, match="resume with the same rollout.n_envs"):
         collector(3).load_state(saved.state())
+
+
+def test_failing_agents_abort_their_own_episodes_and_the_slot_goes_on(smollm2_tokenizer_dir):
+    """An agent that raises after a call ends its episode aborted, and the slot's next episode
+    takes the next step; one that returns without a call counts a step, so it cannot spin."""
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_tokenizer_dir)
+    engine = ScriptedEngine(tokenizer, lambda prompt: "ANSWER: 1")
+    run = ConversationRun.from_params(_params(), progress=False)
+    for agent, replies in ((agents_for_tests.raises_after_a_call, 1), (lambda task, url: None, 0)):
+        collector = AgentTurnCollector(run, agent, 30.0, ["arithmetic_plain"], 1, TURNS, seed=1)
+        try:
+            records = collector.collect(engine, tokenizer, SAMPLING, 0, {})
+        finally:
+            collector.close()
+        assert [len(r["segment_starts"]) for r in records] == [replies] * TURNS
+        assert [r["reply_steps"] for r in records] == ([[0], [1]] if replies else [[], []])
+        assert [r["termination"] for r in records] == ["agent_error" if replies else "done"] * 2
 
 
 @pytest.fixture(scope="module")
