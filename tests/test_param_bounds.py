@@ -133,10 +133,16 @@ def test_conversations_size_rows_by_their_budget_and_context():
     message = refused({"rollout": {"protocol": "chat", "context": "episode", "n_envs": 4096,
                                    "chat": {"max_tokens": 2**17}}})
     assert "rollout.n_envs (4,096) × rollout.chat.max_tokens (131,072)" in message
-    # a window: a row per reply, so the replies of an episode multiply
+    # a window: a row per reply, so the replies of an episode multiply (critic-free: whole
+    # episodes; with a critic, fixed-turn batches of turns_per_env replies a slot)
     windowed = {"rollout": {"protocol": "chat", "context": "window", "n_envs": 64,
-                            "chat": {"max_tokens": 2**17, "max_assistant_turns": 64}}}
+                            "turns_per_env": 64,
+                            "chat": {"max_tokens": 2**17, "max_assistant_turns": 64}},
+                "algo": {"advantage": "grpo", "group_size": 4}}
     assert ("rollout.n_envs (64) × rollout.chat.max_assistant_turns (64) × "
+            "rollout.chat.max_tokens (131,072)") in refused(windowed)
+    windowed["algo"] = {"advantage": "gae"}
+    assert ("rollout.n_envs (64) × rollout.turns_per_env (64) × "
             "rollout.chat.max_tokens (131,072)") in refused(windowed)
     windowed["rollout"]["context"] = "episode"
     assert parse_params(windowed).rollout.n_envs == 64

@@ -30,10 +30,12 @@ def row_positions(p: Params) -> Factor:
 def iteration_rows(p: Params) -> list[Factor] | None:
     """The factors of one iteration's rows per rank (None: episodes end by the env's own limit,
     unknown here). A conversation is one row with the whole episode as context, a row per reply
-    with a window; an agent's calls with a critic n_envs × turns_per_env."""
+    with a window; with a critic, an agent's calls and the built-in rollout's windowed replies
+    come in fixed-turn batches of n_envs × turns_per_env."""
     r = p.rollout
     if r.protocol == "chat":
-        if p.algo.advantage == "gae" and r.agent is not None:  # its calls in fixed-turn batches
+        fixed_turns = r.agent is not None or (r.context == "window" and r.chat.function is None)
+        if p.algo.advantage == "gae" and fixed_turns:
             return [("rollout.n_envs", r.n_envs), ("rollout.turns_per_env", r.turns_per_env)]
         if r.context == "episode":
             return [("rollout.n_envs", r.n_envs)]
