@@ -43,11 +43,12 @@ from longturn.run.metrics import action_mix, rollout_metrics
 from longturn.run.models import load_tokenizer
 from longturn.run.names import check_conversation_plugins, check_env_tasks
 from longturn.run.validation_report import render_report
+from longturn.serve.agent_turns import AgentTurnCollector
 from longturn.trajectories import write_samples, write_table
 
 # what the train loop collects with
 Collector = (FixedTurnCollector | EpisodeGroupCollector | ConversationCollector
-             | FixedTurnConversations)
+             | FixedTurnConversations | AgentTurnCollector)
 Rows = list[dict[str, Any]]
 
 
@@ -91,7 +92,6 @@ def _conversation_collector(params: Params, rank: int, run_id: str) -> Collector
     r, run, tasks = params.rollout, ConversationRun.from_params(params), list(params.env.tasks)
     plays_groups = Estimator.named(params.algo.advantage).collection is Collection.SEED_GROUPS
     if not plays_groups and r.agent is not None:  # an agent's calls in fixed-turn batches
-        from longturn.serve.agent_turns import AgentTurnCollector  # serve/ sits above rollout/
         return AgentTurnCollector.from_params(params, run, rank, run_id)
     if not plays_groups and run.function is conversation_rollout and r.context == "window":
         return FixedTurnConversations(run, tasks, r.n_envs, r.turns_per_env, params.seed,
