@@ -28,13 +28,13 @@ def _stats(group: pd.DataFrame, tools: bool) -> dict[str, float | int]:
     """Counts of one group of replies; success rate over episodes that ended on their own (the
     success flag of their last reply), tool calls over the group's samples."""
     counts = reason_counts(group["reason"])
-    ended = group["reason"] != "continues"
-    decided = ended & ~group["reason"].isin(ABORTED)
+    decided = _decided(group)
     successes = int((decided & group["success"].fillna(False).astype(bool)).sum())
     valid = pd.to_numeric(group["action_valid"], errors="coerce")  # null on tool/free-text replies
     out: dict[str, float | int] = {
         "turns": len(group), "samples": int(group["sample"].nunique()),
-        "episodes": int(group["episode_id"].nunique()), "ended": int(ended.sum()),
+        "episodes": int(group["episode_id"].nunique()),
+        "ended": int((group["reason"] != "continues").sum()),
         "successes": successes, "success_rate": _ratio(successes, int(decided.sum())),
         "valid_action_ratio": float(valid.mean()) if valid.notna().any() else float("nan"),
         "mean_reward": float(group["reward"].mean()),
@@ -47,6 +47,13 @@ def _stats(group: pd.DataFrame, tools: bool) -> dict[str, float | int]:
                    tool_calls_per_episode=_ratio(calls, out["episodes"]),
                    tool_call_validity=_ratio(calls - errors, calls))
     return {**out, **counts}
+
+
+def _decided(group: pd.DataFrame) -> pd.Series:
+    """Replies that end an episode on its own: ended, and not aborted (an env's failure, or an
+    agent's error or timeout, whatever its reason's name)."""
+    aborted = group["aborted"].fillna(False).astype(bool) | group["reason"].isin(ABORTED)
+    return (group["reason"] != "continues") & ~aborted
 
 
 def _by(frame: pd.DataFrame, key: str, tools: bool) -> pd.DataFrame:
@@ -80,7 +87,7 @@ def summarise(run: Run) -> Output:
             "tokenization_check": tokenization,
             "per_rank": by_rank, "per_iteration": by_iteration, "per_task": by_task}
     span = f" ({iterations[0]}..{iterations[-1]})" if iterations else ""
-    decided = overall["ended"] - sum(overall.get(r, 0) for r in ABORTED)
+    decided = int(_decided(frame).sum())
     reasons = " · ".join(f"{r} {n}" for r, n in reason_counts(frame["reason"]).items())
     lines = [
         f"run: {run.root} ({run.kind}, {len(run.files)} file(s))",

@@ -74,6 +74,12 @@ def sample_from_episode(record: Row) -> Row:
         full = record.get(name)
         sample[name] = None if full is None else list(full[first:])
     sample["replies"] = _episode_replies(record, ids, starts, ends, first)
+    if not starts and record.get("aborted"):  # an agent that failed before its first call: its
+        # ending rides on one reply of no loss token, counted as an aborted step
+        sample["replies"] = [{**_blank_reply(), "start": 0, "end": 1, "turn": 0, "step": 0,
+                              "reward": 0.0, "terminated": False, "truncated": False,
+                              "success": False, "aborted": True, "segment_end": False,
+                              "termination": record.get("termination")}]
     return sample
 
 

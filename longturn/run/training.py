@@ -18,11 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from longturn.algo.trainer import PPOTrainer
 from longturn.run.checkpoints import COMPLETE, CheckpointStore, iteration_dir
 from longturn.params.config import Params
 from longturn.device import resolve_device
-from longturn.distributed import barrier, init_distributed, is_main_process
+from longturn.distributed import barrier, init_distributed, is_main_process, sum_over_ranks
 from longturn.run.dvc_remote import push_training_outputs
 from longturn.engines.registry import make_engine, sampling_from_params
 from longturn.run.metrics import MetricsLog, PhaseClock
@@ -226,6 +228,17 @@ def _iteration(params: Params, paths: TrainPaths, trainer: PPOTrainer,
         score_and_write(trainer, samples, part, file_metadata(params, iteration))
         barrier()
     metrics = batch_metrics(params, rows, samples, collector)
+    if not sum_over_ranks(np.array([float(any(map(_trains, samples)))]))[0]:
+        log.warning("iteration %d: every episode was aborted or made no reply (see "
+                    "termination/*): nothing to train on, so no update this iteration", iteration)
+        return {**metrics, "update_skipped": 1.0}
     with clock.phase("update"):
         metrics.update(trainer.update([str(part)]))
     return metrics
+
+
+def _trains(sample: dict[str, Any]) -> bool:
+    """A sample has a loss token in a reply that was not aborted."""
+    mask = sample["loss_mask"]
+    return any(any(mask[r["start"]:r["end"]]) for r in sample["replies"] or ()
+               if not r["aborted"])

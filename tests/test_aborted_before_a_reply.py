@@ -1,0 +1,46 @@
+"""An agent that fails before its first call: its episode is counted as aborted with its own
+reason (not as a token-budget ending, not in the success rate), trains nothing, and an iteration
+in which every episode is like that skips its update instead of stopping the run."""
+
+from __future__ import annotations
+
+import json
+
+from longturn.rollout.conversation_metrics import conversation_metrics
+from longturn.rollout.samples import samples_from_episodes
+from longturn.run.conversation_evaluation import summary
+from longturn.run.training import _trains
+
+
+def record(termination: str | None, aborted: bool, calls: int) -> dict:
+    """An agent rollout's record with `calls` replies of two tokens after a 3-token prompt."""
+    ids, starts, ends = [1, 2, 3], [], []
+    for _ in range(calls):
+        starts.append(len(ids))
+        ids += [7, 8]
+        ends.append(len(ids))
+    return {"episode_id": f"e{calls}{aborted}", "task": "arithmetic", "episode_seed": 0,
+            "input_ids": ids, "loss_mask": [0, 0, 0] + [1, 1] * calls,
+            "engine_logprobs": [0.0] * len(ids), "segment_starts": starts, "segment_ends": ends,
+            "segment_rewards": [0.0] * calls, "reward": 0.0, "termination": termination,
+            "truncated": False, "aborted": aborted, "success": False,
+            "messages": json.dumps([]), "metrics": json.dumps({}), "tool_calls": 0,
+            "tool_errors": 0, "user_turns": 0, "assistant_turns": calls,
+            "tokenization_check": "skipped", "images": [], "image_starts": []}
+
+
+def test_an_agent_error_before_any_call_is_an_aborted_ending_that_trains_nothing():
+    samples = samples_from_episodes([record("agent_error", True, 0), record("done", False, 2)])
+    failed = samples[0]
+    assert [r["termination"] for r in failed["replies"]] == ["agent_error"]
+    assert failed["replies"][0]["aborted"] and failed["loss_mask"] == [0]
+    assert not _trains(failed) and _trains(samples[1])
+    m = conversation_metrics(samples)
+    assert m["termination/agent_error"] == 1 and m["termination/token_budget"] == 0
+    s = summary(samples)
+    assert s["aborted_episodes"] == 1 and s["completed_episodes"] == 1
+
+
+def test_an_aborted_reply_trains_nothing():
+    sample = samples_from_episodes([record("timeout", True, 2)])[0]
+    assert all(r["aborted"] for r in sample["replies"]) and not _trains(sample)
