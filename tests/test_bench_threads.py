@@ -18,7 +18,7 @@ BENCH = ROOT / "bench"
 CORES = len(os.sched_getaffinity(0))
 THREADED = ["cpu_engine_cuts.py", "engine_throughput.py", "gae.py", "gpu_memory.py",
             "iteration_cost.py", "ppo_update.py", "prefix_cache.py", "rollout_throughput.py",
-            "turn_cost.py"]
+            "trunk_reuse.py", "turn_cost.py"]
 NOT_THREADED = {  # why --threads makes no sense there
     "agent_prompts.py": "renders prompts, no torch compute",
     "compare_estimators.py": "runs DVC experiments in child stages (torch's own default there)",

@@ -107,6 +107,17 @@ def test_ppo_update_tiny(tiny_dir: str) -> None:
         assert number(rf"shared trunk on vs off \({re.escape(label)}\): x\s*([\d.]+)", out) > 0
 
 
+def test_trunk_reuse_tiny(tiny_dir: str) -> None:
+    out = run_bench("trunk_reuse.py", "--tiny", "--tiny-dir", tiny_dir)
+    assert "trunk 1 of 2 layers" in out
+    assert number(r"kept\s*:\s*([\d.]+) MiB", out) > 0
+    # the new update and refit ran no trunk pass of their own: every batch was assembled
+    assert re.search(r"update\s+new : .*\(trunk: [1-9]\d* batches assembled, 0 run\)", out)
+    assert re.search(r"warm-up refit new : .*\(trunk: [1-9]\d* batches assembled, 0 run\)", out)
+    for phase in ("update", "warm-up refit"):
+        assert number(rf"(?m)^{phase}: old .*: x\s*([\d.]+)", out) > 0
+
+
 def test_prefix_cache_tiny(tiny_dir: str) -> None:
     out = run_bench("prefix_cache.py", "--tiny", "--tiny-dir", tiny_dir)
     assert number(r"speed-up \(median\)\s*:\s*([\d.]+)x", out) > 0

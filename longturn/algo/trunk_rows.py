@@ -73,6 +73,9 @@ class TrunkRows:
     def clear(self) -> None:
         self._rows.clear()
 
+    def __len__(self) -> int:
+        return len(self._rows)
+
     def get(self, batch: PackedBatch, modules: Iterable[nn.Module],
             prefix_hidden: torch.Tensor | None, run: Callable[[], torch.Tensor]) -> torch.Tensor:
         """The trunk's [B, T, H] over the batch's own columns: assembled when every row is kept,
