@@ -149,7 +149,9 @@ def test_a_generate_that_raises_or_hangs_aborts_its_episode(tokenizer):
         for record in records:
             assert record["aborted"] and record["termination"] == reason
             [sample] = samples_from_episodes([record])
-            assert not any(sample["loss_mask"]) and sample["replies"] == []
+            assert not any(sample["loss_mask"])  # its ending on one aborted reply, no token
+            assert [(r["aborted"], r["termination"]) for r in sample["replies"]] == [
+                (True, reason)]
 
 
 def test_generate_refuses_bad_requests_and_records_nothing(tokenizer):
