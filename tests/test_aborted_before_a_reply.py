@@ -44,3 +44,9 @@ def test_an_agent_error_before_any_call_is_an_aborted_ending_that_trains_nothing
 def test_an_aborted_reply_trains_nothing():
     sample = samples_from_episodes([record("timeout", True, 2)])[0]
     assert all(r["aborted"] for r in sample["replies"]) and not _trains(sample)
+
+
+def test_a_built_in_episode_with_no_room_for_a_reply_keeps_no_reply():
+    [sample] = samples_from_episodes([record("token_budget", False, 0)])
+    assert sample["replies"] == []
+    assert conversation_metrics([sample])["termination/token_budget"] == 1

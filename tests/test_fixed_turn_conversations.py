@@ -101,3 +101,22 @@ def test_gae_values_a_cut_episode_by_its_bootstrap(tokenizer, models):
     for s in cut:
         assert s["replies"][-1]["next_value"] == pytest.approx(
             boot_value(models, s["bootstrap_prompt_ids"]), abs=1e-5)
+
+
+def test_a_resumed_collector_keeps_its_counters_and_refuses_other_slots(tokenizer):
+    """The running episodes live in tools and interactions: a resumed run starts new ones, with
+    new seeds and ids, from the counters it saved."""
+    def collector(n_envs: int) -> FixedTurnConversations:
+        run = ConversationRun({"arithmetic": load_task("arithmetic")},
+                              settings(context="window", history_turns=1), conversation_rollout)
+        return FixedTurnConversations(run, ["arithmetic"], n_envs, TURNS, seed=3)
+
+    played = collector(N_ENVS)
+    sampling = sampling_settings(max_new_tokens=64, temperature=1.0, seed=0)
+    played.collect(CyclingEngine(tokenizer), tokenizer, sampling, 0, {}, progress=False)
+    played.close()
+    resumed = collector(N_ENVS)
+    resumed.load_state(played.state())
+    assert resumed.counts == played.counts and sum(played.counts) >= N_ENVS
+    with pytest.raises(SettingError, match="resume with the same rollout.n_envs"):
+        collector(N_ENVS + 1).load_state(played.state())

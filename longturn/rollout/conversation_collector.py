@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import pickle
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -26,7 +25,7 @@ from longturn.rollout.conversation import Conversation
 from longturn.rollout.conversation_rollout import (WINDOW, chat_deltas, finish_all, lock_step,
                                                    release_all, start_episodes)
 from longturn.rollout.conversation_setup import ConversationRun
-from longturn.rollout.fixed_turn_collector import episode_seed
+from longturn.rollout.fixed_turn_collector import counters_state, episode_seed, restored_counters
 
 
 class ConversationCollector:
@@ -180,15 +179,12 @@ class FixedTurnConversations:
     def state(self) -> bytes:
         """The episode counters: the running episodes cannot be kept (their tools and
         interaction hold them), so a resumed run starts new ones."""
-        return pickle.dumps({"counts": self.counts})
+        return counters_state(self.counts)
 
     def load_state(self, blob: bytes) -> None:
-        counts = pickle.loads(blob)["counts"] if blob else self.counts
-        if len(counts) != self.n_envs:
-            raise SettingError(f"checkpoint has {len(counts)} episode slots, params ask for "
-                               f"{self.n_envs}: resume with the same rollout.n_envs")
+        counts = restored_counters(blob, self.counts)
         self.close()
-        self.counts = list(counts)
+        self.counts = counts
 
     def close(self) -> None:
         """Abandon the running episodes: tools and the interaction release them."""

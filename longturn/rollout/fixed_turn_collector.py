@@ -29,6 +29,22 @@ def episode_seed(base_seed: int, rank: int, slot: int, count: int) -> int:
     return int.from_bytes(digest[:4], "little")
 
 
+def counters_state(counts: list[int]) -> bytes:
+    """The checkpoint of a fixed-turn collector whose running episodes cannot be kept (they live
+    in tools, interactions or agent threads): the episodes each slot started, so a resumed run's
+    new episodes take new seeds and ids."""
+    return pickle.dumps({"episode_counts": list(counts)})
+
+
+def restored_counters(blob: bytes, counts: list[int]) -> list[int]:
+    """The counters `counters_state` saved (an empty blob keeps `counts`), for as many slots."""
+    saved = pickle.loads(blob)["episode_counts"] if blob else counts
+    if len(saved) != len(counts):
+        raise SettingError(f"checkpoint has {len(saved)} episode slots, params ask for "
+                           f"{len(counts)}: resume with the same rollout.n_envs")
+    return list(saved)
+
+
 def start_episodes(slots: list[EnvSlot], todo: Iterable[int],
                    episode_for: Callable[[int], tuple[int, str]],
                    unreported: list[list[str]]) -> None:

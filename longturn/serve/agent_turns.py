@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import pickle
 import threading
 import time
 from concurrent.futures import Future, wait
@@ -26,11 +25,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from longturn.engines.base import Engine, SamplingParams
-from longturn.errors import SettingError
 from longturn.params.config import Params
 from longturn.rollout.conversation import AGENT_TIMEOUT
 from longturn.rollout.conversation_setup import ConversationRun
-from longturn.rollout.fixed_turn_collector import episode_seed
+from longturn.rollout.fixed_turn_collector import counters_state, episode_seed, restored_counters
 from longturn.serve.agent_rollout import Agent, Outcome, _outcome, _record, quiet_http_clients
 from longturn.serve.server import OpenAIServer
 from longturn.tasks.plugins import import_class
@@ -180,14 +178,10 @@ class AgentTurnCollector:
     def state(self) -> bytes:
         """The episode counts only (new episodes take new seeds and ids): a running agent cannot
         be saved, so a resumed run starts fresh episodes in every slot."""
-        return pickle.dumps({"episode_counts": self.episode_counts})
+        return counters_state(self.episode_counts)
 
     def load_state(self, blob: bytes) -> None:
-        counts = pickle.loads(blob)["episode_counts"] if blob else self.episode_counts
-        if len(counts) != self.n_envs:
-            raise SettingError(f"checkpoint has {len(counts)} agent slots, params ask for "
-                               f"{self.n_envs}: resume with the same rollout.n_envs")
-        self.episode_counts = list(counts)
+        self.episode_counts = restored_counters(blob, self.episode_counts)
 
     def close(self) -> None:
         """Stop the endpoint (held and running calls are refused, so agents return) and leave
