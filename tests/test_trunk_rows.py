@@ -13,14 +13,13 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from longturn.algo.critic import ValueModel
 from longturn.algo.model_set import ModelSet
 from longturn.algo.trainer import PPOTrainer
 from longturn.engines.logprobs import pack_prompt_response
 from longturn.rollout.samples import samples_from_turns
 from longturn.trajectories import write_samples
 from test_trunk import PAD, PROMPTS, RESPONSES, SHARED, _models
-from test_trainer import GAE, SETTINGS
+from test_trainer import GAE, SETTINGS, critic_dir  # noqa: F401 (fixture)
 from two_rank_update import make_rows
 
 # row 3 shares two more tokens with row 0 than the batch shares: a longer prefix than scoring's
@@ -58,14 +57,6 @@ def test_kept_rows_give_the_trunk_of_any_packing(tiny_model_dir) -> None:
         models.actor_decoder.layers[0].mlp.up_proj.weight.mul_(1.0)
     _trunk(models, ROWS[:2], share_prefix=True)
     assert kept.misses == misses + 3
-
-
-@pytest.fixture(scope="module")
-def critic_dir(tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> str:
-    torch.manual_seed(3)
-    out = tmp_path_factory.mktemp("critic")
-    ValueModel.from_pretrained(tiny_model_dir, head_std=0.3).save_pretrained(out)
-    return str(out)
 
 
 def _trainer(model_dir: str, critic_dir: str, tmp_path) -> tuple[PPOTrainer, str]:

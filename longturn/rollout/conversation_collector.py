@@ -119,7 +119,7 @@ class FixedTurnConversations:
             self._start_new()
             lock_step(engine, [ep for ep in self.episodes if ep is not None], s, sampling, step)
             records += self._finish_ended()
-        records += [self._part(i, dict(self.episodes[i].record()), cut=True)
+        records += [self._part(i, self.episodes[i].record(), cut=True)
                     for i, ep in enumerate(self.episodes)
                     if ep is not None and len(ep.segments) > self.emitted[i]]
         for record in records:
