@@ -46,7 +46,6 @@ SLOW_MODULES = {
     "test_vision.py": "PPO updates on image frames through a tiny LLaVA",
 }
 
-_OVER_LIMIT = pytest.StashKey[list]()
 _SLOW = {why: re.compile(p) for why, p in SLOW_PATTERNS.items()}
 _NETWORK = {why: re.compile(p) for why, p in NETWORK_PATTERNS.items()}
 
@@ -122,7 +121,6 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: starts stages, training, DVC, kfp, torchrun or "
                                        "the SGLang stand-in (applied by rule in tests/tiers.py)")
     config.addinivalue_line("markers", "network: needs a package index (applied by rule)")
-    config.stash[_OVER_LIMIT] = []
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -145,25 +143,38 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
+    """A fast-tier call over the limit fails in its own report: under pytest-xdist the report
+    is what reaches the controller (a worker's stash or exit status does not)."""
     report = yield
     limit = item.config.getoption("--max-fast-call-s")
     fast_tier = not (item.get_closest_marker("slow") or item.get_closest_marker("network"))
-    if limit is not None and report.when == "call" and fast_tier and report.duration > limit:
-        item.config.stash[_OVER_LIMIT].append((report.nodeid, report.duration))
+    if (limit is not None and report.when == "call" and fast_tier and report.passed
+            and report.duration > limit):
+        report.outcome = "failed"
+        report.longrepr = (f"call took {report.duration:.1f} s > {limit:g} s outside `slow`; "
+                           "make it cheaper, or make tests/tiers.py see why it is slow")
+        report.user_properties.append((_OVER_LIMIT_KEY, report.duration))
     return report
 
 
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if session.config.stash.get(_OVER_LIMIT, []) and exitstatus == 0:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+_OVER_LIMIT_KEY = "over_fast_tier_limit_s"
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Collected where the terminal summary is written (the controller under xdist)."""
+    for key, seconds in report.user_properties:
+        if key == _OVER_LIMIT_KEY:
+            _over_limit.append((report.nodeid, seconds))
+
+
+_over_limit: list[tuple[str, float]] = []
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    over = config.stash.get(_OVER_LIMIT, [])
-    if not over:
+    if not _over_limit:
         return
     limit = config.getoption("--max-fast-call-s")
     terminalreporter.section("tests outside `slow` over the fast tier's limit", red=True)
-    for nodeid, seconds in over:
+    for nodeid, seconds in _over_limit:
         terminalreporter.line(f"FAILED {nodeid}: call took {seconds:.1f} s > {limit:g} s; "
                               "make it cheaper, or make tests/tiers.py see why it is slow")
