@@ -6,31 +6,46 @@ import math
 
 import numpy as np
 
-from longturn.run.metrics import rollout_metrics, rollout_totals
+from longturn.run.metrics import logprob_gap, rollout_metrics, rollout_totals
 
 
 def _row(turn: int, success: bool = False, ended: bool = False, valid: bool = True,
-         reward: float = 0.0, gap: float | None = None) -> dict:
+         reward: float = 0.0) -> dict:
     return {"turn": turn, "success": success, "terminated": ended and success,
             "truncated": ended and not success, "aborted": False, "action_valid": valid,
             "reward": reward, "env_reward": max(reward, 0.0), "response_ids": [1] * 4,
-            "finish_reason": "stop", "logprob_gap": gap}
+            "finish_reason": "stop"}
 
 
 def test_one_rank() -> None:
-    rows = [_row(0), _row(5, success=True, ended=True, reward=0.9, gap=0.1),
-            _row(31, ended=True, valid=False, reward=-0.1, gap=0.3)]
+    rows = [_row(0), _row(5, success=True, ended=True, reward=0.9),
+            _row(31, ended=True, valid=False, reward=-0.1)]
     m = rollout_metrics(rows)
     assert m["turns"] == 3 and m["episodes_ended"] == 2
     assert m["success_rate"] == 0.5 and m["episode_length"] == (6 + 32) / 2
     assert m["valid_action_ratio"] == 2 / 3 and math.isclose(m["mean_reward"], 0.8 / 3)
-    assert math.isclose(m["logprob_gap"], 0.2)
 
 
-def test_nothing_ended_is_nan_and_gap_absent() -> None:
+def test_nothing_ended_is_nan() -> None:
     m = rollout_metrics([_row(0), _row(1)])
     assert math.isnan(m["success_rate"]) and math.isnan(m["episode_length"])
-    assert "logprob_gap" not in m
+
+
+def _sample(*gaps: float | None) -> dict:
+    return {"replies": [{"logprob_gap": gap} for gap in gaps]}
+
+
+def test_logprob_gap_is_read_from_the_scored_replies_of_any_sample() -> None:
+    """A turn's sample has one reply, a packed episode several: each reply counts once."""
+    samples = [_sample(0.1), _sample(0.3, None, 0.5)]
+    assert math.isclose(logprob_gap(samples)["logprob_gap"], 0.3)
+    assert logprob_gap([_sample(None)]) == {}  # nothing scored with engine logprobs
+
+
+def test_logprob_gap_sums_ranks_before_dividing() -> None:
+    other_rank = np.array([0.9, 3.0])  # three replies of 0.3 on rank 1
+    m = logprob_gap([_sample(0.1)], lambda total: total + other_rank)
+    assert math.isclose(m["logprob_gap"], 1.0 / 4)
 
 
 def test_ranks_are_summed_before_dividing() -> None:

@@ -84,6 +84,8 @@ def test_train_writes_audited_iterations_and_resumes(resumed_run, tiny_model_dir
         mix = {k: v for k, v in metrics.items() if k.startswith("action_mix/")}
         assert "action_mix/go_forward" in mix and sum(mix.values()) == pytest.approx(1.0)
         assert metrics["lr_actor"] > 0 and metrics["epochs_run"] >= 1 and "successes" in metrics
+        # engine against trainer, read from the scored samples (the report plots it)
+        assert 0 <= metrics["logprob_gap"] < 1e-3
     assert (tmp_path / "live/plots/metrics/train/action_mix/go_forward.tsv").is_file()
     assert (tmp_path / "final/config.json").is_file()
 

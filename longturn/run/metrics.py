@@ -33,7 +33,6 @@ def rollout_totals(rows: list[dict[str, Any]]) -> dict[str, tuple[float, float]]
     terminations = {key: counted[key] for key in TERMINATION_KEYS}
     aborted = sum(terminations[PREFIX + r] for r in ABORTED)
     n = float(len(rows))
-    gaps = [r["logprob_gap"] for r in rows if r.get("logprob_gap") is not None]
     wins = float(sum(bool(r["success"]) for r in completed))
     return {
         "turns": (n, 1.0),
@@ -48,8 +47,6 @@ def rollout_totals(rows: list[dict[str, Any]]) -> dict[str, tuple[float, float]]
         "valid_action_ratio": (float(sum(bool(r["action_valid"]) for r in rows)), n),
         "response_tokens": (float(sum(len(r["response_ids"]) for r in rows)), n),
         "finish_length_ratio": (float(sum(r["finish_reason"] == "length" for r in rows)), n),
-        # mean |engine − trainer| logprob per token, both of the untempered policy
-        "logprob_gap": (float(sum(gaps)), float(len(gaps))),
     }
 
 
@@ -59,7 +56,7 @@ def rollout_metrics(rows: list[dict[str, Any]],
     """Success among episodes that ended in this batch (aborted ones apart), reward per turn,
     lengths, validity, episodes ended per termination reason; over every rank's rows when
     ``sum_over_ranks`` (an all-reduce of an array) is given.
-    A ratio with nothing to count is NaN (left out of the curves); logprob_gap is then absent."""
+    A ratio with nothing to count is NaN (left out of the curves)."""
     totals = rollout_totals(rows)
     keys = sorted(totals)
     values = np.array([totals[k] for k in keys], dtype=np.float64)
@@ -71,9 +68,24 @@ def rollout_metrics(rows: list[dict[str, Any]],
             out[key] = float(numerator)
         elif denominator > 0:
             out[key] = float(numerator / denominator)
-        elif key != "logprob_gap":
+        else:
             out[key] = float("nan")
     return out
+
+
+def logprob_gap(samples: list[dict[str, Any]],
+                sum_over_ranks: Callable[[np.ndarray], np.ndarray] | None = None
+                ) -> dict[str, float]:
+    """Mean |engine − trainer| logprob per token of a reply, both of the untempered policy, over
+    the scored replies of every rank (scoring writes each reply's `logprob_gap`: a gap that
+    grows says the engine samples from another policy than the one PPO corrects for). Absent
+    when no reply was scored with engine logprobs."""
+    gaps = [reply["logprob_gap"] for sample in samples for reply in sample["replies"] or ()
+            if reply.get("logprob_gap") is not None]
+    total = np.array([float(sum(gaps)), float(len(gaps))])
+    if sum_over_ranks is not None:
+        total = sum_over_ranks(total)
+    return {"logprob_gap": float(total[0] / total[1])} if total[1] > 0 else {}
 
 
 def action_mix(rows: list[dict[str, Any]], actions: list[str],

@@ -18,6 +18,8 @@ from longturn.algo.estimator import Estimator
 from longturn.algo.trainer import PPOTrainer, TrainerSettings
 from longturn.params.config import Params
 from longturn.device import resolve_bf16, resolve_device
+from longturn.distributed import sum_over_ranks
+from longturn.run.metrics import logprob_gap
 from longturn.run.protocol import Collector, protocol
 from longturn.trajectories import write_samples
 
@@ -98,5 +100,8 @@ def score_and_write(trainer: PPOTrainer, samples: list[dict[str, Any]], path: Pa
 
 def batch_metrics(params: Params, rows: list[dict[str, Any]], samples: list[dict[str, Any]],
                   collector: Collector) -> dict[str, float]:
-    """What a collected batch says, over every rank (run/protocol.py)."""
-    return protocol(params).batch_metrics(rows, samples, collector)
+    """What a collected batch says, over every rank (run/protocol.py), and the engine's
+    logprob gap from the scored samples, whatever the protocol."""
+    metrics = protocol(params).batch_metrics(rows, samples, collector)
+    metrics.update(logprob_gap(samples, sum_over_ranks))
+    return metrics
