@@ -116,18 +116,24 @@ def _episode_metrics(rows: Rows, samples: Rows, collector: Collector) -> dict[st
     return metrics
 
 
+def _value_loss(m: dict[str, float]) -> str:
+    """`value_loss X ` when the update trained a critic: a critic-free estimator's metrics (and a
+    skipped update's) have no value_loss, and the line shows none rather than a made-up 0."""
+    return f"value_loss {m['value_loss']:.4f} " if "value_loss" in m else ""
+
+
 def _describe_turns(iteration: int, m: dict[str, float]) -> str:
     return (f"iteration {iteration}: success {m.get('success_rate', 0.0):.3f} reward "
             f"{m.get('mean_reward', 0.0):.3f} valid {m.get('valid_action_ratio', 0.0):.2f} "
-            f"value_loss {m.get('value_loss', 0.0):.4f} kl {m.get('kl_mean', 0.0):.5f} "
+            f"{_value_loss(m)}kl {m.get('kl_mean', 0.0):.5f} "
             f"({m['seconds_per_iteration']:.0f} s, {m['turns_per_s']:.1f} turns/s)")
 
 
 def _describe_episodes(iteration: int, m: dict[str, float]) -> str:
     return (f"iteration {iteration}: success {m['success_rate']:.3f} reward "
             f"{m['mean_reward']:.3f} replies/episode {m['mean_assistant_turns']:.2f} tool "
-            f"calls/episode {m['tool_calls_per_episode']:.2f} value_loss "
-            f"{m.get('value_loss', 0.0):.4f} kl {m.get('kl_mean', 0.0):.5f} "
+            f"calls/episode {m['tool_calls_per_episode']:.2f} {_value_loss(m)}"
+            f"kl {m.get('kl_mean', 0.0):.5f} "
             f"({m['seconds_per_iteration']:.0f} s, {m['turns_per_s']:.2f} replies/s)")
 
 
