@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -126,15 +127,39 @@ def _pypi_reachable() -> bool:
         return False
 
 
-@pytest.mark.parametrize("name", ["requirements-gpu.lock", "sglang.lock"])
-def test_image_lock_resolves_for_the_image_platform_pin_for_pin(tmp_path, name):
+IMAGE_LOCKS = ["requirements-gpu.lock", "sglang.lock"]
+
+
+@pytest.fixture(scope="module")
+def image_resolutions(tmp_path_factory) -> dict[str, tuple[Path, dict | Exception]]:
+    """Each image lock resolved as the image build does (its sdist-only pins built first), both
+    at once: each is pip subprocesses that mostly wait on the index. Per lock: the wheels dir
+    and the resolution, or its error (raised by that lock's own test)."""
     if not _pypi_reachable():
         pytest.skip("PyPI (https://pypi.org/simple) is unreachable: cannot resolve the image locks")
     lock = image_lock()
+
+    def resolve(name: str) -> tuple[Path, dict | Exception]:
+        wheels = tmp_path_factory.mktemp(name.replace(".", "_"))
+        path = ROOT / "docker-image" / name
+        try:
+            lock.build_wheels(lock.sdist_pins(path), wheels)
+            return wheels, lock.resolve(["-r", str(path)], wheels)
+        except Exception as err:
+            return wheels, err
+
+    with ThreadPoolExecutor(len(IMAGE_LOCKS)) as pool:
+        return dict(zip(IMAGE_LOCKS, pool.map(resolve, IMAGE_LOCKS)))
+
+
+@pytest.mark.parametrize("name", IMAGE_LOCKS)
+def test_image_lock_resolves_for_the_image_platform_pin_for_pin(image_resolutions, name):
+    lock = image_lock()
     path = ROOT / "docker-image" / name
-    lock.build_wheels(lock.sdist_pins(path), tmp_path)  # as the image build does
-    resolved = lock.resolve(["-r", str(path)], tmp_path)
+    wheels, resolved = image_resolutions[name]
+    if isinstance(resolved, Exception):
+        raise resolved
     got = {n: entry["version"] for n, entry in resolved.items()}
     assert got == lock.pins(path), "the lock is incomplete or inconsistent: regenerate it"
-    built = {n for n, entry in resolved.items() if entry["url"].startswith(tmp_path.as_uri())}
+    built = {n for n, entry in resolved.items() if entry["url"].startswith(wheels.as_uri())}
     assert built == {lock.normalize(p.split("==")[0]) for p in lock.sdist_pins(path)}

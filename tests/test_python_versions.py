@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -59,13 +60,32 @@ def wheels(tmp_path_factory) -> Path:
     return dest
 
 
-@pytest.mark.network
-@pytest.mark.parametrize("python", VERSIONS)
-def test_pinned_environment_resolves_for_python(wheels, python):
+@pytest.fixture(scope="module")
+def resolutions(wheels) -> dict[str, dict | Exception]:
+    """Each version's resolution (or its error), all at once: each is a pip subprocess that
+    mostly waits on the index, so four in parallel take about the time of one."""
     lock = image_lock()
     name, version = lock.normalize(project()["name"]), project()["version"]
-    resolved = lock.resolve(["-r", str(ROOT / "requirements.lock"), f"{name}=={version}"],
-                            wheels, python=python)
+    requirements = ["-r", str(ROOT / "requirements.lock"), f"{name}=={version}"]
+
+    def resolve(python: str) -> dict | Exception:
+        try:
+            return lock.resolve(requirements, wheels, python=python)
+        except Exception as err:  # reported by that version's own test
+            return err
+
+    with ThreadPoolExecutor(len(VERSIONS)) as pool:
+        return dict(zip(VERSIONS, pool.map(resolve, VERSIONS)))
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("python", VERSIONS)
+def test_pinned_environment_resolves_for_python(resolutions, python):
+    lock = image_lock()
+    name, version = lock.normalize(project()["name"]), project()["version"]
+    resolved = resolutions[python]
+    if isinstance(resolved, Exception):
+        raise resolved
     got = {n: entry["version"] for n, entry in resolved.items()}
     pinned = lock.pins(ROOT / "requirements.lock")
     drift = {n: (v, got.get(n)) for n, v in pinned.items() if got.get(n) != v}
