@@ -56,10 +56,10 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     ep.add_argument("--limit", type=int, help="show at most this many rows")
 
     show = sub.add_parser("show", parents=[common],
-                          help="an episode as the model saw it: turn by turn (prompt, THINK, "
-                               "ACTION, reward, value, advantage), or, for a packed episode, its "
-                               "conversation message by message with each reply's reward and "
-                               "advantage")
+                          help="every reply of an episode as the model saw it: turn by turn "
+                               "(prompt, THINK, ACTION, reward, value, advantage), or, for a "
+                               "conversation (packed, windowed or an agent's calls), message by "
+                               "message with each reply's reward, value and advantage")
     show.add_argument("episode_id", metavar="EPISODE_ID", help="as `episodes` lists them")
     show.add_argument("run_dir", nargs="?", default=DEFAULT_RUN, metavar="RUN_DIR", help=RUN_HELP)
     show.add_argument("--no-prompt", action="store_true", help="leave the prompts out")

@@ -67,4 +67,5 @@ def plot_run(run: Run, out: Path) -> Output:
         skipped.append(("action_mix.png", "no executed actions (tool-call or free-text replies)"))
     lines = [f"wrote {p}" for p in written] + [f"skipped {name}: {why}" for name, why in skipped]
     return Output("\n".join(lines), {"written": [str(p) for p in written],
-                                     "skipped": [name for name, _ in skipped]})
+                                     "skipped": [name for name, _ in skipped],
+                                     "replies": len(frame)})

@@ -1,7 +1,8 @@
-"""`show EPISODE_ID RUN_DIR`: an episode's replies as the model saw them, with what training made
-of each. A sample that keeps its conversation (a packed whole episode) is shown message by
-message (audit/conversation.py); window samples turn by turn: prompt, THINK, ACTION, the executed
-action, reward, value, advantage, return."""
+"""`show EPISODE_ID RUN_DIR`: every reply of an episode as the model saw it, with what training
+made of each, read from all the samples that hold the episode. A conversation (a packed whole
+episode, a windowed one, an agent's calls) is shown message by message (audit/conversation.py);
+an env slot's turns one by one: prompt, THINK, ACTION, the executed action, reward, value,
+advantage, return."""
 
 from __future__ import annotations
 
@@ -109,15 +110,23 @@ def _show_turns(frame: pd.DataFrame, where: str, with_prompt: bool, turn: int | 
                          "frames": [str(p) for p in written]})
 
 
+def _is_conversation(frame: pd.DataFrame) -> bool:
+    """A chat-protocol episode: it stores its conversation (`messages`), or its replies carry no
+    text of their own (a window's or an agent call's text is in the conversation of the
+    episode's last sample, not written while the episode goes on)."""
+    return bool(frame["messages"].notna().any() or frame["response_text"].isna().all())
+
+
 def show_episode(run: Run, episode_id: str, with_prompt: bool = True,
                  turn: int | None = None, frames_dir: str | Path | None = None) -> Output:
+    """Every reply of the episode, in whichever samples it sits: the turns of an env slot, or the
+    replies of a conversation (one packed sample, or a sample per windowed reply or agent
+    call) with its stored messages."""
     frame = read_replies(run, COLUMNS, filters=[("episode_id", "==", episode_id)])
     if frame.empty:
         raise EpisodeNotFound(f"{run.root}: no replies of episode '{episode_id}' (list them "
                               "with `longturn audit episodes`)")
     frame["reason"] = turn_reasons(frame)
-    conversation = frame[frame["messages"].notna()]
-    if not conversation.empty:  # a packed episode: its last sample with the conversation
-        sample = conversation[conversation["sample"] == conversation["sample"].max()]
-        return show_conversation(sample, str(run.root), with_prompt, turn, frames_dir)
+    if _is_conversation(frame):
+        return show_conversation(frame, str(run.root), with_prompt, turn, frames_dir)
     return _show_turns(frame, str(run.root), with_prompt, turn, frames_dir)
