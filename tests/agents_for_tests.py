@@ -36,3 +36,18 @@ def says_a_word(task: dict, base_url: str) -> str:
 def leaves_the_reward_to_the_task(task: dict, base_url: str) -> None:
     one_call(task, base_url)
     return None
+
+
+FINAL_ANSWER = "Give your final answer as: ANSWER: <number>"
+
+
+def asks_for_the_answer(task: dict, base_url: str) -> None:
+    """Two calls with a user message of its own between them; the second call's reply capped
+    at 3 tokens. The task's own reward."""
+    client = OpenAI(base_url=base_url, api_key="x", max_retries=0)
+    messages = list(task["messages"])
+    reply = client.chat.completions.create(model="any", messages=messages).choices[0].message
+    messages += [{"role": "assistant", "content": reply.content or ""},
+                 {"role": "user", "content": FINAL_ANSWER}]
+    client.chat.completions.create(model="any", messages=messages, max_tokens=3)
+    return None

@@ -16,8 +16,10 @@ from longturn.engines.base import SamplingParams
 from longturn.errors import SettingError
 from longturn.params.config import ParamsError, parse_params
 from longturn.rollout.chat_deltas import ChatDeltas
+from longturn.rollout.conversation_metrics import conversation_metrics
 from longturn.rollout.conversation_setup import ConversationRun
 from longturn.rollout.samples import samples_from_episodes
+from longturn.run.conversation_validation import validate_conversation_tasks
 from longturn.algo.sample_scoring import audit_samples_file
 from longturn.serve.agent_rollout import agent_rollout
 from test_conversation_pipeline import toy_sequence_params
@@ -92,6 +94,43 @@ def test_the_react_example_plays_each_call_as_a_sample_of_what_it_sent(tokenizer
 def _calculator() -> dict:
     from examples.react_calculator_agent import CALCULATOR
     return CALCULATOR
+
+
+def test_an_agents_replies_say_why_they_stopped_and_its_own_user_messages_are_user_turns(
+        tokenizer):
+    """Each call's reply carries the engine's finish reason (length: cut at the call's reply
+    cap); the user message the agent added between its calls is a user turn, the task's own
+    (a worked example's too) are not."""
+    params = parse_params({"env": {"tasks": ["arithmetic"]}, "rollout": {
+        "protocol": "chat", "agent": "agents_for_tests:asks_for_the_answer"}})
+    run = ConversationRun.from_params(params, progress=False)
+    engine = ScriptedEngine(tokenizer, lambda prompt: "Let me see. ANSWER: 1")
+    records = run.play(engine, tokenizer, SAMPLING, [run.record("arithmetic", 1)], ["e0"])
+    assert records[0]["user_turns"] == 1 and records[0]["assistant_turns"] == 2
+    samples = samples_from_episodes(records)  # training's and evaluation's samples
+    assert [s["replies"][0]["finish_reason"] for s in samples] == ["stop", "length"]
+    assert samples[-1]["user_turns"] == 1
+    assert conversation_metrics(samples)["mean_user_turns"] == 1.0
+
+
+def test_validation_of_an_agent_counts_its_first_context_and_the_replies_it_made(tokenizer):
+    """validate_prompts plays whole episodes as packed samples: the prompt is what the agent's
+    first call sent, and the replies are the model's two calls, not the task's worked example's
+    two assistant messages as well."""
+    params = parse_params({"env": {"tasks": ["arithmetic"]}, "rollout": {
+        "protocol": "chat", "agent": "agents_for_tests:asks_for_the_answer"}})
+    engine = RecordingEngine(ScriptedEngine(tokenizer, lambda prompt: "Let me see. ANSWER: 1"))
+    (result,) = validate_conversation_tasks(engine, tokenizer, params, SAMPLING, [1, 2])
+    first_prompts = [p for p, _ in engine.completions()  # without the agent's own message
+                     if agents_for_tests.FINAL_ANSWER not in tokenizer.decode(p)]
+    assert len(first_prompts) == 2
+    assert sorted(s["prompt_ids"] for s in result.samples) == sorted(first_prompts)
+    assert [[r["finish_reason"] for r in s["replies"]] for s in result.samples] == [
+        ["stop", "length"]] * 2
+    m = result.metrics
+    assert m["prompt_tokens_max"] == max(map(len, first_prompts))
+    assert m["prompt_tokens_mean"] == sum(map(len, first_prompts)) / 2
+    assert m["replies"] == 4 and m["valid_reply_ratio"] == 1.0 and m["mean_user_turns"] == 1.0
 
 
 def test_an_agent_that_raises_or_returns_nonsense_aborts_only_its_episode(tokenizer):

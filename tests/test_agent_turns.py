@@ -152,6 +152,7 @@ def test_agent_calls_in_fixed_turns_carry_episodes_across_an_update(tiny_model_d
         assert resumed["termination"] == "done" and not resumed["aborted"]
         assert resumed["segment_rewards"] == [1.0] and resumed["assistant_turns"] == CALLS
         assert cut["assistant_turns"] is None  # the episode's totals come with its last part
+        assert resumed["user_turns"] == CALLS - 1 and cut["user_turns"] is None  # "go on (k)"
         # the slot's next episode started at once and filled the quota: cut after one call
         (fresh,) = [r for r in second if r["env_index"] == cut["env_index"] and r is not resumed]
         assert fresh["reply_steps"] == [1] and fresh["cut"] and fresh["first_turn"] == 0
@@ -160,5 +161,7 @@ def test_agent_calls_in_fixed_turns_carry_episodes_across_an_update(tiny_model_d
             temperature=1.0, kl_beta=0.05, kl_estimator="k1", mini_batch_size=4, bf16=False,
             share_prefix=False), GAE, None, tokenizer.pad_token_id)
         ends = [s["replies"][0] for s in samples if s.get("bootstrap_prompt_ids")]
+        assert {s["replies"][0]["finish_reason"] for s in samples} <= {"stop", "length"}
+        assert all(s["replies"][0]["finish_reason"] for s in samples)  # each its own call's
         assert len(ends) == N_ENVS and all(r["segment_end"] for r in ends)
         assert all(len(s["advantages"]) == len(s["response_ids"]) for s in samples)

@@ -82,6 +82,8 @@ def test_a_slime_tool_loop_packs_the_engines_tokens_in_and_its_tool_results_out(
         mask = [0] * len(sample["prompt_ids"]) + sample["loss_mask"]
         model_runs, inserted = _runs(mask, ids, 1), _runs(mask, ids, 0)[1:]
         assert len(sample["replies"]) == len(model_runs) == 3
+        # each reply the engine's call that ended it: cut at a stop string, or the end of turn
+        assert [r["finish_reason"] for r in sample["replies"]] == ["stop"] * 3
         assert [tokenizer.decode(r) for r in inserted] == ["\n<result>42</result>\n"] * 2
         position = len(sample["prompt_ids"])
         for r, reply in zip(model_runs, sample["replies"]):
@@ -205,4 +207,5 @@ def test_a_truncated_sample_ends_on_the_token_budget(tokenizer):
         assert not record["aborted"]
         [sample] = samples_from_episodes([record])
         assert sample["loss_mask"] == [1, 1] and sample["replies"][0]["truncated"]
+        assert sample["replies"][0]["finish_reason"] == "length"  # the call's reply cap
         assert sample["response_ids"] in [c.token_ids[:2] for _, c in engine.completions()]

@@ -89,6 +89,8 @@ def _episode_replies(record: Row, ids: list[int], starts: list[int], ends: list[
     `cut` holds the replies of one fixed-turn batch of an episode that goes on in the next: its
     last reply is a segment end (bootstrapped), not the episode's end."""
     rewards = list(record.get("segment_rewards") or [0.0] * len(starts))
+    # why each reply stopped (stop or length), where the rollout recorded it
+    finish_reasons = list(record.get("reply_finish_reasons") or [None] * len(starts))
     cut = bool(record.get("cut"))
     replies = []
     for k, (start, end) in enumerate(zip(starts, ends)):
@@ -103,6 +105,7 @@ def _episode_replies(record: Row, ids: list[int], starts: list[int], ends: list[
             # an agent that raised or hung (serve/agent_rollout.py): no reply of it trains
             "aborted": bool(record.get("aborted")), "segment_end": last and cut,
             "termination": record.get("termination") if ended else None,
+            "finish_reason": finish_reasons[k],
             "next_value": record.get("bootstrap_value") if last else None,
             # what the model saw since the previous reply (GiGPO's anchor state), or the state
             # the record names for the reply (an agent's call: what it sent)

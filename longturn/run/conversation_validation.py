@@ -36,8 +36,18 @@ def reply_validity(messages: list[dict[str, Any]]) -> list[bool]:
     return out
 
 
+def generated_reply_validity(sample: dict[str, Any]) -> list[bool]:
+    """reply_validity of the replies the model generated in an episode: the last
+    `assistant_turns` assistant messages (the task's first messages may hold a worked example's
+    replies, which are not the model's). A reply its messages do not show on its own (a slime
+    function's replies are one message) had no failed tool result: valid."""
+    made = int(sample["assistant_turns"] or 0)
+    validity = reply_validity(json.loads(sample["messages"]))
+    return validity[max(0, len(validity) - made):] + [True] * (made - len(validity))
+
+
 def task_metrics(samples: list[dict[str, Any]], budget: int) -> dict[str, Any]:
-    replies = [v for s in samples for v in reply_validity(json.loads(s["messages"]))]
+    replies = [v for s in samples for v in generated_reply_validity(s)]
     # what the model saw before its first reply (an episode with no reply: all of it)
     prompts = [len(s["prompt_ids"]) + (0 if s["replies"] else len(s["response_ids"]))
                for s in samples]

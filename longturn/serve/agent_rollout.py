@@ -25,6 +25,7 @@ import hashlib
 import json
 import logging
 import time
+from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -125,6 +126,16 @@ def _digest(ids: list[int]) -> str:
     return "prompt " + hashlib.sha256(repr(list(ids)).encode()).hexdigest()[:24]
 
 
+def _user_turns(task: dict[str, Any], messages: list[dict[str, Any]]) -> int:
+    """The user messages of the agent's conversation that are not among the task's own first
+    messages (its feedback between calls): the task's question, and a worked example's, are no
+    user turn of the episode."""
+    own = Counter(str(m.get("content")) for m in task.get("messages") or []
+                  if m.get("role") == "user")
+    sent = Counter(str(m.get("content")) for m in messages if m.get("role") == "user")
+    return sum((sent - own).values())
+
+
 def _record(task: dict[str, Any], calls: list[CallRecord], outcome: Outcome,
             reward_fn: RewardFn | None, renderer: Any, first: int = 0, step: int = 0,
             bootstrap: list[int] | None = None) -> dict[str, Any]:
@@ -139,27 +150,29 @@ def _record(task: dict[str, Any], calls: list[CallRecord], outcome: Outcome,
     if reward is None and outcome.aborted is None and bootstrap is None:
         reward, aborted = task_reward(reward_fn, task, messages)
         outcome = Outcome(reward, aborted)
-    ids: list[int] = []
-    starts, ends, logprobs = [], [], []
     tool_calls = sum(len(c.reply.get("tool_calls") or []) for c in calls)
     whole, calls = len(calls), calls[first:]
+    # the context before the first reply is what the first call sent (no call answered: the
+    # task's first prompt), out of the loss, so a packed sample's prompt is what the model saw
+    ids = list(calls[0].prompt_ids) if calls else renderer.render(messages, [])[1]
+    mask, logprobs = [0] * len(ids), [0.0] * len(ids)
+    starts, ends = [], []
     for call in calls:
         starts.append(len(ids))
         ids += call.response_ids
+        mask += [1] * len(call.response_ids)
         logprobs += call.logprobs
         ends.append(len(ids))
-    if not calls:  # no call answered: the task's first prompt as context, out of the loss
-        ids = renderer.render(messages, [])[1]
-        logprobs = [0.0] * len(ids)
     n = len(calls)
     return {
-        "input_ids": ids, "loss_mask": [int(bool(calls))] * len(ids),
+        "input_ids": ids, "loss_mask": mask,
         "engine_logprobs": logprobs, "segment_starts": starts, "segment_ends": ends,
         "segment_rewards": [0.0] * (n - 1) + [reward or 0.0] if n else [],
+        "reply_finish_reasons": [c.finish_reason for c in calls],
         "reward": float(reward or 0.0),
         "termination": None if bootstrap is not None else outcome.aborted or "done",
         "truncated": False, "aborted": outcome.aborted is not None, "assistant_turns": whole,
-        "user_turns": 0, "tool_calls": tool_calls,
+        "user_turns": _user_turns(task, messages), "tool_calls": tool_calls,
         "tool_errors": 0, "tokenization_check": "skipped", "messages": json.dumps(messages),
         "metrics": json.dumps({}), "images": [], "image_starts": [],
         "reply_steps": list(range(step, step + n)), "first_turn": first,

@@ -147,6 +147,22 @@ def _checked(sample: Sample) -> str | None:
     return None
 
 
+def _matched_calls(ids: list[int], starts: list[int], ends: list[int],
+                   calls: list[CallRecord]) -> list[tuple[int, CallRecord]]:
+    """(where it begins, the call) of each recorded call whose response ids make up the replies,
+    in order: a reply the function rewrote matches none."""
+    queue = [c for c in calls if c.response_ids]
+    out = []
+    for start, end in zip(starts, ends):
+        pos = start
+        while queue and pos < end and ids[pos:pos + len(queue[0].response_ids)] == \
+                queue[0].response_ids:
+            call = queue.pop(0)
+            out.append((pos, call))
+            pos += len(call.response_ids)
+    return out
+
+
 def _logprobs(sample: Sample, ids: list[int], starts: list[int], ends: list[int],
               calls: list[CallRecord]) -> list[float]:
     """The engine's logprob of each token: the Sample's own, else those of the recorded calls
@@ -156,15 +172,18 @@ def _logprobs(sample: Sample, ids: list[int], starts: list[int], ends: list[int]
     if sample.rollout_log_probs is not None and len(sample.rollout_log_probs) == n:
         out[len(ids) - n:] = [float(v) for v in sample.rollout_log_probs]
         return out
-    queue = [c for c in calls if c.response_ids]
-    for start, end in zip(starts, ends):
-        pos = start
-        while queue and pos < end and ids[pos:pos + len(queue[0].response_ids)] == \
-                queue[0].response_ids:
-            call = queue.pop(0)
-            out[pos:pos + len(call.response_ids)] = call.logprobs
-            pos += len(call.response_ids)
+    for pos, call in _matched_calls(ids, starts, ends, calls):
+        out[pos:pos + len(call.response_ids)] = call.logprobs
     return out
+
+
+def _finish_reasons(ids: list[int], starts: list[int], ends: list[int],
+                    calls: list[CallRecord]) -> list[str | None]:
+    """Per reply, the engine's finish reason (stop or length) of the recorded call that ends
+    it; None for a reply whose end no call's response ids account for."""
+    ending = {pos + len(call.response_ids): call.finish_reason
+              for pos, call in _matched_calls(ids, starts, ends, calls)}
+    return [ending.get(end) for end in ends]
 
 
 def _record(task: dict[str, Any], sample: Sample | None, aborted: str | None,
@@ -201,6 +220,7 @@ def _record(task: dict[str, Any], sample: Sample | None, aborted: str | None,
                             if sample is not None and mask is not None else [0.0] * len(ids)),
         "segment_starts": starts, "segment_ends": ends,
         "segment_rewards": [0.0] * (nreplies - 1) + [reward or 0.0] if nreplies else [],
+        "reply_finish_reasons": _finish_reasons(ids, starts, ends, calls),
         "reward": float(reward or 0.0),
         "termination": aborted or (TOKEN_BUDGET if truncated else DONE),
         "truncated": truncated, "aborted": aborted is not None, "assistant_turns": nreplies,

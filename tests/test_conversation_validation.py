@@ -1,0 +1,24 @@
+"""Prompt validation with the chat protocol counts the replies the model made: a task's worked
+example (assistant messages among its first messages) is not the model's."""
+
+from __future__ import annotations
+
+from transformers import AutoTokenizer
+
+from endpoint_engines import ScriptedEngine
+from longturn.engines.base import SamplingParams
+from longturn.params.config import parse_params
+from longturn.run.conversation_validation import validate_conversation_tasks
+
+SAMPLING = SamplingParams(max_new_tokens=48, temperature=1.0, top_p=1.0, top_k=0, seed=3)
+
+
+def test_a_worked_example_is_no_reply_of_the_model(smollm2_tokenizer_dir):
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_tokenizer_dir)
+    params = parse_params({"env": {"tasks": ["arithmetic"]}, "rollout": {"protocol": "chat"}})
+    engine = ScriptedEngine(tokenizer, lambda prompt: "ANSWER: 1")  # no tool call: one reply
+    (result,) = validate_conversation_tasks(engine, tokenizer, params, SAMPLING, [1, 2, 3])
+    assert all(s["assistant_turns"] == 1 for s in result.samples)
+    assert result.metrics["replies"] == 3 and result.metrics["valid_reply_ratio"] == 1.0
+    assert result.metrics["prompt_tokens_max"] == max(len(s["prompt_ids"])
+                                                      for s in result.samples) > 0
