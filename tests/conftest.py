@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import socket
 from pathlib import Path
 
@@ -87,3 +88,25 @@ def standin_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     log = tmp_path / "sglang_requests.jsonl"
     monkeypatch.setenv("STANDIN_REQUEST_LOG", str(log))
     return log
+
+
+@pytest.fixture(scope="session")
+def finished_toy_repo(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: str
+                      ) -> tuple[Path, dict, str]:
+    """One committed scratch repo after `dvc repro` of all seven stages on the toy params (the
+    tiny model): (repo, params, what dvc printed). Tests that start from a finished run copy it
+    (`copy_repo`) instead of running the pipeline again."""
+    from test_pipeline_smoke import _dvc, _git, scratch_repo, toy_params
+
+    params = toy_params(tiny_model_dir)
+    repo = scratch_repo(tmp_path_factory.mktemp("finished_toy"), params)
+    out = _dvc(repo, "repro")
+    _git(repo, "add", "-A")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "toy run")
+    return repo, params, out
+
+
+def copy_repo(repo: Path, dest: Path) -> Path:
+    """A copy of a scratch repo, git, DVC cache and outputs included, to change on its own."""
+    shutil.copytree(repo, dest, symlinks=True)
+    return dest

@@ -9,6 +9,7 @@ import pandas as pd
 import yaml
 
 from longturn.trajectories import read_metadata
+from conftest import copy_repo
 from test_pipeline_smoke import _dvc, _git, dvc_run, scratch_repo, toy_params
 
 
@@ -47,16 +48,10 @@ def find_experiment(shown: list[dict], name: str) -> dict:
     raise AssertionError(f"no experiment {name!r} in dvc exp show: {json.dumps(shown)[:2000]}")
 
 
-def test_exp_run_switches_the_estimator_and_writes_no_critic(tmp_path, tiny_model_dir):
+def test_exp_run_switches_the_estimator_and_writes_no_critic(tmp_path, finished_toy_repo):
     from longturn.algo.sample_scoring import audit_samples_file
 
-    params = toy_params(tiny_model_dir)
-    params["env"]["tasks"] = params["eval"]["tasks"] = ["goto"]
-    params["eval"].update(episodes_per_task=2, parallel_envs=2)
-    repo = scratch_repo(tmp_path, params)
-    _dvc(repo, "repro")
-    _git(repo, "add", "-A")
-    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "gae baseline")
+    repo = copy_repo(finished_toy_repo[0], tmp_path / "repo")  # a committed GAE run
 
     out = _dvc(repo, "exp", "run", "-n", "gigpo", "-S", "algo.advantage=gigpo",
                "-S", "algo.group_size=2")

@@ -23,6 +23,7 @@ from longturn.algo.sample_scoring import audit_samples_file
 from longturn.algo.scoring import GAE_METADATA_KEYS
 from longturn.run.evaluation import summarise
 from longturn.trajectories import SAMPLE_SCHEMA, read_metadata
+from conftest import copy_repo
 from reply_rows import reply_rows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,10 +139,9 @@ STAGES = ("prepare_model", "validate_prompts", "zero_shot_eval", "critic_warmup"
           "final_eval", "report")
 
 
-def test_dvc_repro_and_single_stage_rerun(tmp_path, tiny_model_dir):
-    params = toy_params(tiny_model_dir)
-    repo = scratch_repo(tmp_path, params)
-    out = _dvc(repo, "repro")
+def test_dvc_repro_and_single_stage_rerun(tmp_path, finished_toy_repo):
+    finished, params, out = finished_toy_repo  # `dvc repro` of all seven stages
+    repo = copy_repo(finished, tmp_path / "repo")
     for stage in STAGES:
         assert f"Running stage '{stage}'" in out
     parts = sorted(repo.glob("data/train/trajectories/iteration=*/part-00.parquet"))
