@@ -13,6 +13,7 @@ from longturn.engines.base import Completion
 from longturn.engines.hf import HFEngine
 from longturn.tasks.interactions import load_interactions
 from longturn.rollout.conversation_rollout import ConversationSettings, conversation_rollout
+from longturn.rollout.samples import sample_from_episode
 from longturn.tasks.tools import ToolBox, load_tools
 from longturn.tasks.arithmetic import make_problem, task_record
 from settings_from_params import sampling_settings, conversation_settings
@@ -249,3 +250,15 @@ def test_a_prompt_longer_than_the_budget_ends_before_any_reply(tokenizer):
     assert (rec["termination"], rec["assistant_turns"], sum(rec["loss_mask"])) == (
         "token_budget", 0, 0)
     assert rec["tokenization_check"] == "identical"  # the first messages with the prompt
+
+
+def test_each_reply_says_why_it_stopped_and_a_reply_cut_to_the_budget_reads_length(tokenizer):
+    """The engine's finish_reason reaches every reply of the samples (docs/design.md §4)."""
+    p = make_problem(0)
+    [rec] = run(tokenizer, {0: [call(p.expression), f"ANSWER: {p.answer}"]})
+    assert rec["reply_finish_reasons"] == ["stop", "stop"]
+    assert [r["finish_reason"] for r in sample_from_episode(rec)["replies"]] == ["stop", "stop"]
+    [first] = run(tokenizer, {3: [call("1+1")]})
+    room = first["segment_starts"][0] + 5  # the reply does not fit: cut to 5 - closing tokens
+    [cut] = run(tokenizer, {3: [call("1+1")]}, max_tokens=room)
+    assert cut["termination"] == "token_budget" and cut["reply_finish_reasons"] == ["length"]

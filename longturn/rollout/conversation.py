@@ -56,6 +56,7 @@ class Conversation:
     logprobs: list[float] = field(default_factory=list)
     segments: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of sampled ids
     segment_rewards: list[float] = field(default_factory=list)
+    finish_reasons: list[str | None] = field(default_factory=list)  # per reply: stop | length
     assistant_turns: int = 0
     user_turns: int = 0
     tool_calls: int = 0
@@ -98,9 +99,10 @@ class Conversation:
         w = self.window
         return w.ids, [(start, self.images[j]) for start, j in zip(w.starts, w.frames)]
 
-    def add_reply(self, reply_ids: list[int], logprobs: list[float], step: int = 0) -> str:
-        """Append a sampled reply (generated at lock-step `step`) and the template's closing;
-        returns the reply's content."""
+    def add_reply(self, reply_ids: list[int], logprobs: list[float], step: int = 0,
+                  finish_reason: str | None = None) -> str:
+        """Append a sampled reply (generated at lock-step `step`, ended for `finish_reason`:
+        stop or length) and the template's closing; returns the reply's content."""
         if self.window is not None:
             self.windows.append((step, self.window))
         start = len(self.ids)
@@ -109,6 +111,7 @@ class Conversation:
         self.logprobs += list(logprobs[:len(reply_ids)])
         self.segments.append((start, len(self.ids)))
         self.segment_rewards.append(0.0)
+        self.finish_reasons.append(finish_reason)
         self._context(self.deltas.close_reply(reply_ids))
         content = self.deltas.reply_content(reply_ids)
         self.messages.append({"role": "assistant", "content": content})
@@ -171,6 +174,7 @@ class Conversation:
             "segment_starts": [s for s, _ in self.segments],
             "segment_ends": [e for _, e in self.segments],
             "segment_rewards": list(self.segment_rewards),
+            "reply_finish_reasons": list(self.finish_reasons),
             "reward": float(sum(self.segment_rewards)), "termination": self.reason,
             "truncated": self.reason != DONE, "assistant_turns": self.assistant_turns,
             "user_turns": self.user_turns, "tool_calls": self.tool_calls,

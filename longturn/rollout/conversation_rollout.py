@@ -330,8 +330,10 @@ def lock_step(engine: Engine, episodes: list[Conversation], settings: Conversati
     replied = []
     for ep, completion in zip(active, completions):
         reply = completion.token_ids[:_room(ep, s)]
-        content = ep.add_reply(reply, completion.logprobs, step)
-        if len(reply) < len(completion.token_ids):
+        cut = len(reply) < len(completion.token_ids)  # to fit the budget: it ran out of room
+        content = ep.add_reply(reply, completion.logprobs, step,
+                               "length" if cut else completion.finish_reason)
+        if cut:
             ep.end(TOKEN_BUDGET)  # cut to fit: neither tools nor the user see it
             continue
         replied.append((ep, content))
