@@ -110,3 +110,13 @@ def copy_repo(repo: Path, dest: Path) -> Path:
     """A copy of a scratch repo, git, DVC cache and outputs included, to change on its own."""
     shutil.copytree(repo, dest, symlinks=True)
     return dest
+
+
+def torch_extensions_env() -> dict[str, str]:
+    """For a child given a scratch HOME: where the DeepSpeed op this venv already built lives.
+    Without it every scratch HOME builds the op again (about 25 s per pipeline run)."""
+    from longturn.distributed import extensions_root
+
+    if os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return {"TORCH_EXTENSIONS_DIR": os.environ["TORCH_EXTENSIONS_DIR"]}
+    return {"XDG_CACHE_HOME": str(extensions_root().parent)}  # torch's default root is under it

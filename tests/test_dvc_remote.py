@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import torch_extensions_env
 from longturn.audit.cli import main as audit_main
-from longturn.distributed import extensions_root
 from longturn.run.dvc_remote import (URL_REMOTE, find_repo_root, init_push_repo, pointer_for, pointers,
                                   push_training_outputs, resolve_remote)
 
@@ -24,17 +24,10 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
-def _torch_extensions() -> dict[str, str]:
-    """Where the DeepSpeed op this venv already built lives (a rebuild takes minutes)."""
-    if os.environ.get("TORCH_EXTENSIONS_DIR"):
-        return {"TORCH_EXTENSIONS_DIR": os.environ["TORCH_EXTENSIONS_DIR"]}
-    return {"XDG_CACHE_HOME": str(extensions_root().parent)}  # torch's default root is under it
-
-
 def _env(home: Path) -> dict[str, str]:
     """A scratch HOME: the default remote, ~/longturn-dvc-storage, is private to the test."""
     return {"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(home), "PYTHONPATH": str(ROOT),
-            **_torch_extensions(),
+            **torch_extensions_env(),
             "DVC_NO_ANALYTICS": "1", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
             "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
 

@@ -23,7 +23,7 @@ from longturn.algo.sample_scoring import audit_samples_file
 from longturn.algo.scoring import GAE_METADATA_KEYS
 from longturn.run.evaluation import summarise
 from longturn.trajectories import SAMPLE_SCHEMA, read_metadata
-from conftest import copy_repo
+from conftest import copy_repo, torch_extensions_env
 from reply_rows import reply_rows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,7 +106,8 @@ def _git(cwd: Path, *args: str) -> None:
 def dvc_run(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     """dvc in `cwd` with only this venv on PATH; a failure is returned, not asserted."""
     bin_dir = Path(sys.executable).parent
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(cwd), "PYTHONPATH": str(cwd)}
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(cwd), "PYTHONPATH": str(cwd),
+           **torch_extensions_env()}
     return subprocess.run([str(bin_dir / "dvc"), *args], cwd=cwd, capture_output=True, text=True,
                           env=env, timeout=600)
 
