@@ -21,6 +21,7 @@ import argparse
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +33,8 @@ from parity.compare import compare_records, compare_weights  # noqa: E402
 from parity.normalize import normalise  # noqa: E402
 from parity.runs import run_case  # noqa: E402
 from parity.trees import Tree, check_imports_inside, extract  # noqa: E402
-from tiny_model import TinyModelError, add_tiny_args, ensure_tiny_model  # noqa: E402
+from tiny_model import (TinyModelError, add_tiny_args, build_tiny_llava,  # noqa: E402
+                        ensure_tiny_model)
 
 BASELINE = "cb58f25ee10a985d2fc7d5fc1d1a37dbf2f67556"  # the last commit before issue 22's refactor
 HEADER = (f"{'case':<12} {'rows':>9} {'ids':>6} {'max|Δadv|':>10} {'max|Δret|':>10} "
@@ -61,22 +63,23 @@ def model_sources(cases: list[Case], args: argparse.Namespace, work: Path) -> di
 
 
 def tiny_llava(tokenizer_dir: str, out: Path) -> Path:
-    """tests/vlm_fixtures.py's tiny random LLaVA (built from configs, no download)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("vlm_fixtures", ROOT / "tests/vlm_fixtures.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return out if (out / "config.json").is_file() else module.build_tiny_llava(tokenizer_dir, out)
+    """The tests' tiny random LLaVA (bench/tiny_model.py; built from configs, no download)."""
+    return out if (out / "config.json").is_file() else build_tiny_llava(tokenizer_dir, out)
 
 
 def compare_case(case: Case, trees: tuple[Tree, Tree], source: str | None, work: Path,
                  tiny: bool) -> str | None:
-    """Run both sides (one after the other: each stage uses every core), print the case's row;
-    the first difference, or None."""
+    """Run both sides, print the case's row; the first difference, or None. At toy size the two
+    sides run side by side (a tiny stage is mostly one core's start-up); at full size one after
+    the other, since each stage uses every core. Neither changes what a side computes: torch's
+    CPU kernels split work by thread count, not by load."""
     start = time.monotonic()
-    old, new = (run_case(tree, case, work / "runs" / tree.label / case.name, source, tiny)
-                for tree in trees)
+
+    def side(tree: Tree):
+        return run_case(tree, case, work / "runs" / tree.label / case.name, source, tiny)
+
+    with ThreadPoolExecutor(2 if tiny else 1) as pool:
+        old, new = pool.map(side, trees)
     records = compare_records(normalise(old.trajectories), normalise(new.trajectories))
     weights = compare_weights(old.final, new.final)
     first = records.first or weights.first
