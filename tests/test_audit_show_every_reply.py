@@ -22,10 +22,10 @@ from transformers import AutoTokenizer
 
 import test_audit
 import test_audit_conversation
+from test_audit_conversation import audit, audit_json
 from endpoint_engines import ScriptedEngine
 from longturn.algo.gae import GAEParams
 from longturn.algo.reply_chains import ADVANTAGE_INPUTS, sample_advantages
-from longturn.audit.cli import main
 from longturn.engines.base import SamplingParams
 from longturn.params.config import parse_params
 from longturn.rollout.conversation_setup import ConversationRun
@@ -36,18 +36,6 @@ GAE = {"gamma_step": 0.9, "lambda_step": 0.95, "gamma_token": 1.0, "lambda_token
 ALGO = {"advantage": "gae", "group_size": 1, "norm_std": True, "step_weight": 1.0}
 CALL = '<tool_call>{"name":"calculator","arguments":{"expression":"6*7"}}</tool_call>'
 SYSTEM = "Add the numbers. Use the calculator."
-
-
-def audit(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    code = main(list(args))
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-def audit_json(capsys: pytest.CaptureFixture[str], *args: str) -> Any:
-    code, out, err = audit(capsys, *args, "--json")
-    assert code == 0, err
-    return json.loads(out)
 
 
 def score_and_write(samples: list[dict[str, Any]], part: Path, iteration: int,
