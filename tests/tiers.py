@@ -141,10 +141,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.network(reason="; ".join(network)))
 
 
+_OVER_LIMIT_KEY = "over_fast_tier_limit_s"  # a report's user property: the call's seconds
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
-    """A fast-tier call over the limit fails in its own report: under pytest-xdist the report
-    is what reaches the controller (a worker's stash or exit status does not)."""
+    """A fast-tier call over the limit fails in its own report: counted and shown with the other
+    failures, and carried by the report wherever the summary is written."""
     report = yield
     limit = item.config.getoption("--max-fast-call-s")
     fast_tier = not (item.get_closest_marker("slow") or item.get_closest_marker("network"))
@@ -157,24 +160,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
     return report
 
 
-_OVER_LIMIT_KEY = "over_fast_tier_limit_s"
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Collected where the terminal summary is written (the controller under xdist)."""
-    for key, seconds in report.user_properties:
-        if key == _OVER_LIMIT_KEY:
-            _over_limit.append((report.nodeid, seconds))
-
-
-_over_limit: list[tuple[str, float]] = []
-
-
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    if not _over_limit:
+    """Each failed report that carries the limit's mark, named with its seconds."""
+    over = [(report.nodeid, seconds) for report in terminalreporter.stats.get("failed", [])
+            for key, seconds in getattr(report, "user_properties", ())
+            if key == _OVER_LIMIT_KEY]
+    if not over:
         return
     limit = config.getoption("--max-fast-call-s")
     terminalreporter.section("tests outside `slow` over the fast tier's limit", red=True)
-    for nodeid, seconds in _over_limit:
+    for nodeid, seconds in over:
         terminalreporter.line(f"FAILED {nodeid}: call took {seconds:.1f} s > {limit:g} s; "
                               "make it cheaper, or make tests/tiers.py see why it is slow")

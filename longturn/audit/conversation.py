@@ -103,6 +103,7 @@ def show_conversation(episode: pd.DataFrame, where: str, with_prompt: bool = Tru
     messages = conversation_messages(None if kept is None else kept["messages"], list(by_turn))
     at = {m["reply"]: m["index"] for m in messages if m["reply"] is not None}
     unmatched = [r for r in every if r["reply"] not in at]
+    not_in_conversation = [r["reply"] for r in unmatched]  # the episode's, before `turn` picks
     shown = [m for m in messages if with_prompt or m["index"] >= min(at.values(), default=0)]
     replies = every
     if turn is not None:
@@ -114,7 +115,7 @@ def show_conversation(episode: pd.DataFrame, where: str, with_prompt: bool = Tru
         shown = [m for m in shown if after < m["index"] < until] if turn in at else []
         replies = [by_turn[turn]]
         unmatched = [r for r in unmatched if r["reply"] == turn]
-    header = _header(episode, every, kept, [r["reply"] for r in every if r["reply"] not in at])
+    header = _header(episode, every, kept, not_in_conversation)
     head = _head_lines(header, len(every), kept is not None)
     images, written = _frames(episode, own_samples, frames_dir)
     if images:

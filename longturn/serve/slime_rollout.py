@@ -163,26 +163,24 @@ def _matched_calls(ids: list[int], starts: list[int], ends: list[int],
     return out
 
 
-def _logprobs(sample: Sample, ids: list[int], starts: list[int], ends: list[int],
-              calls: list[CallRecord]) -> list[float]:
+def _logprobs(sample: Sample, ids: list[int], matched: list[tuple[int, CallRecord]]
+              ) -> list[float]:
     """The engine's logprob of each token: the Sample's own, else those of the recorded calls
-    whose response ids make up the replies (in order); 0 where none matches."""
+    whose response ids make up the replies (`_matched_calls`); 0 where none matches."""
     n = sample.response_length
     out = [0.0] * len(ids)
     if sample.rollout_log_probs is not None and len(sample.rollout_log_probs) == n:
         out[len(ids) - n:] = [float(v) for v in sample.rollout_log_probs]
         return out
-    for pos, call in _matched_calls(ids, starts, ends, calls):
+    for pos, call in matched:
         out[pos:pos + len(call.response_ids)] = call.logprobs
     return out
 
 
-def _finish_reasons(ids: list[int], starts: list[int], ends: list[int],
-                    calls: list[CallRecord]) -> list[str | None]:
-    """Per reply, the engine's finish reason (stop or length) of the recorded call that ends
-    it; None for a reply whose end no call's response ids account for."""
-    ending = {pos + len(call.response_ids): call.finish_reason
-              for pos, call in _matched_calls(ids, starts, ends, calls)}
+def _finish_reasons(ends: list[int], matched: list[tuple[int, CallRecord]]) -> list[str | None]:
+    """Per reply, the engine's finish reason (stop or length) of the matched call that ends it;
+    None for a reply whose end no call's response ids account for."""
+    ending = {pos + len(call.response_ids): call.finish_reason for pos, call in matched}
     return [ending.get(end) for end in ends]
 
 
@@ -214,13 +212,14 @@ def _record(task: dict[str, Any], sample: Sample | None, aborted: str | None,
     record_mask = ([0] * (len(ids) - len(mask)) + [int(bool(b)) for b in mask]
                    if mask is not None else [0] * len(ids))
     nreplies = len(starts)
+    matched = _matched_calls(ids, starts, ends, calls)
     return {
         "input_ids": ids, "loss_mask": record_mask,
-        "engine_logprobs": (_logprobs(sample, ids, starts, ends, calls)
+        "engine_logprobs": (_logprobs(sample, ids, matched)
                             if sample is not None and mask is not None else [0.0] * len(ids)),
         "segment_starts": starts, "segment_ends": ends,
         "segment_rewards": [0.0] * (nreplies - 1) + [reward or 0.0] if nreplies else [],
-        "reply_finish_reasons": _finish_reasons(ids, starts, ends, calls),
+        "reply_finish_reasons": _finish_reasons(ends, matched),
         "reward": float(reward or 0.0),
         "termination": aborted or (TOKEN_BUDGET if truncated else DONE),
         "truncated": truncated, "aborted": aborted is not None, "assistant_turns": nreplies,
