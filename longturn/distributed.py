@@ -121,6 +121,16 @@ def default_backend(device: torch.device | None = None) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
+def build_comm_op() -> bool:
+    """Build DeepSpeed's CPU comm op now (`make install` does), so the first stage of a fresh
+    machine neither pays the build (about 25 s) nor, killed during it, leaves its lock behind.
+    False where this accelerator has no such op (a GPU node talks over NCCL)."""
+    from deepspeed.comm.torch import build_shm_op
+
+    clear_stale_build_locks(extensions_root())
+    return build_shm_op() is not None
+
+
 def init_distributed(device: torch.device | str | None = None,
                      backend: str | None = None) -> tuple[int, int]:
     """Initialise torch.distributed and DeepSpeed's comm layer once; return (rank, world_size).

@@ -3,7 +3,8 @@
 import os
 import time
 
-from longturn.distributed import STALE_BUILD_LOCK_S, clear_stale_build_locks
+from longturn.distributed import (STALE_BUILD_LOCK_S, build_comm_op, clear_stale_build_locks,
+                                  extensions_root)
 
 
 def test_stale_deepspeed_build_lock_is_removed(tmp_path):
@@ -17,6 +18,12 @@ def test_stale_deepspeed_build_lock_is_removed(tmp_path):
     os.utime(old, (past, past))
     assert clear_stale_build_locks(tmp_path) == [old]
     assert not old.exists() and new.exists()  # a recent lock may be a build running now
+
+
+def test_the_comm_op_make_install_builds_is_the_one_a_stage_loads():
+    """`make install` builds it where the first DeepSpeed engine looks, so no stage pays it."""
+    assert build_comm_op()
+    assert list(extensions_root().glob("**/deepspeed_shm_comm*.so"))
 
 
 def test_single_process_rendezvous_directory_is_removed_at_exit(tmp_path):

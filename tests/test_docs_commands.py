@@ -31,8 +31,10 @@ import re
 import shlex
 import subprocess
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import yaml
@@ -263,8 +265,30 @@ def run(argv: tuple[str, ...]) -> subprocess.CompletedProcess:
                           text=True, timeout=TIMEOUT_S)
 
 
-def ran(argv: list[str], command: Command) -> str:
-    proc = run(tuple(argv))
+Started = dict[tuple[str, ...], Future]
+
+
+@pytest.fixture(scope="module")
+def started(request: pytest.FixtureRequest) -> Iterator[Started]:
+    """The selected documented commands' runs and helps, started two at a time in the
+    background: each is mostly one process importing torch on one core, so the module waits
+    about half as long as it would running them one by one."""
+    pool = ThreadPoolExecutor(max_workers=2)
+    futures: Started = {}
+    for item in request.session.items:
+        spec = getattr(item, "callspec", None)
+        p = spec.params.get("p") if spec is not None else None
+        if isinstance(p, Plan):
+            for argv in map(tuple, [*p.run, *([p.help_of] if p.help_of else [])]):
+                if argv not in futures:
+                    futures[argv] = pool.submit(run, argv)
+    yield futures
+    pool.shutdown(cancel_futures=True)
+
+
+def ran(argv: list[str], command: Command, started: Started | None = None) -> str:
+    future = (started or {}).get(tuple(argv))
+    proc = future.result() if future is not None else run(tuple(argv))
     assert proc.returncode == 0, (f"{command}\n  ran: {shlex.join(argv)}\n  exit {proc.returncode}"
                                   f"\n--- stdout\n{proc.stdout[-2000:]}\n--- stderr\n{proc.stderr[-2000:]}")
     return proc.stdout
@@ -282,13 +306,13 @@ def dvc_stages() -> set[str]:
 # ---- the commands -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("command,p", PLANS, ids=[case_id(c) for c, _ in PLANS])
-def test_documented_command(command: Command, p: Plan, tmp_path: Path):
+def test_documented_command(command: Command, p: Plan, tmp_path: Path, started: Started):
     assert not p.missing, f"{command}: no such file in the repository: {', '.join(p.missing)}"
     for argv in p.run:
-        out = ran(argv, command)
+        out = ran(argv, command, started)
         assert out.strip(), f"{command}: printed nothing"
     if p.help_of is not None:
-        help_text = ran(p.help_of, command)
+        help_text = ran(p.help_of, command, started)
         unknown = [flag for flag in p.flags if not re.search(rf"{re.escape(flag)}\b", help_text)]
         assert not unknown, (f"{command}: {', '.join(unknown)} not in `{shlex.join(p.help_of)}`:"
                              f"\n{help_text}")

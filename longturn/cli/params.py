@@ -16,7 +16,6 @@ from longturn.atomic import write_text
 from longturn.params.config import load_params
 from longturn.errors import UserError
 from longturn.params.file import hand_edits, profile_path, render, written_profile
-from longturn.run.preflight import preflight
 from longturn.params.profiles import leaves, resolve_profile
 
 PROFILES_DIR = "configs/profiles"
@@ -61,6 +60,8 @@ def _check(out: Path, profiles_dir: Path) -> int:
     """1 when `out` is not exactly a written profile; else the names every stage checks before
     work (env, tasks, engine, the chat protocol's plugins), so a bad name fails here, not minutes
     into a DVC run (a UserError: exit 2)."""
+    from longturn.run.preflight import preflight  # imports torch: 1.5 s a write need not pay
+
     if not out.is_file():
         raise UserError(f"{out}: no such file; write one with `longturn params NAME`")
     reason = hand_edits(out, profiles_dir)
