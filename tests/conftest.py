@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest_plugins = ("tiers", "temp_hygiene")  # tiers by rule; temp files under the basetemp
+# tiers by rule; temp files under the basetemp; every pip resolution of the network tests at once
+pytest_plugins = ("tiers", "temp_hygiene", "lock_resolutions")
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -5,30 +5,20 @@ volume, and (network: needs PyPI) both image locks resolve for the image's platf
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
 import subprocess
 import sys
-import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from lock_resolutions import IMAGE_LOCKS, image_lock
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "Dockerfile"
 UBUNTU_GLIBC = {"22.04": (2, 35), "24.04": (2, 39)}
-
-
-def image_lock():
-    """docker-image/image_lock.py, loaded by path (the folder is not a package)."""
-    path = ROOT / "docker-image" / "image_lock.py"
-    spec = importlib.util.spec_from_file_location("image_lock", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def hadolint() -> str:
@@ -119,44 +109,11 @@ def test_entrypoint_keeps_dvc_lock_and_cache_on_the_volume(tmp_path):
     assert "up to date" in run(second, "dvc", "status")
 
 
-def _pypi_reachable() -> bool:
-    try:
-        with urllib.request.urlopen("https://pypi.org/simple/pip/", timeout=15):
-            return True
-    except OSError:
-        return False
-
-
-IMAGE_LOCKS = ["requirements-gpu.lock", "sglang.lock"]
-
-
-@pytest.fixture(scope="module")
-def image_resolutions(tmp_path_factory) -> dict[str, tuple[Path, dict | Exception]]:
-    """Each image lock resolved as the image build does (its sdist-only pins built first), both
-    at once: each is pip subprocesses that mostly wait on the index. Per lock: the wheels dir
-    and the resolution, or its error (raised by that lock's own test)."""
-    if not _pypi_reachable():
-        pytest.skip("PyPI (https://pypi.org/simple) is unreachable: cannot resolve the image locks")
-    lock = image_lock()
-
-    def resolve(name: str) -> tuple[Path, dict | Exception]:
-        wheels = tmp_path_factory.mktemp(name.replace(".", "_"))
-        path = ROOT / "docker-image" / name
-        try:
-            lock.build_wheels(lock.sdist_pins(path), wheels)
-            return wheels, lock.resolve(["-r", str(path)], wheels)
-        except Exception as err:
-            return wheels, err
-
-    with ThreadPoolExecutor(len(IMAGE_LOCKS)) as pool:
-        return dict(zip(IMAGE_LOCKS, pool.map(resolve, IMAGE_LOCKS)))
-
-
 @pytest.mark.parametrize("name", IMAGE_LOCKS)
-def test_image_lock_resolves_for_the_image_platform_pin_for_pin(image_resolutions, name):
+def test_image_lock_resolves_for_the_image_platform_pin_for_pin(lock_resolutions, name):
     lock = image_lock()
     path = ROOT / "docker-image" / name
-    wheels, resolved = image_resolutions[name]
+    wheels, resolved = lock_resolutions[name].wheels, lock_resolutions[name].resolved
     if isinstance(resolved, Exception):
         raise resolved
     got = {n: entry["version"] for n, entry in resolved.items()}

@@ -6,41 +6,12 @@ image's Linux x86_64 platform, sdist-only pins built first), so GPU nodes on 3.1
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import sys
-import tomllib
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-
 import pytest
 from packaging.specifiers import SpecifierSet
 
-from test_image import image_lock
+from lock_resolutions import ROOT, VERSIONS, image_lock, project
 
-ROOT = Path(__file__).resolve().parents[1]
-VERSIONS = ["3.11", "3.12", "3.13", "3.14"]  # 3.15: contourpy==1.3.3 has no cp315 wheel
-PROJECT_FILES = ["pyproject.toml", "README.md", "longturn", "components", "pipeline"]
 CUDA_PREFIXES = ("nvidia-", "cuda-")  # torch's CUDA wheels on PyPI's Linux x86_64 build
-
-
-def project() -> dict:
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-
-
-def build_project_wheel(dest: Path, scratch: Path) -> None:
-    """The project's wheel, built from a copy so the checkout gets no build/ or egg-info."""
-    for name in PROJECT_FILES:
-        source = ROOT / name
-        if source.is_dir():
-            shutil.copytree(source, scratch / name,
-                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        else:
-            shutil.copy2(source, scratch / name)
-    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet",
-                           "--no-build-isolation", "-w", str(dest), str(scratch)],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, f"the project does not build: {done.stderr[-2000:]}"
 
 
 def test_requires_python_admits_exactly_the_versions_resolved_below():
@@ -50,40 +21,12 @@ def test_requires_python_admits_exactly_the_versions_resolved_below():
         f"requires-python admits {minors}; resolve each one before widening (VERSIONS here)"
 
 
-@pytest.fixture(scope="module")
-def wheels(tmp_path_factory) -> Path:
-    """The sdist-only pins built as the image build does, plus the project's wheel."""
-    lock = image_lock()
-    dest = tmp_path_factory.mktemp("wheels")
-    lock.build_wheels(lock.sdist_pins(lock.GPU_LOCK), dest)
-    build_project_wheel(dest, tmp_path_factory.mktemp("project"))
-    return dest
-
-
-@pytest.fixture(scope="module")
-def resolutions(wheels) -> dict[str, dict | Exception]:
-    """Each version's resolution (or its error), all at once: each is a pip subprocess that
-    mostly waits on the index, so four in parallel take about the time of one."""
-    lock = image_lock()
-    name, version = lock.normalize(project()["name"]), project()["version"]
-    requirements = ["-r", str(ROOT / "requirements.lock"), f"{name}=={version}"]
-
-    def resolve(python: str) -> dict | Exception:
-        try:
-            return lock.resolve(requirements, wheels, python=python)
-        except Exception as err:  # reported by that version's own test
-            return err
-
-    with ThreadPoolExecutor(len(VERSIONS)) as pool:
-        return dict(zip(VERSIONS, pool.map(resolve, VERSIONS)))
-
-
 @pytest.mark.network
 @pytest.mark.parametrize("python", VERSIONS)
-def test_pinned_environment_resolves_for_python(resolutions, python):
+def test_pinned_environment_resolves_for_python(lock_resolutions, python):
     lock = image_lock()
     name, version = lock.normalize(project()["name"]), project()["version"]
-    resolved = resolutions[python]
+    resolved = lock_resolutions[python].resolved
     if isinstance(resolved, Exception):
         raise resolved
     got = {n: entry["version"] for n, entry in resolved.items()}
