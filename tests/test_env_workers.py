@@ -25,6 +25,7 @@ from longturn.envs.registry import EnvSpec
 from longturn.envs.workers import WorkerEnv
 from longturn.errors import UserError
 from longturn.run.evaluation import evaluate_envs, write_outputs
+from longturn.rollout.samples import samples_from_turns
 from longturn.run.metrics import rollout_metrics
 from longturn.run.models import load_tokenizer
 from longturn.run.training import run_training
@@ -150,7 +151,7 @@ def test_a_raising_step_aborts_its_episode_and_is_counted(tokenizer) -> None:
     assert [r["aborted"] for r in slot0] == [False, True, False, False]
     assert slot0[1]["termination"] == "env_error" and slot0[1]["reward"] == 0.0
     assert slot0[2]["turn"] == 0 and slot0[2]["episode_id"] != slot0[1]["episode_id"]
-    m = rollout_metrics(rows)
+    m = rollout_metrics(samples_from_turns(rows))
     assert m["episodes_aborted"] == 1 and m["termination/env_error"] == 1
     assert m["termination/time_limit"] == 1  # slot 1: three turns, then max_turns
     assert m["episodes_ended"] == 2 and m["success_rate"] == 0.0  # of the one completed episode
@@ -176,7 +177,7 @@ def test_failed_resets_are_counted_on_the_slots_row(tokenizer) -> None:
                      progress=False)
     assert rows[2]["truncated"] and rows[2]["aborted_resets"] == ["env_error", "env_error"]
     assert rows[3]["turn"] == 0 and c.episode_counts == [4]  # two seeds lost, the third runs
-    m = rollout_metrics(rows)
+    m = rollout_metrics(samples_from_turns(rows))
     assert (m["episodes_ended"], m["episodes_aborted"], m["termination/env_error"]) == (3, 2, 2)
 
 

@@ -1,4 +1,6 @@
-"""Rollout metrics: ratios over ended episodes / turns, and summed over ranks before dividing."""
+"""Rollout metrics: ratios over ended episodes / turns, and summed over ranks before dividing. They
+read the samples a batch trains on (a turn's sample holds its one reply), so each test builds
+turn rows, as the env slots write them, and converts them as the train loop does."""
 
 from __future__ import annotations
 
@@ -6,7 +8,17 @@ import math
 
 import numpy as np
 
-from longturn.run.metrics import logprob_gap, rollout_metrics, rollout_totals
+from longturn.rollout.samples import samples_from_turns
+from longturn.run import metrics as batch
+from longturn.run.metrics import logprob_gap
+
+
+def rollout_metrics(rows, sum_over_ranks=None):
+    return batch.rollout_metrics(samples_from_turns(rows), sum_over_ranks)
+
+
+def rollout_totals(rows):
+    return batch.rollout_totals(samples_from_turns(rows))
 
 
 def _row(turn: int, success: bool = False, ended: bool = False, valid: bool = True,
@@ -63,7 +75,8 @@ def test_ranks_are_summed_before_dividing() -> None:
 def test_action_mix_fractions_other_and_ranks() -> None:
     from longturn.run.metrics import action_mix
 
-    rows = [{"action": a} for a in ("go forward", "go forward", "turn left", "dance")]
+    rows = samples_from_turns([{"action": a, "response_ids": [1]}
+                               for a in ("go forward", "go forward", "turn left", "dance")])
     mix = action_mix(rows, ["turn left", "turn right", "go forward"])
     assert mix == {"action_mix/turn_left": 0.25, "action_mix/turn_right": 0.0,
                    "action_mix/go_forward": 0.5, "action_mix/other": 0.25}
@@ -73,7 +86,7 @@ def test_action_mix_fractions_other_and_ranks() -> None:
 
 def test_termination_reasons_counted_and_aborted_apart() -> None:
     """An aborted episode ends (counted by reason) but is neither a success nor a failure; an
-    episode whose reset failed rides on a row as `aborted_resets`."""
+    episode whose reset failed rides on a row as `aborted_resets`, and on its sample."""
     rows = [_row(3, success=True, ended=True), _row(7, ended=True),
             {**_row(2), "aborted": True, "termination": "timeout", "reward": 0.0},
             {**_row(4), "terminated": True, "success": False},

@@ -20,19 +20,26 @@ _SUMMED = ("turns", "episodes_ended", "episodes_aborted", "successes",
 ACTION_MIX_PREFIX = "action_mix/"
 
 
-def rollout_totals(rows: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:
-    """(numerator, denominator) of each rollout metric, so ranks can be summed before dividing.
+def _replies(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [reply for sample in samples for reply in sample["replies"] or ()]
+
+
+def rollout_totals(samples: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:
+    """(numerator, denominator) of each rollout metric over the samples' replies (a turn each),
+    so ranks can be summed before dividing.
 
     Every ended episode is counted under its termination reason (`termination/<reason>`), aborted
-    ones included (also those whose reset failed: `aborted_resets` on a row); success rate and
-    episode length are over the episodes that were not aborted."""
-    ended = [r for r in rows if r["terminated"] or r["truncated"] or r["aborted"]]
+    ones included (also those whose reset failed: `aborted_resets` on a sample, in memory only);
+    success rate and episode length are over the episodes that were not aborted."""
+    replies = _replies(samples)
+    ended = [r for r in replies if r["terminated"] or r["truncated"] or r["aborted"]]
     completed = [r for r in ended if not r["aborted"]]
-    reasons = [reason_of(r) for r in ended] + [a for r in rows for a in r.get("aborted_resets", ())]
+    reasons = ([reason_of(r) for r in ended]
+               + [a for s in samples for a in s.get("aborted_resets") or ()])
     counted = count(reasons)
     terminations = {key: counted[key] for key in TERMINATION_KEYS}
     aborted = sum(terminations[PREFIX + r] for r in ABORTED)
-    n = float(len(rows))
+    n = float(len(replies))
     wins = float(sum(bool(r["success"]) for r in completed))
     return {
         "turns": (n, 1.0),
@@ -42,22 +49,22 @@ def rollout_totals(rows: list[dict[str, Any]]) -> dict[str, tuple[float, float]]
         "success_rate": (wins, float(len(completed))),
         "successes": (wins, 1.0),
         "episode_length": (float(sum(r["turn"] + 1 for r in completed)), float(len(completed))),
-        "mean_reward": (float(sum(r["reward"] for r in rows)), n),
-        "mean_env_reward": (float(sum(r["env_reward"] for r in rows)), n),
-        "valid_action_ratio": (float(sum(bool(r["action_valid"]) for r in rows)), n),
-        "response_tokens": (float(sum(len(r["response_ids"]) for r in rows)), n),
-        "finish_length_ratio": (float(sum(r["finish_reason"] == "length" for r in rows)), n),
+        "mean_reward": (float(sum(r["reward"] for r in replies)), n),
+        "mean_env_reward": (float(sum(r["env_reward"] for r in replies)), n),
+        "valid_action_ratio": (float(sum(bool(r["action_valid"]) for r in replies)), n),
+        "response_tokens": (float(sum(r["end"] - r["start"] for r in replies)), n),
+        "finish_length_ratio": (float(sum(r["finish_reason"] == "length" for r in replies)), n),
     }
 
 
-def rollout_metrics(rows: list[dict[str, Any]],
+def rollout_metrics(samples: list[dict[str, Any]],
                     sum_over_ranks: Callable[[np.ndarray], np.ndarray] | None = None
                     ) -> dict[str, float]:
     """Success among episodes that ended in this batch (aborted ones apart), reward per turn,
-    lengths, validity, episodes ended per termination reason; over every rank's rows when
+    lengths, validity, episodes ended per termination reason; over every rank's samples when
     ``sum_over_ranks`` (an all-reduce of an array) is given.
     A ratio with nothing to count is NaN (left out of the curves)."""
-    totals = rollout_totals(rows)
+    totals = rollout_totals(samples)
     keys = sorted(totals)
     values = np.array([totals[k] for k in keys], dtype=np.float64)
     if sum_over_ranks is not None:
@@ -80,7 +87,7 @@ def logprob_gap(samples: list[dict[str, Any]],
     the scored replies of every rank (scoring writes each reply's `logprob_gap`: a gap that
     grows says the engine samples from another policy than the one PPO corrects for). Absent
     when no reply was scored with engine logprobs."""
-    gaps = [reply["logprob_gap"] for sample in samples for reply in sample["replies"] or ()
+    gaps = [reply["logprob_gap"] for reply in _replies(samples)
             if reply.get("logprob_gap") is not None]
     total = np.array([float(sum(gaps)), float(len(gaps))])
     if sum_over_ranks is not None:
@@ -88,18 +95,18 @@ def logprob_gap(samples: list[dict[str, Any]],
     return {"logprob_gap": float(total[0] / total[1])} if total[1] > 0 else {}
 
 
-def action_mix(rows: list[dict[str, Any]], actions: list[str],
+def action_mix(samples: list[dict[str, Any]], actions: list[str],
                sum_over_ranks: Callable[[np.ndarray], np.ndarray] | None = None
                ) -> dict[str, float]:
-    """Fraction of turns that executed each action (every rank's turns when `sum_over_ranks` is
+    """Fraction of replies (turns) that executed each action (every rank's turns when `sum_over_ranks` is
     given): a policy collapsing onto one action shows here first. Keys are
     `action_mix/<action>` with spaces as underscores; actions outside `actions` (a plug-in env's
     free text) are counted under `action_mix/other`."""
     names = list(dict.fromkeys(actions)) + ["other"]
     counts = np.zeros(len(names), dtype=np.float64)
     index = {name: i for i, name in enumerate(names)}
-    for row in rows:
-        counts[index.get(row["action"], len(names) - 1)] += 1
+    for reply in _replies(samples):
+        counts[index.get(reply["action"], len(names) - 1)] += 1
     if sum_over_ranks is not None:
         counts = sum_over_ranks(counts)
     total = counts.sum()

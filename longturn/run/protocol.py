@@ -71,7 +71,7 @@ class Protocol:
     name: str
     collector: Callable[[Params, int, str], Collector]
     to_samples: Callable[[Rows], Rows]  # what a collector played, as training samples
-    batch_metrics: Callable[[Rows, Rows, Collector], dict[str, float]]  # rows, samples
+    batch_metrics: Callable[[Rows, Collector], dict[str, float]]  # of the samples
     describe: Callable[[int, dict[str, float]], str]  # an iteration's metrics, one log line
     evaluate: Callable[..., dict[str, Any]]
     check_names: Callable[[Params], None]  # the names params gives resolve (preflight)
@@ -101,14 +101,14 @@ def _conversation_collector(params: Params, rank: int, run_id: str) -> Collector
                                  run_id=run_id)
 
 
-def _turn_metrics(rows: Rows, samples: Rows, collector: Collector) -> dict[str, float]:
+def _turn_metrics(samples: Rows, collector: Collector) -> dict[str, float]:
     """Turn metrics and the action mix over every rank."""
-    metrics = rollout_metrics(rows, sum_over_ranks)
-    metrics.update(action_mix(rows, collector.action_names(), sum_over_ranks))
+    metrics = rollout_metrics(samples, sum_over_ranks)
+    metrics.update(action_mix(samples, collector.action_names(), sum_over_ranks))
     return metrics
 
 
-def _episode_metrics(rows: Rows, samples: Rows, collector: Collector) -> dict[str, float]:
+def _episode_metrics(samples: Rows, collector: Collector) -> dict[str, float]:
     """The whole-episode metrics of the samples over every rank (`turns` counts replies)."""
     metrics = {k: float(v) for k, v in conversation_metrics(samples, sum_over_ranks).items()}
     metrics["turns"] = metrics.pop("replies")

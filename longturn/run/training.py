@@ -227,7 +227,7 @@ def _iteration(params: Params, paths: TrainPaths, trainer: PPOTrainer,
         samples = to_samples(params, rows)
         score_and_write(trainer, samples, part, file_metadata(params, iteration))
         barrier()
-    metrics = batch_metrics(params, rows, samples, collector)
+    metrics = batch_metrics(params, samples, collector)
     if not sum_over_ranks(np.array([float(any(map(_trains, samples)))]))[0]:
         log.warning("iteration %d: every episode was aborted or made no reply (see "
                     "termination/*): nothing to train on, so no update this iteration", iteration)

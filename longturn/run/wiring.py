@@ -98,10 +98,10 @@ def score_and_write(trainer: PPOTrainer, samples: list[dict[str, Any]], path: Pa
     return write_samples(samples, path, metadata)
 
 
-def batch_metrics(params: Params, rows: list[dict[str, Any]], samples: list[dict[str, Any]],
+def batch_metrics(params: Params, samples: list[dict[str, Any]],
                   collector: Collector) -> dict[str, float]:
-    """What a collected batch says, over every rank (run/protocol.py), and the engine's
-    logprob gap from the scored samples, whatever the protocol."""
-    metrics = protocol(params).batch_metrics(rows, samples, collector)
+    """What a collected batch's samples say, over every rank (run/protocol.py), and the
+    engine's logprob gap from the scored samples, whatever the protocol."""
+    metrics = protocol(params).batch_metrics(samples, collector)
     metrics.update(logprob_gap(samples, sum_over_ranks))
     return metrics
