@@ -366,6 +366,42 @@ def test_full_disk_keeps_the_finished_evaluation(tiny_model_dir, tmp_path, capsy
     assert sorted(p.name for p in out.iterdir()) == ["episodes.parquet", "metrics.json", "partial"]
 
 
+def _eval_params(model_dir: str, protocol: str) -> dict:
+    """Two eval episodes of either protocol at toy size."""
+    if protocol == "action":
+        params = toy_params(model_dir)
+        params["eval"].update(tasks=["goto"], episodes_per_task=2)
+        return params
+    from test_conversation_pipeline import toy_sequence_params
+
+    params = toy_sequence_params(model_dir)
+    params["engine"]["sampling"].update(max_new_tokens=4)
+    chat = params["rollout"]["chat"]
+    chat.update(max_assistant_turns=1, max_user_turns=0)
+    for key in ("tools", "interactions"):
+        if chat.get(key):
+            chat[key] = str(ROOT / chat[key])
+    return params
+
+
+@pytest.mark.parametrize("protocol", ["action", "chat"])
+def test_a_failed_episodes_write_still_writes_the_turns(tiny_model_dir, tmp_path, capsys,
+                                                        monkeypatch, protocol):
+    """Every output is tried, whichever protocol played: the one write that failed is named,
+    the others are on disk, and the journal stays for the rerun."""
+    path = write_params(tmp_path / "params.yaml", _eval_params(tiny_model_dir, protocol))
+    out = tmp_path / "eval"
+    failing_parquet_writes(monkeypatch, "episodes.parquet", errno.ENOSPC)
+
+    code = zero_shot_eval.main(["--params", path, "--model-dir", tiny_model_dir, "--out", str(out)])
+
+    err = capsys.readouterr().err
+    assert code == 2 and f"{out / 'episodes.parquet'}: no space left on device" in err
+    assert json.loads((out / "metrics.json").read_text())["overall"]["episodes"] == 2
+    assert len(pd.read_parquet(out / "turns.parquet")) >= 2
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.json", "partial", "turns.parquet"]
+
+
 def test_read_only_disk_is_one_line_and_no_gate_marker(tiny_model_dir, tmp_path, capsys,
                                                        monkeypatch):
     params = toy_params(tiny_model_dir)

@@ -15,17 +15,16 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from longturn.atomic import write_json
 from longturn.params.config import Params
 from longturn.engines.base import Engine
 from longturn.engines.registry import sampling_from_params
 from longturn.run.eval_journal import EvalJournal
 from longturn.run.eval_key import evaluation_key
+from longturn.run.evaluation import write_outputs
 from longturn.rollout.conversation_metrics import json_safe, conversation_metrics
 from longturn.rollout.conversation_setup import ConversationRun
 from longturn.rollout.samples import samples_from_episodes
-from longturn.trajectories import (SAMPLE_SCHEMA, SCHEMA_VERSION, file_metadata, write_arrow,
-                                   write_episodes)
+from longturn.trajectories import SAMPLE_SCHEMA, SCHEMA_VERSION, file_metadata
 
 log = logging.getLogger(__name__)
 
@@ -94,9 +93,7 @@ def evaluate_conversations(engine: Engine, tokenizer: Any, params: Params, out_d
     samples = table.to_pylist()
     metrics = {"overall": summary(samples),
                "tasks": {t: summary([s for s in samples if s["task"] == t]) for t in tasks}}
-    write_json(out / "metrics.json", metrics)
-    write_episodes(journal.episodes(ids), out / "episodes.parquet", meta)
-    write_arrow(table, out / "turns.parquet", file_metadata(meta, version=SCHEMA_VERSION))
+    write_outputs(out, metrics, journal.episodes(ids), table, meta)
     journal.remove()
     o = metrics["overall"]
     log.info("eval %s: success %d/%d, replies %.1f per episode, tool calls %.1f (%s valid); "
