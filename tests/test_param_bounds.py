@@ -199,3 +199,24 @@ def test_the_highest_seeds_leave_every_episode_a_reset_seed_below_2_to_the_32():
         np.random.RandomState(last)  # the last episode's reset seed is one RandomState takes
     with pytest.raises(ValueError):
         np.random.RandomState(top + most + 1)  # and the room left is all there is
+
+
+@pytest.mark.parametrize("rollout,fixed", [
+    ({"protocol": "action"}, True),
+    ({"protocol": "action", "context": "episode"}, True),
+    ({"protocol": "chat", "context": "window"}, True),
+    ({"protocol": "chat", "context": "window",  # the built-in rollout named as the default is
+      "chat": {"function": "longturn.rollout.conversation_rollout:conversation_rollout"}}, True),
+    ({"protocol": "chat", "context": "window", "chat": {"function": "examples.x:rollout"}}, False),
+    ({"protocol": "chat", "context": "episode"}, False),
+    ({"protocol": "chat", "context": "episode", "agent": "examples.x:agent"}, True),
+])
+def test_the_size_check_counts_the_batches_the_collector_plays(rollout, fixed):
+    """One rule (RolloutParams.fixed_turn_batches) for the collector and the size check: with a
+    critic, n_envs × turns_per_env rows exactly when the rollout plays fixed-turn batches."""
+    from longturn.params.sizes import iteration_rows
+
+    params = parse_params({"algo": {"advantage": "gae"}, "rollout": rollout})
+    assert params.rollout.fixed_turn_batches() is fixed
+    keys = [key for key, _ in iteration_rows(params)]
+    assert ("rollout.turns_per_env" in keys) is fixed

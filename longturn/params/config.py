@@ -184,6 +184,9 @@ class ChatParams(Section):
         return self
 
 
+# rollout.chat.function's default, named (rollout/functions.py resolves it)
+BUILTIN_CHAT_ROLLOUT = "longturn.rollout.conversation_rollout:conversation_rollout"
+
 # the keys of earlier versions, and what replaced them (one line each, not pydantic's "extra")
 _RENAMED_ROLLOUT_KEYS = {
     "mode": "rollout.mode is gone: set rollout.protocol (turn → action, sequence → chat) and "
@@ -220,6 +223,17 @@ class RolloutParams(Section):
     # sampling_params) -> Sample`), plays each chat episode whole against SGLang's /generate
     # served on the loopback (docs/openai-endpoint.md); rollout.agent_timeout_s bounds it too
     slime_generate: str | None = None
+
+    def fixed_turn_batches(self) -> bool:
+        """With a critic, whether the rollout comes in fixed-turn batches of n_envs ×
+        turns_per_env replies whose episodes continue across updates (the action protocol, an
+        agent's calls, the built-in chat rollout with a history window), else n_envs whole
+        episodes. Read by the collector choice (run/protocol.py) and the size check
+        (params/sizes.py), so the two cannot disagree; without a critic, groups of whole
+        episodes are played whatever this says."""
+        if self.protocol == "action" or self.agent is not None:
+            return True
+        return self.context == "window" and self.chat.function in (None, BUILTIN_CHAT_ROLLOUT)
 
     @model_validator(mode="after")
     def _own_rollout_plays_alone(self) -> "RolloutParams":

@@ -33,16 +33,13 @@ def iteration_rows(p: Params) -> list[Factor] | None:
     with a window; with a critic, an agent's calls and the built-in rollout's windowed replies
     come in fixed-turn batches of n_envs × turns_per_env."""
     r = p.rollout
+    if p.algo.advantage == "gae" and r.fixed_turn_batches():
+        return [("rollout.n_envs", r.n_envs), ("rollout.turns_per_env", r.turns_per_env)]
     if r.protocol == "chat":
-        fixed_turns = r.agent is not None or (r.context == "window" and r.chat.function is None)
-        if p.algo.advantage == "gae" and fixed_turns:
-            return [("rollout.n_envs", r.n_envs), ("rollout.turns_per_env", r.turns_per_env)]
         if r.context == "episode":
             return [("rollout.n_envs", r.n_envs)]
         return [("rollout.n_envs", r.n_envs),
                 ("rollout.chat.max_assistant_turns", r.chat.max_assistant_turns)]
-    if p.algo.advantage == "gae":
-        return [("rollout.n_envs", r.n_envs), ("rollout.turns_per_env", r.turns_per_env)]
     if p.env.max_turns is None:
         return None
     return [("rollout.n_envs", r.n_envs), ("env.max_turns", p.env.max_turns)]

@@ -30,7 +30,6 @@ from longturn.engines.registry import make_engine
 from longturn.params.config import Params
 from longturn.rollout.conversation_collector import ConversationCollector, FixedTurnConversations
 from longturn.rollout.conversation_metrics import conversation_metrics
-from longturn.rollout.conversation_rollout import conversation_rollout
 from longturn.rollout.conversation_setup import ConversationRun
 from longturn.rollout.env_slots import AgentSettings, env_factory_from_params
 from longturn.rollout.fixed_turn_collector import FixedTurnCollector
@@ -93,7 +92,7 @@ def _conversation_collector(params: Params, rank: int, run_id: str) -> Collector
     plays_groups = Estimator.named(params.algo.advantage).collection is Collection.SEED_GROUPS
     if not plays_groups and r.agent is not None:  # an agent's calls in fixed-turn batches
         return AgentTurnCollector.from_params(params, run, rank, run_id)
-    if not plays_groups and run.function is conversation_rollout and r.context == "window":
+    if not plays_groups and r.fixed_turn_batches():  # the built-in rollout with a window
         return FixedTurnConversations(run, tasks, r.n_envs, r.turns_per_env, params.seed,
                                       rank=rank, run_id=run_id)
     group = params.algo.group_size if plays_groups else 1
