@@ -205,8 +205,8 @@ def test_the_highest_seeds_leave_every_episode_a_reset_seed_below_2_to_the_32():
     ({"protocol": "action"}, True),
     ({"protocol": "action", "context": "episode"}, True),
     ({"protocol": "chat", "context": "window"}, True),
-    ({"protocol": "chat", "context": "window",  # the built-in rollout named as the default is
-      "chat": {"function": "longturn.rollout.conversation_rollout:conversation_rollout"}}, True),
+    ({"protocol": "chat", "context": "window",  # named: played and sized as your own
+      "chat": {"function": "longturn.rollout.conversation_rollout:conversation_rollout"}}, False),
     ({"protocol": "chat", "context": "window", "chat": {"function": "examples.x:rollout"}}, False),
     ({"protocol": "chat", "context": "episode"}, False),
     ({"protocol": "chat", "context": "episode", "agent": "examples.x:agent"}, True),

@@ -156,7 +156,8 @@ class ChatParams(Section):
     # picks its own, as in verl (a task without a name: the file's only entry)
     interaction: str | None = None
     function: str | None = None        # rollout by import path (null: the built-in one,
-                                       # longturn.rollout.conversation_rollout:conversation_rollout)
+                                       # longturn.rollout.conversation_rollout:conversation_rollout,
+                                       # the one a critic plays in fixed-turn batches)
     max_assistant_turns: int = at_most(L.CONTEXT_TOKENS, 4, ge=1)  # each reply is a token at least
     max_user_turns: int = at_most(L.CONTEXT_TOKENS, 2, ge=0)
     # token budget of what a reply is given plus the reply: the whole conversation (context
@@ -183,9 +184,6 @@ class ChatParams(Section):
                              "rollout.chat.interactions (the YAML file that declares it)")
         return self
 
-
-# rollout.chat.function's default, named (rollout/functions.py resolves it)
-BUILTIN_CHAT_ROLLOUT = "longturn.rollout.conversation_rollout:conversation_rollout"
 
 # the keys of earlier versions, and what replaced them (one line each, not pydantic's "extra")
 _RENAMED_ROLLOUT_KEYS = {
@@ -227,13 +225,13 @@ class RolloutParams(Section):
     def fixed_turn_batches(self) -> bool:
         """With a critic, whether the rollout comes in fixed-turn batches of n_envs ×
         turns_per_env replies whose episodes continue across updates (the action protocol, an
-        agent's calls, the built-in chat rollout with a history window), else n_envs whole
-        episodes. Read by the collector choice (run/protocol.py) and the size check
-        (params/sizes.py), so the two cannot disagree; without a critic, groups of whole
-        episodes are played whatever this says."""
+        agent's calls, the built-in chat rollout (rollout.chat.function null) with a history
+        window), else n_envs whole episodes. Read by the collector choice (run/protocol.py) and
+        the size check (params/sizes.py), so the two cannot disagree; without a critic, groups
+        of whole episodes are played whatever this says."""
         if self.protocol == "action" or self.agent is not None:
             return True
-        return self.context == "window" and self.chat.function in (None, BUILTIN_CHAT_ROLLOUT)
+        return self.context == "window" and self.chat.function is None
 
     @model_validator(mode="after")
     def _own_rollout_plays_alone(self) -> "RolloutParams":

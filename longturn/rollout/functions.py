@@ -12,9 +12,9 @@ import inspect
 from typing import Any, Callable
 
 from longturn.errors import SettingError
-from longturn.params.config import BUILTIN_CHAT_ROLLOUT as BUILTIN
 from longturn.tasks.plugins import import_class
 
+BUILTIN = "longturn.rollout.conversation_rollout:conversation_rollout"
 AGENT_ROLLOUT = "longturn.serve.agent_rollout:agent_rollout"  # rollout.agent's (bound to it)
 _ARGS = ("engine", "tokenizer", "sampling", "tasks", "settings")
 
