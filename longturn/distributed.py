@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,10 +33,23 @@ STALE_BUILD_LOCK_S = 300.0
 
 
 def extensions_root() -> Path:
-    """Where torch puts JIT-built extensions (TORCH_EXTENSIONS_DIR, else its default root)."""
+    """Where torch builds and finds JIT extensions: TORCH_EXTENSIONS_DIR when set, else a folder
+    of this virtual environment. The op is built against this venv's torch and headers, so in
+    torch's shared default (~/.cache/torch_extensions) two checkouts rebuild each other's op,
+    about 25 s each time. Outside a writable venv, torch's default."""
     from torch.utils.cpp_extension import get_default_build_root
 
-    return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+    if os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return Path(os.environ["TORCH_EXTENSIONS_DIR"])
+    if sys.prefix != sys.base_prefix and os.access(sys.prefix, os.W_OK):
+        return Path(sys.prefix) / "torch_extensions"
+    return Path(get_default_build_root())
+
+
+def _build_ops_in(root: Path) -> Path:
+    """Point torch's JIT builds at `root` (read by torch at each build or load)."""
+    os.environ["TORCH_EXTENSIONS_DIR"] = str(root)
+    return root
 
 
 def clear_stale_build_locks(root: Path, max_age_s: float = STALE_BUILD_LOCK_S) -> list[Path]:
@@ -127,7 +141,7 @@ def build_comm_op() -> bool:
     False where this accelerator has no such op (a GPU node talks over NCCL)."""
     from deepspeed.comm.torch import build_shm_op
 
-    clear_stale_build_locks(extensions_root())
+    clear_stale_build_locks(_build_ops_in(extensions_root()))
     return build_shm_op() is not None
 
 
@@ -146,7 +160,7 @@ def init_distributed(device: torch.device | str | None = None,
     if not dist.is_initialized():
         import deepspeed
 
-        clear_stale_build_locks(extensions_root())
+        clear_stale_build_locks(_build_ops_in(extensions_root()))
         deepspeed.init_distributed(dist_backend=backend or default_backend(device),
                                    auto_mpi_discovery=False, verbose=False,
                                    init_method=init_method,

@@ -115,9 +115,8 @@ def copy_repo(repo: Path, dest: Path) -> Path:
 
 def torch_extensions_env() -> dict[str, str]:
     """For a child given a scratch HOME: where the DeepSpeed op this venv already built lives.
-    Without it every scratch HOME builds the op again (about 25 s per pipeline run)."""
+    Without it every scratch HOME builds the op again (about 25 s per pipeline run) where torch
+    falls back to its default under HOME (no venv of its own)."""
     from longturn.distributed import extensions_root
 
-    if os.environ.get("TORCH_EXTENSIONS_DIR"):
-        return {"TORCH_EXTENSIONS_DIR": os.environ["TORCH_EXTENSIONS_DIR"]}
-    return {"XDG_CACHE_HOME": str(extensions_root().parent)}  # torch's default root is under it
+    return {"TORCH_EXTENSIONS_DIR": str(extensions_root())}

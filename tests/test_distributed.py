@@ -2,6 +2,7 @@
 
 import os
 import time
+from pathlib import Path
 
 from longturn.distributed import (STALE_BUILD_LOCK_S, build_comm_op, clear_stale_build_locks,
                                   extensions_root)
@@ -24,6 +25,18 @@ def test_the_comm_op_make_install_builds_is_the_one_a_stage_loads():
     """`make install` builds it where the first DeepSpeed engine looks, so no stage pays it."""
     assert build_comm_op()
     assert list(extensions_root().glob("**/deepspeed_shm_comm*.so"))
+
+
+def test_ops_are_built_in_this_venv_unless_told_otherwise(monkeypatch, tmp_path):
+    """Two checkouts' venvs no longer rebuild each other's op in ~/.cache; an explicit
+    TORCH_EXTENSIONS_DIR still wins."""
+    import sys
+
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    if sys.prefix != sys.base_prefix:
+        assert extensions_root() == Path(sys.prefix) / "torch_extensions"
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    assert extensions_root() == tmp_path
 
 
 def test_single_process_rendezvous_directory_is_removed_at_exit(tmp_path):
