@@ -1,11 +1,12 @@
-"""Every pip resolution the network tests check, started at once in one session fixture: the two
-image locks for the image's platform (tests/test_image.py) and the pinned environment for each
-CPython that requires-python admits (tests/test_python_versions.py).
+"""Every pip resolution the network tests check, in one session fixture: the two image locks for
+the image's platform (tests/test_image.py) and the pinned environment for each CPython that
+requires-python admits (tests/test_python_versions.py).
 
-Why: both modules need the GPU lock's sdist-only pins built into wheels first, and resolutions
-started together overlap their waits on the index. One module after the other they took about
-106 s of the suite on 2 cores, together about 90 s (pip's resolver keeps both cores busy, so
-more parallelism buys little).
+Why: both modules need the GPU lock's sdist-only pins built into wheels first, and the six
+resolutions are pip subprocesses that keep a core busy for about a minute and a half in all. They
+start in the background as the session's first test starts (only when a selected test needs
+them), while the suite's single-threaded tests leave a core idle, and the fixture waits for
+them. One module after the other they took about 106 s of the suite on 2 cores.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ import subprocess
 import sys
 import tomllib
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 
@@ -82,13 +83,42 @@ def _attempt(work: Callable[[], object]) -> object:
         return err
 
 
+FIXTURE = "lock_resolutions"
+_started: dict[str, Any] = {}  # "checked" once the first test ran; "all": the resolutions' Future
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item: pytest.Item) -> None:
+    """At the session's first test call (its temp files already under the basetemp), start
+    resolving in the background when any selected test asks for the resolutions. A hook, not an
+    autouse fixture: tests/tiers.py reads every fixture of a test as evidence of what it does."""
+    if "checked" in _started:
+        return
+    _started["checked"] = True
+    if any(FIXTURE in getattr(other, "fixturenames", ()) for other in item.session.items):
+        pool = ThreadPoolExecutor(1, thread_name_prefix="lock-resolutions")
+        # what the tmp_path_factory fixture returns
+        _started["all"] = pool.submit(resolve_all, item.config._tmp_path_factory)
+        pool.shutdown(wait=False)
+
+
 @pytest.fixture(scope="session")
-def lock_resolutions(tmp_path_factory) -> dict[str, Resolution]:
-    """Keyed by image lock name and by Python version. Each distinct sdist-only pin is built
-    once, as the image build does; each lock's dir holds the wheels of its own sdist pins, and
-    the Python versions' dir the GPU lock's plus the project's wheel."""
-    if not pypi_reachable():
+def lock_resolutions(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Resolution]:
+    """Keyed by image lock name and by Python version (the tests skip when PyPI cannot be
+    reached)."""
+    started: Future | None = _started.get("all")
+    resolved = started.result() if started is not None else resolve_all(tmp_path_factory)
+    if resolved is None:
         pytest.skip("PyPI (https://pypi.org/simple) is unreachable: cannot resolve the locks")
+    return resolved
+
+
+def resolve_all(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Resolution] | None:
+    """Each distinct sdist-only pin is built once, as the image build does; each lock's dir
+    holds the wheels of its own sdist pins, and the Python versions' dir the GPU lock's plus the
+    project's wheel; then every resolution side by side."""
+    if not pypi_reachable():
+        return None
     lock = image_lock()
     locks = {name: ROOT / "docker-image" / name for name in IMAGE_LOCKS}
     needs = {name: lock.sdist_pins(path) for name, path in locks.items()}
