@@ -98,8 +98,8 @@ def logprob_gap(samples: list[dict[str, Any]],
 def action_mix(samples: list[dict[str, Any]], actions: list[str],
                sum_over_ranks: Callable[[np.ndarray], np.ndarray] | None = None
                ) -> dict[str, float]:
-    """Fraction of replies (turns) that executed each action (every rank's turns when `sum_over_ranks` is
-    given): a policy collapsing onto one action shows here first. Keys are
+    """Fraction of replies (turns) that executed each action (every rank's when `sum_over_ranks`
+    is given): a policy collapsing onto one action shows here first. Keys are
     `action_mix/<action>` with spaces as underscores; actions outside `actions` (a plug-in env's
     free text) are counted under `action_mix/other`."""
     names = list(dict.fromkeys(actions)) + ["other"]
