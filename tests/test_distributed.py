@@ -4,6 +4,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from longturn.distributed import (STALE_BUILD_LOCK_S, build_comm_op, clear_stale_build_locks,
                                   extensions_root)
 
@@ -25,6 +27,19 @@ def test_the_comm_op_make_install_builds_is_the_one_a_stage_loads():
     """`make install` builds it where the first DeepSpeed engine looks, so no stage pays it."""
     assert build_comm_op()
     assert list(extensions_root().glob("**/deepspeed_shm_comm*.so"))
+
+
+def test_ops_are_built_by_this_venvs_ninja_whatever_path_says(monkeypatch):
+    """A system ninja first on PATH rebuilt the op that the venv's ninja had built (their build
+    logs hash commands differently): every build and load goes through the venv's own."""
+    import sys
+
+    own = Path(sys.executable).parent
+    if not (own / "ninja").is_file():
+        pytest.skip("this venv has no ninja of its own (requirements.lock pins one)")
+    monkeypatch.setenv("PATH", os.pathsep.join(["/usr/bin", "/bin"]))
+    assert build_comm_op()
+    assert os.environ["PATH"].split(os.pathsep)[0] == str(own)
 
 
 def test_ops_are_built_in_this_venv_unless_told_otherwise(monkeypatch, tmp_path):
