@@ -114,9 +114,9 @@ def copy_repo(repo: Path, dest: Path) -> Path:
 
 
 def torch_extensions_env() -> dict[str, str]:
-    """For a child given a scratch HOME: where the DeepSpeed op this venv already built lives.
-    Without it every scratch HOME builds the op again (about 25 s per pipeline run) where torch
-    falls back to its default under HOME (no venv of its own)."""
+    """For a child given a scratch environment: the op dir this process uses, passed on, so an
+    explicit TORCH_EXTENSIONS_DIR (or, outside a venv, torch's default under the real HOME) is
+    not lost to the scratch HOME, where the op would be built again (about 25 s a run)."""
     from longturn.distributed import extensions_root
 
     return {"TORCH_EXTENSIONS_DIR": str(extensions_root())}

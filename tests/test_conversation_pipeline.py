@@ -31,6 +31,19 @@ def toy_sequence_params(model_dir: str, profile: str = "tools") -> dict:
     return params
 
 
+def one_reply_sequence_params(model_dir: str) -> dict:
+    """The tools profile at toy size cut to one short reply per episode (an evaluation of it is
+    a few generate calls), its plugin files by absolute path (for a stage run in process)."""
+    params = toy_sequence_params(model_dir)
+    params["engine"]["sampling"].update(max_new_tokens=4)
+    chat = params["rollout"]["chat"]
+    chat.update(max_assistant_turns=1, max_user_turns=0)
+    for key in ("tools", "interactions"):
+        if chat.get(key):
+            chat[key] = str(ROOT / chat[key])
+    return params
+
+
 def test_dvc_exp_run_of_the_tools_profile(tmp_path, tiny_model_dir):
     repo = scratch_repo(tmp_path, toy_sequence_params(tiny_model_dir))
     out = _dvc(repo, "exp", "run", "-n", "tools")

@@ -30,7 +30,7 @@ from longturn.rollout.env_slots import AgentSettings, env_factory_from_params, p
 from settings_from_params import sampling_settings
 from test_faults import failing_parquet_writes
 from test_pipeline_smoke import ROOT, toy_params, write_params
-from test_conversation_pipeline import toy_sequence_params
+from test_conversation_pipeline import one_reply_sequence_params
 
 OUTPUTS = ("metrics.json", "episodes.parquet", "turns.parquet")
 
@@ -140,14 +140,8 @@ def test_turn_mode_resumes_after_the_disk_turned_read_only(tiny_model_dir, tmp_p
 
 def test_conversation_mode_resumes_after_the_disk_turned_read_only(tiny_model_dir, tmp_path,
                                                              monkeypatch, caplog):
-    params = toy_sequence_params(tiny_model_dir)
+    params = one_reply_sequence_params(tiny_model_dir)  # one reply: 5 generate calls
     params["eval"].update(episodes_per_task=4, parallel_envs=2)  # two chunks, a part each
-    params["engine"]["sampling"].update(max_new_tokens=4)
-    sequence = params["rollout"]["chat"]
-    sequence.update(max_assistant_turns=1, max_user_turns=0)  # one reply: 5 generate calls
-    for key in ("tools", "interactions"):
-        if sequence.get(key):
-            sequence[key] = str(ROOT / sequence[key])
     evaluate_twice(parse_params(params), tiny_model_dir, tmp_path, monkeypatch, caplog)
 
 

@@ -32,6 +32,7 @@ from longturn.run.checkpoints import CheckpointStore, verify
 from longturn.errors import ModelDirError, OutputNotWritable, SettingError, TrajectoryFileError
 from longturn.run.models import check_model_dir
 from longturn.trajectories import read_table
+from test_conversation_pipeline import one_reply_sequence_params
 from test_pipeline_smoke import toy_params, write_params
 from test_train_stage import ROOT, train_cmd
 from test_train_stage import write_params as train_params
@@ -372,16 +373,7 @@ def _eval_params(model_dir: str, protocol: str) -> dict:
         params = toy_params(model_dir)
         params["eval"].update(tasks=["goto"], episodes_per_task=2)
         return params
-    from test_conversation_pipeline import toy_sequence_params
-
-    params = toy_sequence_params(model_dir)
-    params["engine"]["sampling"].update(max_new_tokens=4)
-    chat = params["rollout"]["chat"]
-    chat.update(max_assistant_turns=1, max_user_turns=0)
-    for key in ("tools", "interactions"):
-        if chat.get(key):
-            chat[key] = str(ROOT / chat[key])
-    return params
+    return one_reply_sequence_params(model_dir)
 
 
 @pytest.mark.parametrize("protocol", ["action", "chat"])
