@@ -59,7 +59,9 @@ from longturn.params.config import parse_params  # noqa: E402
 PROFILES = ROOT / "configs" / "profiles"
 # The profiles sized for one GPU within the lease budget (their headers give the sizing); the
 # others in the folder (default, gpu, tools, vision) are not campaign runs.
-CAMPAIGN_PROFILES = ("gpu1", "babyai5", "grpo", "gigpo", "calculator", "babaisai")
+CAMPAIGN_PROFILES = ("gpu1", "lease15", "babyai5", "grpo", "gigpo", "calculator", "babaisai")
+# Parts a short lease can leave out (--skip): the learning run is the one thing it must not.
+SKIPPABLE = ("engine_throughput", "profile")
 PROFILED_ITERATION = 1  # the second: the first pays for allocations and CUDA-graph captures
 FINISH_RESERVE_S = 30   # analysis, summary and archive after the last part
 STOP_MARGIN_S = 60      # the train stage's own checkpoint and export once its deadline hits
@@ -208,8 +210,11 @@ class Campaign:
     def train_extra(self) -> list[str]:
         eval_s = self.state["parts"].get("zero_shot_eval", {}).get("seconds", 120.0)
         at = self.deadline - FINISH_RESERVE_S - STOP_MARGIN_S - 1.2 * eval_s - 30
-        return ["--deadline", f"{at:.0f}", "--profile-iteration", str(PROFILED_ITERATION),
-                "--profile-out", str(self.work / "profile")]
+        extra = ["--deadline", f"{at:.0f}"]
+        if "profile" not in self.args.skip:
+            extra += ["--profile-iteration", str(PROFILED_ITERATION),
+                      "--profile-out", str(self.work / "profile")]
+        return extra
 
     def profile(self, command: str) -> str:
         source = self.work / "profile" / "trace.json.gz"
@@ -253,7 +258,10 @@ class Campaign:
         try:
             self.learning_run()
         except BudgetSpent as spent:
-            status = f"stopped at the budget before {spent.args[0]}: rerun with the same --out"
+            name = spent.args[0]
+            during = self.state["parts"].get(name, {}).get("status") == "stopped at the budget"
+            status = (f"stopped at the budget {'during' if during else 'before'} {name}: rerun "
+                      "with the same --out")
         except Exception as err:  # noqa: BLE001 - the summary and archive are written anyway
             status = f"failed: {type(err).__name__}: {err}"
             raise
@@ -282,14 +290,15 @@ class Campaign:
                       rerun=self.upstream_ran or train_partial)
             if self.state["parts"][stage.name]["status"] not in ("done", "partial"):
                 return
-            if stage.name == "prepare_model":
+            if stage.name == "prepare_model" and "engine_throughput" not in self.args.skip:
                 bench = self.engine_bench()
                 self.part("engine_throughput", shlex.join(bench),
                           lambda b=bench: self.run_engine_bench(b))
         self.sampler.stop()
         train_command = self.state["parts"]["train"]["command"]
-        self.part("profile", train_command, lambda: self.profile(train_command),
-                  rerun=self.upstream_ran)
+        if "profile" not in self.args.skip:
+            self.part("profile", train_command, lambda: self.profile(train_command),
+                      rerun=self.upstream_ran)
         if self.args.memory:
             self.part("memory", "python bench/gpu_memory.py --arch qwen2.5-3b --layers 8|16",
                       self.memory)
@@ -355,6 +364,9 @@ def parse_args() -> argparse.Namespace:
                     help="results, work dir and state; rerun with the same --out to resume")
     ap.add_argument("--budget-min", type=float, default=25.0,
                     help="wall-clock budget of this invocation in minutes (default 25)")
+    ap.add_argument("--skip", action="append", default=[], choices=SKIPPABLE,
+                    help="leave this part out (repeatable): a lease shorter than the profile's "
+                         "budget spends its minutes on the learning run")
     ap.add_argument("--memory", action="store_true",
                     help="also bench/gpu_memory.py at Qwen2.5-3B cut to 8 and 16 layers")
     ap.add_argument("--keep", default=None, metavar="ARCHIVE",

@@ -173,7 +173,18 @@ def init_distributed(device: torch.device | str | None = None,
                                    auto_mpi_discovery=False, verbose=False,
                                    init_method=init_method,
                                    rank=0 if single else -1, world_size=1 if single else -1)
+        # Registered after the rendezvous dir's removal, so it runs before it (atexit is LIFO).
+        atexit.register(destroy_distributed)
     return dist.get_rank(), dist.get_world_size()
+
+
+def destroy_distributed() -> None:
+    """End the process group before the interpreter does. Left to interpreter exit, NCCL's
+    teardown kept a finished critic warm-up alive for 7 minutes on an H200 (torch 2.11, CUDA 13,
+    one rank, "destroy_process_group() was not called before program exit"), until the campaign's
+    budget killed it; PyTorch asks every rank to destroy its groups at the end of main()."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def comm_device() -> torch.device:

@@ -67,6 +67,29 @@ def test_single_process_rendezvous_directory_is_removed_at_exit(tmp_path):
     assert list(tmp_path.glob("longturn-dist-*")) == []
 
 
+def test_a_stage_destroys_its_process_group_before_it_exits(tmp_path):
+    """NCCL's teardown at interpreter exit hung a finished stage on an H200; the group is
+    destroyed by an exit hook instead, before the rendezvous dir it met through is removed."""
+    import subprocess
+    import sys
+
+    code = """if True:
+        import atexit, glob, os
+        import torch.distributed as dist
+        from longturn.distributed import init_distributed
+        # registered first, so it runs last: after every hook init_distributed registers
+        atexit.register(lambda: print("at exit: initialized", dist.is_initialized()))
+        print("world", init_distributed("cpu"))
+    """
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "world (0, 1)" in out.stdout and "at exit: initialized False" in out.stdout
+    assert "destroy_process_group() was not called" not in out.stderr
+    assert list(tmp_path.glob("longturn-dist-*")) == []
+
+
 def test_rendezvous_dir_of_a_sigkilled_process_is_swept_by_the_next_one(tmp_path):
     """atexit never runs after SIGKILL; the next plain process removes the dir it left."""
     import signal

@@ -23,12 +23,13 @@ from longturn.params.config import ParamsError, parse_params
 from longturn.params.profiles import load_profile, merge, resolve_profile
 
 ROOT = Path(__file__).resolve().parents[1]
-CAMPAIGN_PROFILES = ("gpu1", "babyai5", "grpo", "gigpo", "calculator", "babaisai")
+CAMPAIGN_PROFILES = ("gpu1", "lease15", "babyai5", "grpo", "gigpo", "calculator", "babaisai")
 PROFILES = [ROOT / "configs" / "profiles" / f"{name}.yaml" for name in CAMPAIGN_PROFILES]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from campaign import archive, profile_report  # noqa: E402
 from campaign.gpu_sampler import read_samples, window_means  # noqa: E402
+from campaign.stages import learning_stages  # noqa: E402
 from campaign.trace import Trace, analyse  # noqa: E402
 
 
@@ -186,6 +187,70 @@ def test_no_time_left_stops_before_any_part_with_a_summary(tmp_path, monkeypatch
     summary = (tmp_path / "results/summary.md").read_text()
     assert "stopped at the budget before environment" in summary
     assert (tmp_path / f"{run.name}.tgz").is_file()
+
+
+def test_a_part_the_budget_stops_is_named_as_stopped_during_it(tmp_path, monkeypatch):
+    campaign = load_campaign()
+    monkeypatch.setattr(sys, "argv", ["gpu_campaign.py", "--tiny", "--out", str(tmp_path)])
+    run = campaign.Campaign(campaign.parse_args())
+    monkeypatch.setattr(run, "tiny_model", lambda: "/tmp/model")
+
+    def stage(stage, extra):
+        if stage.name == "critic_warmup":
+            raise campaign.BudgetSpent(stage.name)  # what a stage killed at the budget raises
+        return "done"
+
+    monkeypatch.setattr(run, "stage", stage)
+    monkeypatch.setattr(run, "run_engine_bench", lambda argv: "done")
+    assert run.run() == campaign.EXIT_BUDGET
+    summary = (tmp_path / "results/summary.md").read_text()
+    assert "stopped at the budget during critic_warmup" in summary
+
+
+def test_a_short_lease_skips_the_engine_bench_and_the_profiled_iteration(tmp_path, monkeypatch):
+    campaign = load_campaign()
+    monkeypatch.setattr(sys, "argv", ["gpu_campaign.py", "--tiny", "--out", str(tmp_path),
+                                      "--skip", "engine_throughput", "--skip", "profile"])
+    run = campaign.Campaign(campaign.parse_args())
+    monkeypatch.setattr(run, "tiny_model", lambda: "/tmp/model")
+    commands = []
+    monkeypatch.setattr(run, "stage", lambda stage, extra: commands.append(
+        (stage.name, extra)) or "done")
+    run.results_dir.mkdir(parents=True)
+    run.work.mkdir()
+    run.learning_run()
+    assert [name for name, _ in commands][:2] == ["prepare_model", "validate_prompts"]
+    assert set(run.state["parts"]) == {"environment"} | {name for name, _ in commands}
+    train_extra = dict(commands)["train"]
+    assert "--deadline" in train_extra and "--profile-iteration" not in train_extra
+
+
+OPTIONAL_ON_A_NODE = ("aiohttp", "openai", "requests", "duckdb", "dvc", "kfp", "crafter")
+IMPORT_WITHOUT = """if True:
+    import importlib.abc, runpy, sys
+    missing, stages = sys.argv[1].split(","), sys.argv[2:]
+    class Missing(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name.split(".")[0] in missing:
+                raise ModuleNotFoundError(f"No module named {name!r}")
+    sys.meta_path.insert(0, Missing())
+    for stage in stages:
+        sys.argv = [stage, "--help"]
+        try:
+            runpy.run_path(stage, run_name="__main__")
+        except SystemExit:
+            pass
+"""
+
+
+def test_every_stage_imports_on_a_node_without_the_endpoint_s_packages():
+    """A GPU node carries only what the stages need: the agent endpoint's aiohttp once sat on
+    every stage's import path and stopped the first H200 campaign at its second stage."""
+    stages = [s.argv[1] for s in learning_stages(Path("/w"), Path("/w/params.yaml"))]
+    proc = subprocess.run([sys.executable, "-c", IMPORT_WITHOUT, ",".join(OPTIONAL_ON_A_NODE),
+                           *stages], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("usage:") == len(stages) == 7
 
 
 # ---- the command, end to end -----------------------------------------------------------------

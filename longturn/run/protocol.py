@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from longturn.algo.estimator import Collection, Estimator
 from longturn.distributed import sum_over_ranks
@@ -42,12 +42,14 @@ from longturn.run.metrics import action_mix, rollout_metrics
 from longturn.run.models import load_tokenizer
 from longturn.run.names import check_conversation_plugins, check_env_tasks
 from longturn.run.validation_report import render_report
-from longturn.serve.agent_turns import AgentTurnCollector
 from longturn.trajectories import write_samples, write_table
 
-# what the train loop collects with
-Collector = (FixedTurnCollector | EpisodeGroupCollector | ConversationCollector
-             | FixedTurnConversations | AgentTurnCollector)
+if TYPE_CHECKING:  # the agent's endpoint needs aiohttp, imported only when an agent plays
+    from longturn.serve.agent_turns import AgentTurnCollector
+
+    # what the train loop collects with
+    Collector = (FixedTurnCollector | EpisodeGroupCollector | ConversationCollector
+                 | FixedTurnConversations | AgentTurnCollector)
 Rows = list[dict[str, Any]]
 
 
@@ -91,6 +93,8 @@ def _conversation_collector(params: Params, rank: int, run_id: str) -> Collector
     r, run, tasks = params.rollout, ConversationRun.from_params(params), list(params.env.tasks)
     plays_groups = Estimator.named(params.algo.advantage).collection is Collection.SEED_GROUPS
     if not plays_groups and r.agent is not None:  # an agent's calls in fixed-turn batches
+        from longturn.serve.agent_turns import AgentTurnCollector
+
         return AgentTurnCollector.from_params(params, run, rank, run_id)
     if not plays_groups and r.fixed_turn_batches():  # the built-in rollout with a window
         return FixedTurnConversations(run, tasks, r.n_envs, r.turns_per_env, params.seed,

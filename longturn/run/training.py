@@ -16,7 +16,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,9 +31,12 @@ from longturn.run.metrics import MetricsLog, PhaseClock
 from longturn.run.models import load_tokenizer
 from longturn.run.protocol import protocol
 from longturn.profiling import IterationProfiler
-from longturn.run.wiring import (Collector, batch_metrics, close_collector, critic_dir, file_metadata,
+from longturn.run.wiring import (batch_metrics, close_collector, critic_dir, file_metadata,
                              gae_params, make_collector, run_fingerprint, score_and_write,
                              to_samples, trainer_settings)
+
+if TYPE_CHECKING:
+    from longturn.run.protocol import Collector
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from longturn.algo.gae import GAEParams
 from longturn.algo.estimator import Estimator
@@ -20,8 +20,11 @@ from longturn.params.config import Params
 from longturn.device import resolve_bf16, resolve_device
 from longturn.distributed import sum_over_ranks
 from longturn.run.metrics import logprob_gap
-from longturn.run.protocol import Collector, protocol
+from longturn.run.protocol import protocol
 from longturn.trajectories import write_samples
+
+if TYPE_CHECKING:
+    from longturn.run.protocol import Collector
 
 def estimator(params: Params) -> Estimator:
     """The estimator `algo.advantage` names: whether a critic exists, how batches are collected."""
