@@ -24,7 +24,7 @@ from longturn.envs.failures import EnvFailure, EnvGaveUp
 from longturn.envs.registry import EnvSpec
 from longturn.envs.workers import WorkerEnv
 from longturn.errors import UserError
-from longturn.run.evaluation import evaluate_envs, write_outputs
+from longturn.run.evaluation import env_plan, evaluate, write_outputs
 from longturn.rollout.samples import samples_from_turns
 from longturn.run.metrics import rollout_metrics
 from longturn.run.models import load_tokenizer
@@ -239,8 +239,8 @@ def test_eval_counts_aborted_episodes_apart(tmp_path, tiny_model_dir) -> None:
     params = parse_params(eval_params(tiny_model_dir, raise_on_reset=[1001], hang_on_step=3))
     engine = HFEngine(tiny_model_dir, dtype="float32")
     try:
-        metrics = evaluate_envs(engine, load_tokenizer(tiny_model_dir), params, tmp_path, "base",
-                           progress=False)
+        metrics = evaluate(env_plan, engine, load_tokenizer(tiny_model_dir), params, tmp_path,
+                           "base", progress=False)
     finally:
         engine.close()
     episodes = pd.read_parquet(tmp_path / "episodes.parquet").set_index("episode_seed")

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -23,7 +24,7 @@ import pyarrow.compute as pc
 
 from longturn.atomic import write_json
 from longturn.params.config import Params
-from longturn.engines.base import Engine
+from longturn.engines.base import Engine, SamplingParams
 from longturn.run.eval_journal import EvalJournal
 from longturn.run.eval_key import evaluation_key
 from longturn.envs.termination import count, reason_of
@@ -83,12 +84,31 @@ def metrics_by_task(episodes: list[dict[str, Any]], tasks: list[str]) -> dict[st
     }
 
 
-def evaluate_envs(engine: Engine, tokenizer: Any, params: Params, out_dir: str | Path,
-                  policy_version: str, run_id: str = "eval", progress: bool = True,
-                  model_dir: str | Path | None = None) -> dict[str, Any]:
-    """Protocol action (run/protocol.py): play the eval episodes of the env with `engine`
-    (on the weights in `model_dir`, which keys the journal) and write turns/episodes Parquet and
-    metrics.json, resuming from the journal of an evaluation that died."""
+@dataclass(frozen=True)
+class EvalPlan:
+    """What a protocol brings to an evaluation; `evaluate` does the rest the same way for both.
+
+    `play(jobs, journal)` plays the jobs the journal lacks and adds each finished episode (its
+    episode row and samples) to it; `order` puts the samples in the order an uninterrupted run
+    writes them; `metrics(episodes, samples, tasks)` is metrics.json; `describe` its log line."""
+
+    meta: dict[str, Any]
+    flush_every: int
+    play: Callable[[list[EpisodeJob], EvalJournal], None]
+    order: Callable[[pa.Table, list[EpisodeJob]], pa.Table]
+    metrics: Callable[[list[dict[str, Any]], pa.Table, list[str]], dict[str, Any]]
+    describe: Callable[[str, dict[str, Any], pa.Table], str]
+
+
+PlanFactory = Callable[[Engine, Any, Params, SamplingParams, dict[str, Any], bool], EvalPlan]
+
+
+def evaluate(plan_for: PlanFactory, engine: Engine, tokenizer: Any, params: Params,
+             out_dir: str | Path, policy_version: str, run_id: str = "eval",
+             progress: bool = True, model_dir: str | Path | None = None) -> dict[str, Any]:
+    """Play `eval.episodes_per_task` episodes of every task on seeds `eval.seed + i` with
+    `engine` (on the weights in `model_dir`, which keys the journal of an evaluation that died),
+    as the protocol's plan says, and write metrics.json, episodes.parquet and turns.parquet."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     e = params.eval
@@ -96,31 +116,45 @@ def evaluate_envs(engine: Engine, tokenizer: Any, params: Params, out_dir: str |
     jobs = eval_jobs(tasks, e.episodes_per_task, e.seed)
     sampling = sampling_from_params(params, seed=e.seed, temperature=e.temperature)
     extra = {"run_id": run_id, "policy_version": policy_version, "iteration": 0}
-    meta = {"policy_version": policy_version, "sampling": sampling.__dict__,
-            "env": params.env.model_dump(), "prompt": params.prompt.model_dump()}
+    plan = plan_for(engine, tokenizer, params, sampling, extra, progress)
+    meta = {"policy_version": policy_version, "sampling": sampling.__dict__, **plan.meta}
     journal = EvalJournal.open(out, evaluation_key(params, policy_version, run_id, model_dir),
                                SAMPLE_SCHEMA, file_metadata(meta, version=SCHEMA_VERSION),
-                               flush_every=math.ceil(e.parallel_envs / 8))
-
-    def finished(episode: dict[str, Any], turns: list[dict[str, Any]]) -> None:
-        journal.add(episode, samples_from_turns(turns))
-
+                               flush_every=plan.flush_every)
     if len(journal.finished) < len(jobs):
-        play_episodes(engine, tokenizer, env_factory_from_params(params), jobs, e.parallel_envs,
-                      sampling, AgentSettings.from_params(params), extra=extra,
-                      progress=progress, on_episode=finished,
-                      finished={i: ep["length"] for i, ep in journal.finished.items()})
+        plan.play(jobs, journal)
         journal.flush()
     episodes = journal.episodes([job.episode_id for job in jobs])
-    turns = in_lock_step_order(journal.turns())
-    metrics = metrics_by_task(episodes, tasks)
-    write_outputs(out, metrics, episodes, turns, meta)
+    samples = plan.order(journal.turns(), jobs)
+    metrics = plan.metrics(episodes, samples, tasks)
+    write_outputs(out, metrics, episodes, samples, meta)
     journal.remove()
-    overall = metrics["overall"]
-    log.info("eval %s: success %.3f (%d of %d episodes completed, %d aborted; %d turns)",
-             policy_version, overall["success_rate"], overall["completed_episodes"],
-             overall["episodes"], overall["aborted_episodes"], turns.num_rows)
+    log.info("eval %s: %s", policy_version, plan.describe(policy_version, metrics, samples))
     return metrics
+
+
+def env_plan(engine: Engine, tokenizer: Any, params: Params, sampling: SamplingParams,
+             extra: dict[str, Any], progress: bool) -> EvalPlan:
+    """The action protocol: env slots in lock-step, one sample per reply."""
+
+    def play(jobs: list[EpisodeJob], journal: EvalJournal) -> None:
+        play_episodes(engine, tokenizer, env_factory_from_params(params), jobs,
+                      params.eval.parallel_envs, sampling, AgentSettings.from_params(params),
+                      extra=extra, progress=progress,
+                      on_episode=lambda episode, turns: journal.add(episode,
+                                                                    samples_from_turns(turns)),
+                      finished={i: ep["length"] for i, ep in journal.finished.items()})
+
+    def describe(policy_version: str, metrics: dict[str, Any], samples: pa.Table) -> str:
+        o = metrics["overall"]
+        return (f"success {o['success_rate']:.3f} ({o['completed_episodes']} of {o['episodes']} "
+                f"episodes completed, {o['aborted_episodes']} aborted; {samples.num_rows} turns)")
+
+    return EvalPlan(meta={"env": params.env.model_dump(), "prompt": params.prompt.model_dump()},
+                    flush_every=math.ceil(params.eval.parallel_envs / 8), play=play,
+                    order=lambda samples, jobs: in_lock_step_order(samples),
+                    metrics=lambda episodes, samples, tasks: metrics_by_task(episodes, tasks),
+                    describe=describe)
 
 
 def in_lock_step_order(samples: pa.Table) -> pa.Table:

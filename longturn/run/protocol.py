@@ -36,8 +36,9 @@ from longturn.rollout.fixed_turn_collector import FixedTurnCollector
 from longturn.rollout.group_collector import EpisodeGroupCollector
 from longturn.rollout.samples import samples_from_episodes, samples_from_turns
 from longturn.run import conversation_validation, validation
-from longturn.run.conversation_evaluation import evaluate_conversations
-from longturn.run.evaluation import evaluate_envs
+from longturn.run.conversation_evaluation import conversation_plan
+from longturn.run.evaluation import PlanFactory, env_plan
+from longturn.run.evaluation import evaluate as evaluate_with
 from longturn.run.metrics import action_mix, rollout_metrics
 from longturn.run.models import load_tokenizer
 from longturn.run.names import check_conversation_plugins, check_env_tasks
@@ -74,7 +75,7 @@ class Protocol:
     to_samples: Callable[[Rows], Rows]  # what a collector played, as training samples
     batch_metrics: Callable[[Rows, Collector], dict[str, float]]  # of the samples
     describe: Callable[[int, dict[str, float]], str]  # an iteration's metrics, one log line
-    evaluate: Callable[..., dict[str, Any]]
+    eval_plan: PlanFactory  # how an evaluation plays, orders, summarises and logs
     check_names: Callable[[Params], None]  # the names params gives resolve (preflight)
     validation: Validation
 
@@ -153,7 +154,7 @@ def _write_rows(rows: Rows, path: Path, meta: dict[str, Any]) -> Any:
 PROTOCOLS = {
     "action": Protocol(
         "action", collector=_env_collector, to_samples=samples_from_turns,
-        batch_metrics=_turn_metrics, describe=_describe_turns, evaluate=evaluate_envs,
+        batch_metrics=_turn_metrics, describe=_describe_turns, eval_plan=env_plan,
         check_names=check_env_tasks,
         validation=Validation(
             _validate_envs, "valid_action_ratio", validation.gate_failures,
@@ -164,7 +165,7 @@ PROTOCOLS = {
         "chat", collector=_conversation_collector,
         to_samples=samples_from_episodes, batch_metrics=_episode_metrics,
         describe=_describe_episodes,
-        evaluate=evaluate_conversations, check_names=check_conversation_plugins,
+        eval_plan=conversation_plan, check_names=check_conversation_plugins,
         validation=Validation(
             conversation_validation.validate_conversation_tasks, "valid_reply_ratio",
             conversation_validation.conversation_gate_failures,
@@ -182,8 +183,8 @@ def evaluate(engine: Engine, tokenizer: Any, params: Params, out_dir: str | Path
              model_dir: str | Path | None = None) -> dict[str, Any]:
     """Play the eval episodes with `engine` (on the weights in `model_dir`, which keys the
     journal of an evaluation that died) and write turns/episodes Parquet and metrics.json."""
-    return protocol(params).evaluate(engine, tokenizer, params, out_dir, policy_version, run_id,
-                                     progress, model_dir)
+    return evaluate_with(protocol(params).eval_plan, engine, tokenizer, params, out_dir,
+                         policy_version, run_id, progress, model_dir)
 
 
 def evaluate_model(model_dir: str | Path, params: Params, out_dir: str | Path,
