@@ -51,8 +51,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import yaml  # noqa: E402
 
 from campaign import archive, environment, profile_report, results, summary, trace  # noqa: E402
+from campaign.imports import missing_modules  # noqa: E402
 from campaign.gpu_sampler import GPUSampler  # noqa: E402
-from campaign.stages import Stage, learning_stages, log_tail, run_stage  # noqa: E402
+from campaign.stages import (BUDGET_SPENT, STALL_S, STALLED, Stage, learning_stages,  # noqa: E402
+                             log_tail, run_stage)
 from longturn.params.profiles import resolve_profile  # noqa: E402
 from longturn.params.config import parse_params  # noqa: E402
 
@@ -160,6 +162,19 @@ class Campaign:
         print(f"[campaign] {line}", flush=True)
         return "done"
 
+    def imports(self, stages: list[Stage]) -> str:
+        """Fail in seconds, naming them, when this node lacks modules a stage imports."""
+        scripts = list(dict.fromkeys(a for s in stages for a in s.argv
+                                     if a.startswith("components/") and a.endswith(".py")))
+        missing = missing_modules(scripts)
+        (self.results_dir / "missing_modules.json").write_text(json.dumps(missing, indent=1)
+                                                              + "\n")
+        if not missing:
+            return "done"
+        named = "; ".join(f"{m} ({', '.join(Path(s).stem for s in used)})"
+                          for m, used in missing.items())
+        return f"failed (this node lacks: {named}; carry their wheels and rerun)"
+
     def write_params(self) -> Path:
         data = resolve_profile(PROFILES / f"{self.args.profile}.yaml")
         if self.args.tiny:
@@ -182,8 +197,11 @@ class Campaign:
         log = self.results_dir / "logs" / f"{stage.name}.log"
         code, _ = run_stage(stage, log, extra, timeout_s=max(self.remaining(), 1.0))
         self.upstream_ran = True
-        if code == 124:
+        if code == BUDGET_SPENT:
             raise BudgetSpent(stage.name)
+        if code == STALLED:
+            print(log_tail(log), flush=True)
+            return f"failed (hung: no output for {STALL_S:.0f} s, killed; logs/{stage.name}.log)"
         if code != 0:
             print(log_tail(log), flush=True)
             return f"failed (exit {code}; logs/{stage.name}.log)"
@@ -280,8 +298,13 @@ class Campaign:
         self.part("environment", "python bench/gpu_campaign.py (environment)", self.environment)
         params = self.write_params()
         launcher = parse_params(yaml.safe_load(params.read_text())).train.launcher
+        stages = learning_stages(self.work, params, launcher)
+        self.part("imports", "python bench/gpu_campaign.py (imports)",
+                  lambda: self.imports(stages))
+        if self.state["parts"]["imports"]["status"] != "done":
+            return
         self.sampler.start()
-        for stage in learning_stages(self.work, params, launcher):
+        for stage in stages:
             extra = self.train_extra() if stage.name == "train" else []
             command = shlex.join(stage.argv + extra)
             train_partial = (stage.name == "train"

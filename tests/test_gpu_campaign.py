@@ -29,7 +29,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from campaign import archive, profile_report  # noqa: E402
 from campaign.gpu_sampler import read_samples, window_means  # noqa: E402
-from campaign.stages import learning_stages  # noqa: E402
+from campaign.imports import missing_modules  # noqa: E402
+from campaign.stages import (BUDGET_SPENT, STALLED, Stage, learning_stages,  # noqa: E402
+                             run_stage)
 from campaign.trace import Trace, analyse  # noqa: E402
 
 
@@ -194,6 +196,7 @@ def test_a_part_the_budget_stops_is_named_as_stopped_during_it(tmp_path, monkeyp
     monkeypatch.setattr(sys, "argv", ["gpu_campaign.py", "--tiny", "--out", str(tmp_path)])
     run = campaign.Campaign(campaign.parse_args())
     monkeypatch.setattr(run, "tiny_model", lambda: "/tmp/model")
+    monkeypatch.setattr(run, "imports", lambda stages: "done")  # its own tests are above
 
     def stage(stage, extra):
         if stage.name == "critic_warmup":
@@ -213,6 +216,7 @@ def test_a_short_lease_skips_the_engine_bench_and_the_profiled_iteration(tmp_pat
                                       "--skip", "engine_throughput", "--skip", "profile"])
     run = campaign.Campaign(campaign.parse_args())
     monkeypatch.setattr(run, "tiny_model", lambda: "/tmp/model")
+    monkeypatch.setattr(run, "imports", lambda stages: "done")  # its own tests are above
     commands = []
     monkeypatch.setattr(run, "stage", lambda stage, extra: commands.append(
         (stage.name, extra)) or "done")
@@ -220,37 +224,50 @@ def test_a_short_lease_skips_the_engine_bench_and_the_profiled_iteration(tmp_pat
     run.work.mkdir()
     run.learning_run()
     assert [name for name, _ in commands][:2] == ["prepare_model", "validate_prompts"]
-    assert set(run.state["parts"]) == {"environment"} | {name for name, _ in commands}
+    assert set(run.state["parts"]) == {"environment", "imports"} | {name for name, _ in commands}
     train_extra = dict(commands)["train"]
     assert "--deadline" in train_extra and "--profile-iteration" not in train_extra
 
 
 OPTIONAL_ON_A_NODE = ("aiohttp", "openai", "requests", "duckdb", "dvc", "kfp", "crafter")
-IMPORT_WITHOUT = """if True:
-    import importlib.abc, runpy, sys
-    missing, stages = sys.argv[1].split(","), sys.argv[2:]
-    class Missing(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path, target=None):
-            if name.split(".")[0] in missing:
-                raise ModuleNotFoundError(f"No module named {name!r}")
-    sys.meta_path.insert(0, Missing())
-    for stage in stages:
-        sys.argv = [stage, "--help"]
-        try:
-            runpy.run_path(stage, run_name="__main__")
-        except SystemExit:
-            pass
-"""
 
 
 def test_every_stage_imports_on_a_node_without_the_endpoint_s_packages():
     """A GPU node carries only what the stages need: the agent endpoint's aiohttp once sat on
     every stage's import path and stopped the first H200 campaign at its second stage."""
-    stages = [s.argv[1] for s in learning_stages(Path("/w"), Path("/w/params.yaml"))]
-    proc = subprocess.run([sys.executable, "-c", IMPORT_WITHOUT, ",".join(OPTIONAL_ON_A_NODE),
-                           *stages], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("usage:") == len(stages) == 7
+    scripts = [s.argv[1] for s in learning_stages(Path("/w"), Path("/w/params.yaml"))]
+    assert len(scripts) == 7
+    assert missing_modules(scripts, absent=OPTIONAL_ON_A_NODE) == {}
+
+
+def test_a_module_the_node_lacks_is_named_with_the_stages_it_stops():
+    scripts = [s.argv[1] for s in learning_stages(Path("/w"), Path("/w/params.yaml"))]
+    missing = missing_modules(scripts, absent=("jsonschema",))
+    assert list(missing) == ["jsonschema"]
+    assert {Path(s).stem for s in missing["jsonschema"]} == {
+        "validate_prompts", "zero_shot_eval", "critic_warmup", "train", "final_eval"}
+
+
+def test_a_silent_stage_is_stopped_as_hung_and_a_long_one_at_the_budget(tmp_path):
+    silent = Stage("silent", [sys.executable, "-c",
+                              "import subprocess, sys, time; print('ready', flush=True); "
+                              "child = subprocess.Popen([sys.executable, '-c', "
+                              "'import time; time.sleep(120)']); "
+                              "print(child.pid, flush=True); time.sleep(120)"])
+    code, seconds = run_stage(silent, tmp_path / "silent.log", stall_s=2.0)
+    log = (tmp_path / "silent.log").read_text()
+    assert code == STALLED and seconds < 60, log
+    assert "no output for 2 s: taken for hung" in log
+    child = int(log.splitlines()[2])
+    time.sleep(0.5)
+    assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text()
+
+    chatty = Stage("chatty", [sys.executable, "-c",
+                              "import time\nwhile True: print('step', flush=True); "
+                              "time.sleep(0.2)"])
+    code, _ = run_stage(chatty, tmp_path / "chatty.log", timeout_s=2.0, stall_s=1.0)
+    assert code == BUDGET_SPENT
+    assert "the budget ran out after 2 s" in (tmp_path / "chatty.log").read_text()
 
 
 # ---- the command, end to end -----------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -59,10 +60,21 @@ def learning_stages(work: Path, params: Path, launcher: str = "python") -> list[
     return stages
 
 
+# A stage that prints nothing for this long is taken for hung and killed: on the first H200
+# campaign a finished critic warm-up sat in NCCL's teardown, silent at 0% GPU, for 433 s of a
+# 15-minute lease. Every stage prints progress bars or log lines far more often (a model load,
+# the longest silence, takes under a minute).
+STALL_S = 180.0
+STALLED = 125  # the exit code run_stage gives a stage it killed as hung
+BUDGET_SPENT = 124  # ... and one it killed at the budget
+
+
 def run_stage(stage: Stage, log: Path, extra: list[str] | None = None,
-              timeout_s: float | None = None) -> tuple[int, float]:
+              timeout_s: float | None = None, stall_s: float = STALL_S) -> tuple[int, float]:
     """Run one stage from the repository root with the checkout importable; (exit code,
-    seconds). The log gets the command line first, then everything the stage prints."""
+    seconds). The log gets the command line first, then everything the stage prints. A stage
+    still running at `timeout_s`, or silent for `stall_s`, is stopped with everything it
+    started (its own session): exit BUDGET_SPENT or STALLED, and the log says which."""
     argv = stage.argv + (extra or [])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p), PYTHONUNBUFFERED="1")
@@ -71,13 +83,39 @@ def run_stage(stage: Stage, log: Path, extra: list[str] | None = None,
     with log.open("w") as handle:
         handle.write("$ " + shlex.join(argv) + "\n")
         handle.flush()
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        size, quiet_since = -1, time.time()
+        while proc.poll() is None:
+            now = time.time()
+            if log.stat().st_size != size:
+                size, quiet_since = log.stat().st_size, now
+            why = None
+            if timeout_s is not None and now - start > timeout_s:
+                why, code = f"the budget ran out after {timeout_s:.0f} s", BUDGET_SPENT
+            elif now - quiet_since > stall_s:
+                why, code = (f"no output for {stall_s:.0f} s: taken for hung (it ran "
+                             f"{now - start:.0f} s)"), STALLED
+            if why is not None:
+                _stop(proc)
+                handle.write(f"\n[campaign] stopped: {why}\n")
+                return code, time.time() - start
+            time.sleep(0.5)
+    return proc.returncode, time.time() - start
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the stage's whole session (its env workers too), SIGKILL after 10 s."""
+    for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
         try:
-            code = subprocess.run(argv, cwd=ROOT, env=env, stdout=handle,
-                                  stderr=subprocess.STDOUT, timeout=timeout_s).returncode
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=grace)
+            break
         except subprocess.TimeoutExpired:
-            handle.write(f"\n[campaign] stopped: the budget ran out after {timeout_s:.0f} s\n")
-            code = 124
-    return code, time.time() - start
+            continue
 
 
 def log_tail(log: Path, lines: int = 15) -> str:

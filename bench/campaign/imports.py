@@ -1,0 +1,52 @@
+"""Which modules the stages need that this node lacks, found in seconds before the first stage.
+
+Why: a GPU node has only the packages carried to it. A missing one used to surface as a stage's
+traceback minutes into a lease (jsonschema, after prepare_model, on the first H200 campaign).
+Each stage script is run with --help in one interpreter, which imports everything the stage
+imports at start; every module that cannot be found is named.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# argv: JSON list of top-level modules to treat as absent (a test's stand-in for a bare node),
+# then the stage scripts. Prints {module: [scripts]}: the first module each script lacks (once
+# it is carried, a rerun names the next, if any).
+_PROBE = """if True:
+    import importlib.abc, json, runpy, sys
+    absent, scripts = set(json.loads(sys.argv[1])), sys.argv[2:]
+    class Absent(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name.split(".")[0] in absent:
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+    sys.meta_path.insert(0, Absent())
+    missing = {}
+    for script in scripts:
+        sys.argv = [script, "--help"]
+        try:
+            runpy.run_path(script, run_name="__main__")
+        except SystemExit:
+            pass
+        except ModuleNotFoundError as err:
+            missing.setdefault((err.name or "?").split(".")[0], []).append(script)
+    print("MISSING " + json.dumps(missing))
+"""
+
+
+def missing_modules(scripts: list[str], absent: tuple[str, ...] = ()) -> dict[str, list[str]]:
+    """{module: the stage scripts that stop on it}: the first top-level module each of `scripts`
+    (paths relative to the repository root) imports at start and cannot find; `absent` are
+    treated as missing (tests)."""
+    proc = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(list(absent)), *scripts],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("MISSING ")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"the import probe failed (exit {proc.returncode}): "
+                           f"{proc.stderr.strip()[-2000:]}")
+    return json.loads(lines[-1].removeprefix("MISSING "))
