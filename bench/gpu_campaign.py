@@ -52,6 +52,7 @@ import yaml  # noqa: E402
 
 from campaign import archive, environment, profile_report, results, summary, trace  # noqa: E402
 from campaign.imports import missing_modules  # noqa: E402
+from components.common import FINISHED  # noqa: E402
 from campaign.gpu_sampler import GPUSampler  # noqa: E402
 from campaign.stages import (BUDGET_SPENT, STALL_S, STALLED, Stage, learning_stages,  # noqa: E402
                              log_tail, run_stage)
@@ -104,6 +105,7 @@ class Campaign:
         self.results: dict[str, Any] = {}
         self.upstream_ran = False
         self.sampler = GPUSampler(self.results_dir / "gpu_util.csv")
+        self.stall_s = STALL_S  # a stage silent this long is taken for hung
 
     # ---- state ---------------------------------------------------------------------------
 
@@ -195,14 +197,19 @@ class Campaign:
 
     def stage(self, stage: Stage, extra: list[str] | None = None) -> str:
         log = self.results_dir / "logs" / f"{stage.name}.log"
-        code, _ = run_stage(stage, log, extra, timeout_s=max(self.remaining(), 1.0))
+        code, _ = run_stage(stage, log, extra, timeout_s=max(self.remaining(), 1.0),
+                            stall_s=self.stall_s)
         self.upstream_ran = True
         if code == BUDGET_SPENT:
             raise BudgetSpent(stage.name)
-        if code == STALLED:
+        if code == STALLED and FINISHED.search(log.read_text(errors="replace")):
+            print(f"[campaign] {stage.name} finished its work but did not exit: stopped after "
+                  f"{self.stall_s:.0f} s of silence; going on", flush=True)
+        elif code == STALLED:
             print(log_tail(log), flush=True)
-            return f"failed (hung: no output for {STALL_S:.0f} s, killed; logs/{stage.name}.log)"
-        if code != 0:
+            return (f"failed (hung: no output for {self.stall_s:.0f} s, killed; "
+                    f"logs/{stage.name}.log)")
+        elif code != 0:
             print(log_tail(log), flush=True)
             return f"failed (exit {code}; logs/{stage.name}.log)"
         if stage.name == "train" and (self.work / "data/train/final/PARTIAL.json").is_file():

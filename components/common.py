@@ -10,12 +10,20 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
+import time
 from typing import Callable, Sequence
 
 from longturn.atomic import disk_error
 from longturn.params.config import Params, load_params
 from longturn.errors import UserError
+
+
+# The last line of a stage that finished, printed before the interpreter's teardown: a runner
+# that sees it knows the stage's outputs are written even if the process then fails to exit
+# (bench/gpu_campaign.py stops such a stage and goes on).
+FINISHED = re.compile(r"^\w+: finished in \d+ s$", re.MULTILINE)
 
 
 def parser(description: str) -> argparse.ArgumentParser:
@@ -43,17 +51,21 @@ def run(stage: str, body: Callable[[argparse.Namespace, Params], int | None],
     checks, so they do not import (and DVC does not rerun them for) the env and engine code."""
     args = arg_parser.parse_args(argv)
     setup_logging()
+    start = time.time()
     try:
         params = load_params(args.params)
         if checks is not None:
             checks(params, getattr(args, "model_dir", None))
-        return int(body(args, params) or 0)
+        code = int(body(args, params) or 0)
     except Exception as err:  # noqa: BLE001 - sorted below; unknown errors are re-raised
         line = one_line(err, getattr(args, "out", None) or ".")
         if line is None or os.environ.get("LONGTURN_DEBUG"):  # debugging: every traceback
             raise
         print(f"{stage}: error: {line}", file=sys.stderr)
         return 2
+    if code == 0:
+        print(f"{stage}: finished in {time.time() - start:.0f} s", file=sys.stderr, flush=True)
+    return code
 
 
 def one_line(err: Exception, out: str) -> str | None:

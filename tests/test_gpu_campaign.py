@@ -270,6 +270,22 @@ def test_a_silent_stage_is_stopped_as_hung_and_a_long_one_at_the_budget(tmp_path
     assert "the budget ran out after 2 s" in (tmp_path / "chatty.log").read_text()
 
 
+def test_a_stage_that_finished_but_hangs_at_exit_is_stopped_and_the_campaign_goes_on(
+        tmp_path, monkeypatch):
+    """What the first H200 run needed: its critic warm-up wrote everything, then sat in NCCL's
+    teardown for 433 s. A stage that printed its finished line is done; one that did not, failed."""
+    campaign = load_campaign()
+    monkeypatch.setattr(sys, "argv", ["gpu_campaign.py", "--tiny", "--out", str(tmp_path)])
+    run = campaign.Campaign(campaign.parse_args())
+    run.stall_s = 1.5
+    hang = "import sys, time; print({!r}, file=sys.stderr, flush=True); time.sleep(120)"
+    finished = Stage("critic_warmup", [sys.executable, "-c",
+                                       hang.format("critic_warmup: finished in 85 s")])
+    assert run.stage(finished) == "done"
+    stuck = Stage("critic_warmup", [sys.executable, "-c", hang.format("refit 2/2")])
+    assert run.stage(stuck).startswith("failed (hung: no output for 2 s")
+
+
 # ---- the command, end to end -----------------------------------------------------------------
 
 FAKE_NVIDIA_SMI = """#!/bin/sh

@@ -162,3 +162,22 @@ def test_zero_shot_eval_refuses_an_unknown_task_before_loading_the_model(no_work
     assert len(err) == 1 and err[0].startswith(
         "zero_shot_eval: error: eval.tasks: env 'babyai' has no task 'fly_to_moon'")
     assert not out.exists()
+
+
+def test_a_stage_that_finished_says_so_before_the_interpreter_tears_down(tmp_path, capsys):
+    """The line a runner reads to tell a finished stage from a hung one (bench/gpu_campaign.py);
+    a refused stage does not print it."""
+    from components.common import FINISHED
+
+    path = tmp_path / "params.yaml"
+    path.write_text((ROOT / "params.yaml").read_text())
+    argv = ["--params", str(path)]
+    assert run("some_stage", lambda args, params: None, parser("a stage"), argv) == 0
+    err = capsys.readouterr().err
+    assert FINISHED.search(err) and err.strip().startswith("some_stage: finished in ")
+
+    def refused_body(args, params):
+        raise SettingError("a setting")
+
+    assert run("some_stage", refused_body, parser("a stage"), argv) == 2
+    assert not FINISHED.search(capsys.readouterr().err)
