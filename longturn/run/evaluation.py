@@ -6,8 +6,12 @@ same episodes (a paired comparison). Episodes aborted by a failing env are count
 
 Episodes go to a journal as they finish (`eval_journal.py`): a rerun of a killed evaluation plays
 only the episodes missing from it, and the outputs are assembled from it, so they are the same
-files an uninterrupted run writes: episodes in job order (task, then seed), turns in lock-step
-order.
+files an uninterrupted run writes: episodes in job order (task, then seed), samples in the order
+they were played.
+
+One driver (`evaluate`) serves both ways of reading replies; a protocol brings an `EvalPlan`: how
+its episodes are played, ordered, summarised and logged. The action protocol's plan is here
+(`env_plan`), the chat protocol's in conversation_evaluation.py.
 """
 
 from __future__ import annotations
