@@ -52,10 +52,9 @@ import yaml  # noqa: E402
 
 from campaign import archive, environment, profile_report, results, summary, trace  # noqa: E402
 from campaign.imports import missing_modules  # noqa: E402
-from components.common import FINISHED  # noqa: E402
 from campaign.gpu_sampler import GPUSampler  # noqa: E402
-from campaign.stages import (BUDGET_SPENT, STALL_S, STALLED, Stage, learning_stages,  # noqa: E402
-                             log_tail, run_stage)
+from campaign.stages import (BUDGET_SPENT, FINISHED, STALL_S, STALLED, Stage,  # noqa: E402
+                             learning_stages, log_tail, run_stage)
 from longturn.params.profiles import resolve_profile  # noqa: E402
 from longturn.params.config import parse_params  # noqa: E402
 

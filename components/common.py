@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import sys
 import time
 from typing import Callable, Sequence
@@ -18,12 +17,6 @@ from typing import Callable, Sequence
 from longturn.atomic import disk_error
 from longturn.params.config import Params, load_params
 from longturn.errors import UserError
-
-
-# The last line of a stage that finished, printed before the interpreter's teardown: a runner
-# that sees it knows the stage's outputs are written even if the process then fails to exit
-# (bench/gpu_campaign.py stops such a stage and goes on).
-FINISHED = re.compile(r"^\w+: finished in \d+ s$", re.MULTILINE)
 
 
 def parser(description: str) -> argparse.ArgumentParser:
@@ -64,6 +57,8 @@ def run(stage: str, body: Callable[[argparse.Namespace, Params], int | None],
         print(f"{stage}: error: {line}", file=sys.stderr)
         return 2
     if code == 0:
+        # the last line, printed before the interpreter's teardown: a runner that sees it knows
+        # the outputs are written even if the process then fails to exit (bench/gpu_campaign.py)
         print(f"{stage}: finished in {time.time() - start:.0f} s", file=sys.stderr, flush=True)
     return code
 

@@ -5,6 +5,7 @@ tokenizer, env or worker is ever made."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -165,9 +166,10 @@ def test_zero_shot_eval_refuses_an_unknown_task_before_loading_the_model(no_work
 
 
 def test_a_stage_that_finished_says_so_before_the_interpreter_tears_down(tmp_path, capsys):
-    """The line a runner reads to tell a finished stage from a hung one (bench/gpu_campaign.py);
-    a refused stage does not print it."""
-    from components.common import FINISHED
+    """The line the GPU campaign reads to tell a finished stage from a hung one
+    (bench/campaign/stages.py FINISHED); a refused stage does not print it."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from campaign.stages import FINISHED
 
     path = tmp_path / "params.yaml"
     path.write_text((ROOT / "params.yaml").read_text())

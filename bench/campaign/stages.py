@@ -11,6 +11,7 @@ it) and write each a log of their own.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -65,6 +66,9 @@ def learning_stages(work: Path, params: Path, launcher: str = "python") -> list[
 # 15-minute lease. Every stage prints progress bars or log lines far more often (a model load,
 # the longest silence, takes under a minute).
 STALL_S = 180.0
+# The last line every stage prints (components/common.py `run`) before the interpreter's teardown:
+# a stage stopped as hung after printing it has written its outputs.
+FINISHED = re.compile(r"^\w+: finished in \d+ s$", re.MULTILINE)
 STALLED = 125  # the exit code run_stage gives a stage it killed as hung
 BUDGET_SPENT = 124  # ... and one it killed at the budget
 
