@@ -123,3 +123,22 @@ def test_example4_goto_episode_seed_536() -> None:
     assert obs.text == "a wall 1 step left\na blue ball 1 step forward"
     assert reward == pytest.approx(0.9859375)
     assert terminated and not truncated and info["success"]
+
+
+@pytest.mark.parametrize("task", ["goto", "pickup", "open", "pick_up_seq_go_to", "putnext"])
+def test_the_view_minigrid_returned_is_the_view_described(task) -> None:
+    """The env describes the `image` its step and reset return instead of computing the view a
+    second time; whatever was done (a pickup, a drop, a door opened), the lines are those of the
+    view computed afresh."""
+    import random
+
+    env = BabyAITextEnv(task)
+    for seed in range(4):
+        _, info = env.reset(seed=seed)
+        assert info["descriptions"] == describe(env.unwrapped)
+        rng = random.Random(seed)
+        for _ in range(30):
+            _, _, terminated, truncated, info = env.step(rng.choice(env.actions))
+            assert info["descriptions"] == describe(env.unwrapped)
+            if terminated or truncated:
+                break

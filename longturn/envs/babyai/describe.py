@@ -74,9 +74,11 @@ def _object_lines(img: np.ndarray) -> list[str]:
     return lines
 
 
-def describe(env: Any) -> list[str]:
-    """Raw description lines of an unwrapped minigrid env: carry line, wall scans, then objects."""
-    img = _view_image(env)
+def describe(env: Any, view: np.ndarray | None = None) -> list[str]:
+    """Raw description lines of an unwrapped minigrid env: carry line, wall scans, then objects.
+    `view`: the `image` of the observation minigrid just returned, which is this encoded view
+    (computing it again was a third of a lock-step's env time)."""
+    img = _view_image(env) if view is None else view
     carried = env.carrying
     carry = [f"You carry a {carried.color} {carried.type}"] if carried is not None else []
     return carry + _wall_lines(img) + _object_lines(img)

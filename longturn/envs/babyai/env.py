@@ -82,10 +82,10 @@ class BabyAITextEnv:
                             demonstrations=DEMONSTRATIONS)
 
     def reset(self, seed: int | None = None) -> tuple[Observation, dict[str, Any]]:
-        self._level.reset(seed=seed)
+        obs, _ = self._level.reset(seed=seed)
         self._mission = self._level.mission
         self._started = True
-        lines = describe(self._level)
+        lines = describe(self._level, obs["image"])
         info = {"mission": self._mission, "descriptions": lines, "max_steps": self._level.max_steps}
         return self._observation(lines), info
 
@@ -94,8 +94,8 @@ class BabyAITextEnv:
             raise ValueError(f"invalid BabyAI action {action!r}; allowed: {self.actions}")
         if not self._started:
             raise RuntimeError("call reset() before step()")
-        _, reward, terminated, truncated, _ = self._level.step(self.actions.index(action))
-        lines = describe(self._level)
+        obs, reward, terminated, truncated, _ = self._level.step(self.actions.index(action))
+        lines = describe(self._level, obs["image"])
         info = {
             "success": bool(terminated and reward > 0),
             "descriptions": lines,
