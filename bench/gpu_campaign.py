@@ -228,7 +228,7 @@ class Campaign:
     def run_engine_bench(self, argv: list[str]) -> str:
         code, _ = run_stage(Stage("engine_throughput", argv),
                             self.results_dir / "logs" / "engine_throughput.log",
-                            timeout_s=max(self.remaining(), 1.0))
+                            timeout_s=max(self.remaining(), 1.0), stall_s=None)
         return "done" if code == 0 else f"failed (exit {code}; logs/engine_throughput.log)"
 
     def train_extra(self) -> list[str]:
@@ -261,7 +261,7 @@ class Campaign:
                      ["--arch", "qwen2.5-3b", "--layers", str(layers)])
             log = self.results_dir / "logs" / f"gpu_memory_{layers or 'tiny'}.log"
             code, _ = run_stage(Stage("gpu_memory", argv), log,
-                                timeout_s=max(self.remaining(), 1.0))
+                                timeout_s=max(self.remaining(), 1.0), stall_s=None)
             if code != 0:
                 return f"failed (exit {code}; logs/{log.name})"
             outputs.append(log.read_text())

@@ -74,11 +74,13 @@ BUDGET_SPENT = 124  # ... and one it killed at the budget
 
 
 def run_stage(stage: Stage, log: Path, extra: list[str] | None = None,
-              timeout_s: float | None = None, stall_s: float = STALL_S) -> tuple[int, float]:
+              timeout_s: float | None = None,
+              stall_s: float | None = STALL_S) -> tuple[int, float]:
     """Run one stage from the repository root with the checkout importable; (exit code,
     seconds). The log gets the command line first, then everything the stage prints. A stage
-    still running at `timeout_s`, or silent for `stall_s`, is stopped with everything it
-    started (its own session): exit BUDGET_SPENT or STALLED, and the log says which."""
+    still running at `timeout_s`, or silent for `stall_s` (None: a bench that prints only at its
+    end), is stopped with everything it started (its own session): exit BUDGET_SPENT or STALLED,
+    and the log says which."""
     argv = stage.argv + (extra or [])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p), PYTHONUNBUFFERED="1")
@@ -97,7 +99,7 @@ def run_stage(stage: Stage, log: Path, extra: list[str] | None = None,
             why = None
             if timeout_s is not None and now - start > timeout_s:
                 why, code = f"the budget ran out after {timeout_s:.0f} s", BUDGET_SPENT
-            elif now - quiet_since > stall_s:
+            elif stall_s is not None and now - quiet_since > stall_s:
                 why, code = (f"no output for {stall_s:.0f} s: taken for hung (it ran "
                              f"{now - start:.0f} s)"), STALLED
             if why is not None:
