@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import yaml  # noqa: E402
 
 from campaign import archive, environment, profile_report, results, summary, trace  # noqa: E402
-from campaign.imports import missing_modules  # noqa: E402
+from campaign.imports import missing_modules, stage_scripts  # noqa: E402
 from campaign.gpu_sampler import GPUSampler  # noqa: E402
 from campaign.stages import (BUDGET_SPENT, FINISHED, STALL_S, STALLED, Stage,  # noqa: E402
                              learning_stages, log_tail, run_stage)
@@ -165,9 +165,7 @@ class Campaign:
 
     def imports(self, stages: list[Stage]) -> str:
         """Fail in seconds, naming them, when this node lacks modules a stage imports."""
-        scripts = list(dict.fromkeys(a for s in stages for a in s.argv
-                                     if a.startswith("components/") and a.endswith(".py")))
-        missing = missing_modules(scripts)
+        missing = missing_modules(stage_scripts(stages))
         (self.results_dir / "missing_modules.json").write_text(json.dumps(missing, indent=1)
                                                               + "\n")
         if not missing:

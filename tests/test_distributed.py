@@ -74,7 +74,7 @@ def test_a_stage_destroys_its_process_group_before_it_exits(tmp_path):
     import sys
 
     code = """if True:
-        import atexit, glob, os
+        import atexit
         import torch.distributed as dist
         from longturn.distributed import init_distributed
         # registered first, so it runs last: after every hook init_distributed registers

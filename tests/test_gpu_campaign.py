@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from campaign import archive, profile_report  # noqa: E402
 from campaign.gpu_sampler import read_samples, window_means  # noqa: E402
-from campaign.imports import missing_modules  # noqa: E402
+from campaign.imports import missing_modules, stage_scripts  # noqa: E402
 from campaign.stages import (BUDGET_SPENT, STALLED, Stage, learning_stages,  # noqa: E402
                              run_stage)
 from campaign.trace import Trace, analyse  # noqa: E402
@@ -232,17 +232,18 @@ def test_a_short_lease_skips_the_engine_bench_and_the_profiled_iteration(tmp_pat
 OPTIONAL_ON_A_NODE = ("aiohttp", "openai", "requests", "duckdb", "dvc", "kfp", "crafter")
 
 
+STAGE_SCRIPTS = stage_scripts(learning_stages(Path("/w"), Path("/w/params.yaml")))
+
+
 def test_every_stage_imports_on_a_node_without_the_endpoint_s_packages():
     """A GPU node carries only what the stages need: the agent endpoint's aiohttp once sat on
     every stage's import path and stopped the first H200 campaign at its second stage."""
-    scripts = [s.argv[1] for s in learning_stages(Path("/w"), Path("/w/params.yaml"))]
-    assert len(scripts) == 7
-    assert missing_modules(scripts, absent=OPTIONAL_ON_A_NODE) == {}
+    assert len(STAGE_SCRIPTS) == 7
+    assert missing_modules(STAGE_SCRIPTS, absent=OPTIONAL_ON_A_NODE) == {}
 
 
 def test_a_module_the_node_lacks_is_named_with_the_stages_it_stops():
-    scripts = [s.argv[1] for s in learning_stages(Path("/w"), Path("/w/params.yaml"))]
-    missing = missing_modules(scripts, absent=("jsonschema",))
+    missing = missing_modules(STAGE_SCRIPTS, absent=("jsonschema",))
     assert list(missing) == ["jsonschema"]
     assert {Path(s).stem for s in missing["jsonschema"]} == {
         "validate_prompts", "zero_shot_eval", "critic_warmup", "train", "final_eval"}

@@ -5,7 +5,6 @@ tokenizer, env or worker is ever made."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -165,10 +164,11 @@ def test_zero_shot_eval_refuses_an_unknown_task_before_loading_the_model(no_work
     assert not out.exists()
 
 
-def test_a_stage_that_finished_says_so_before_the_interpreter_tears_down(tmp_path, capsys):
+def test_a_stage_that_finished_says_so_before_the_interpreter_tears_down(tmp_path, capsys,
+                                                                           monkeypatch):
     """The line the GPU campaign reads to tell a finished stage from a hung one
     (bench/campaign/stages.py FINISHED); a refused stage does not print it."""
-    sys.path.insert(0, str(ROOT / "bench"))
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
     from campaign.stages import FINISHED
 
     path = tmp_path / "params.yaml"

@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,6 +38,13 @@ _PROBE = """if True:
             missing.setdefault((err.name or "?").split(".")[0], []).append(script)
     print("MISSING " + json.dumps(missing))
 """
+
+
+def stage_scripts(stages: list[Any]) -> list[str]:
+    """The stage scripts (components/*.py, relative to the root) the stages' commands run, once
+    each, whatever launcher runs them."""
+    return list(dict.fromkeys(a for s in stages for a in s.argv
+                              if a.startswith("components/") and a.endswith(".py")))
 
 
 def missing_modules(scripts: list[str], absent: tuple[str, ...] = ()) -> dict[str, list[str]]:

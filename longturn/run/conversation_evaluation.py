@@ -81,7 +81,7 @@ def conversation_plan(engine: Engine, tokenizer: Any, params: Params, sampling: 
         return {"overall": summary(rows),
                 "tasks": {t: summary([s for s in rows if s["task"] == t]) for t in tasks}}
 
-    def describe(policy_version: str, metrics: dict[str, Any], samples: pa.Table) -> str:
+    def describe(metrics: dict[str, Any], samples: pa.Table) -> str:
         o = metrics["overall"]
         validity = o["tool_call_validity"]
         ended = {k.split("/")[1]: v for k, v in o.items() if k.startswith("termination/")}

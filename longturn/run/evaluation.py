@@ -101,7 +101,7 @@ class EvalPlan:
     play: Callable[[list[EpisodeJob], EvalJournal], None]
     order: Callable[[pa.Table, list[EpisodeJob]], pa.Table]
     metrics: Callable[[list[dict[str, Any]], pa.Table, list[str]], dict[str, Any]]
-    describe: Callable[[str, dict[str, Any], pa.Table], str]
+    describe: Callable[[dict[str, Any], pa.Table], str]
 
 
 PlanFactory = Callable[[Engine, Any, Params, SamplingParams, dict[str, Any], bool], EvalPlan]
@@ -133,7 +133,7 @@ def evaluate(plan_for: PlanFactory, engine: Engine, tokenizer: Any, params: Para
     metrics = plan.metrics(episodes, samples, tasks)
     write_outputs(out, metrics, episodes, samples, meta)
     journal.remove()
-    log.info("eval %s: %s", policy_version, plan.describe(policy_version, metrics, samples))
+    log.info("eval %s: %s", policy_version, plan.describe(metrics, samples))
     return metrics
 
 
@@ -149,7 +149,7 @@ def env_plan(engine: Engine, tokenizer: Any, params: Params, sampling: SamplingP
                                                                     samples_from_turns(turns)),
                       finished={i: ep["length"] for i, ep in journal.finished.items()})
 
-    def describe(policy_version: str, metrics: dict[str, Any], samples: pa.Table) -> str:
+    def describe(metrics: dict[str, Any], samples: pa.Table) -> str:
         o = metrics["overall"]
         return (f"success {o['success_rate']:.3f} ({o['completed_episodes']} of {o['episodes']} "
                 f"episodes completed, {o['aborted_episodes']} aborted; {samples.num_rows} turns)")
