@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from longturn.rollout.fixed_turn_collector import FixedTurnCollector  # noqa: E402
+from longturn.rollout.env_player import env_fixed_turns  # noqa: E402
 from longturn.params.config import Params, load_params  # noqa: E402
 from longturn.engines.base import Completion  # noqa: E402
 from longturn.engines.registry import make_engine, sampling_from_params  # noqa: E402
@@ -72,9 +72,10 @@ def timed_collect(engine, tokenizer, params: Params, envs: int, turns: int,
     """(turns, seconds of collection, seconds to start the slots) of one fixed-turn rollout."""
     p = with_workers(params, workers)
     start = time.perf_counter()
-    collector = FixedTurnCollector(env_factory_from_params(p), list(p.env.tasks), envs, turns,
-                                   AgentSettings.from_params(p), seed=0)
-    for slot in collector.slots:
+    collector = env_fixed_turns(env_factory_from_params(p), list(p.env.tasks), envs, turns,
+                                AgentSettings.from_params(p), seed=0)
+    collector.start_idle()
+    for slot in collector.player.slots:
         slot.prompt(tokenizer)  # first prompts rendered, workers answered: the slots are up
     started = time.perf_counter()
     try:

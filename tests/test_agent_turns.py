@@ -26,7 +26,7 @@ from longturn.engines.hf import HFEngine
 from longturn.errors import SettingError
 from longturn.params.config import parse_params
 from longturn.params.sizes import iteration_rows
-from longturn.rollout.conversation_collector import ConversationCollector
+from longturn.rollout.collection import EpisodeGroups
 from longturn.rollout.conversation_setup import ConversationRun
 from longturn.rollout.samples import samples_from_episodes
 from longturn.run.protocol import protocol
@@ -74,7 +74,7 @@ def test_the_estimator_picks_fixed_turn_agents_with_a_critic_and_whole_groups_wi
     assert isinstance(protocol(params).collector(params, 0, "t"), AgentTurnCollector)
     assert iteration_rows(params) == [("rollout.n_envs", N_ENVS), ("rollout.turns_per_env", 8)]
     params = _params("grpo")
-    assert isinstance(protocol(params).collector(params, 0, "t"), ConversationCollector)
+    assert isinstance(protocol(params).collector(params, 0, "t"), EpisodeGroups)
 
 
 def test_a_resumed_collector_starts_fresh_episodes_with_the_counters_it_saved():

@@ -4,7 +4,7 @@ from collections import defaultdict
 
 import pytest
 
-from longturn.rollout.fixed_turn_collector import FixedTurnCollector
+from longturn.rollout.env_player import env_fixed_turns
 from longturn.engines.hf import HFEngine
 from longturn.envs.babyai import BabyAITextEnv
 from longturn.envs.registry import EnvSpec
@@ -31,8 +31,8 @@ def make_collector(max_turns=3, workers=False, n_envs=3):
     settings = agent_settings(max_turns=max_turns, max_prompt_tokens=2048)
     factory = ((lambda task: WorkerEnv(EnvSpec("babyai", task), timeout_s=60.0)) if workers
                else (lambda task: BabyAITextEnv(task)))
-    return FixedTurnCollector(factory, ["goto", "open"], n_envs=n_envs, turns_per_env=4,
-                              settings=settings, seed=11, run_id="t")
+    return env_fixed_turns(factory, ["goto", "open"], n_envs=n_envs, turns_per_env=4,
+                           settings=settings, seed=11, run_id="t")
 
 
 KEYS = ("episode_id", "turn", "prompt_ids", "response_ids", "action", "reward", "termination")
@@ -90,8 +90,8 @@ def test_worker_envs_play_the_same_turns_and_resume_from_a_checkpoint(engine, to
         assert any(r["termination"] == "time_limit" for r in rows_r)
         resumed = make_collector(workers=True, n_envs=2)
         resumed.load_state(remote.state())
-        pids = {slot.env.pid for slot in remote.slots}
-        assert not pids & {slot.env.pid for slot in resumed.slots}
+        pids = {slot.env.pid for slot in remote.player.slots}
+        assert not pids & {slot.env.pid for slot in resumed.player.slots}
         rows_r = remote.collect(engine, tokenizer, SAMPLING, iteration=1, progress=False)
         rows_c = resumed.collect(engine, tokenizer, SAMPLING, iteration=1, progress=False)
         assert [[r[k] for k in KEYS] for r in rows_r] == [[r[k] for k in KEYS] for r in rows_c]

@@ -9,7 +9,7 @@ import pytest
 
 from longturn.params.config import ParamsError, parse_params
 from longturn.errors import SettingError
-from longturn.rollout.conversation_collector import ConversationCollector
+from longturn.rollout.conversation_player import conversation_episodes
 from longturn.rollout.conversation_setup import ConversationRun
 from longturn.tasks.registry import load_task
 
@@ -74,14 +74,14 @@ def test_a_misbehaving_rollout_function_is_named():
 
 def test_training_seeds_follow_from_seed_rank_and_iteration():
     run = ConversationRun.from_params(params(), progress=False)
-    groups = ConversationCollector(run, ["arithmetic"], 4, 2, seed=3, rank=0)
-    records, ids = groups.task_records(iteration=5)
-    seeds = [r["seed"] for r in records]
+    groups = conversation_episodes(run, ["arithmetic"], 4, 2, seed=3, rank=0)
+    starts, ids = groups.starts(iteration=5)
+    seeds = [s.seed for s in starts]
     assert seeds[0] == seeds[1] != seeds[2] == seeds[3]  # two groups of two on one seed each
     assert ids[0] == ids[1] != ids[2]
-    again, _ = ConversationCollector(run, ["arithmetic"], 4, 2, seed=3, rank=0).task_records(5)
-    assert [r["seed"] for r in again] == seeds  # a resumed run plays the same problems
-    other, _ = ConversationCollector(run, ["arithmetic"], 4, 2, seed=3, rank=1).task_records(5)
-    assert not set(r["seed"] for r in other) & set(seeds)
-    single, none = ConversationCollector(run, ["arithmetic"], 4, 1, seed=3).task_records(5)
-    assert len({r["seed"] for r in single}) == 4 and none == [None] * 4
+    again, _ = conversation_episodes(run, ["arithmetic"], 4, 2, seed=3, rank=0).starts(5)
+    assert [s.seed for s in again] == seeds  # a resumed run plays the same problems
+    other, _ = conversation_episodes(run, ["arithmetic"], 4, 2, seed=3, rank=1).starts(5)
+    assert not set(s.seed for s in other) & set(seeds)
+    single, none = conversation_episodes(run, ["arithmetic"], 4, None, seed=3).starts(5)
+    assert len({s.seed for s in single}) == 4 and none == [None] * 4

@@ -17,7 +17,8 @@ import pytest
 from components import zero_shot_eval
 from flaky_envs import FlakyCorridor
 from longturn.algo.batches import read_sample_batch
-from longturn.rollout.fixed_turn_collector import FixedTurnCollector
+from longturn.rollout.collection import FixedTurnBatches
+from longturn.rollout.env_player import env_fixed_turns
 from longturn.params.config import parse_params
 from longturn.engines.base import Completion
 from longturn.envs.failures import EnvFailure, EnvGaveUp
@@ -135,10 +136,10 @@ def tokenizer(smollm2_tokenizer_dir):
     return AutoTokenizer.from_pretrained(smollm2_tokenizer_dir)
 
 
-def collector(factory, max_retries: int = 3, n_envs: int = 2) -> FixedTurnCollector:
+def collector(factory, max_retries: int = 3, n_envs: int = 2) -> FixedTurnBatches:
     settings = agent_settings(max_turns=3, max_prompt_tokens=2048, max_retries=max_retries)
-    return FixedTurnCollector(factory, ["corridor"], n_envs=n_envs, turns_per_env=4,
-                              settings=settings, seed=1, run_id="t")
+    return env_fixed_turns(factory, ["corridor"], n_envs=n_envs, turns_per_env=4,
+                           settings=settings, seed=1, run_id="t")
 
 
 def test_a_raising_step_aborts_its_episode_and_is_counted(tokenizer) -> None:
@@ -189,7 +190,7 @@ def test_more_than_max_retries_failures_in_a_row_stop_with_one_line(tokenizer) -
     message = str(gave_up.value)
     assert isinstance(gave_up.value, UserError) and "\n" not in message
     assert "env 'flaky' task 'corridor' failed 4 times in a row" in message
-    assert f"seed {c.slots[0].seed}" in message and "reset 5 is broken" in message
+    assert f"seed {c.player.slots[0].seed}" in message and "reset 5 is broken" in message
     assert "env.max_retries is 3" in message
 
 

@@ -12,9 +12,9 @@ import pytest
 from longturn.algo.estimator import ESTIMATORS, Collection, Estimator
 from longturn.errors import SettingError, UserError
 from longturn.params.config import AlgoParams, parse_params
-from longturn.rollout.fixed_turn_collector import FixedTurnCollector
-from longturn.rollout.group_collector import EpisodeGroupCollector
-from longturn.rollout.conversation_collector import ConversationCollector, FixedTurnConversations
+from longturn.rollout.collection import EpisodeGroups, FixedTurnBatches
+from longturn.rollout.conversation_player import ConversationPlayer
+from longturn.rollout.env_player import EnvPlayer
 from longturn.run.wiring import close_collector, critic_dir, make_collector, trainer_settings
 
 
@@ -59,13 +59,13 @@ def _params(advantage: str, protocol: str = "action"):
 
 
 @pytest.mark.parametrize("advantage, kind, group", [
-    ("gae", FixedTurnCollector, None), ("grpo", EpisodeGroupCollector, 2),
-    ("gigpo", EpisodeGroupCollector, 2)])
+    ("gae", FixedTurnBatches, None), ("grpo", EpisodeGroups, 2),
+    ("gigpo", EpisodeGroups, 2)])
 def test_the_action_protocol_collects_as_the_estimator_says(advantage, kind, group) -> None:
     params = _params(advantage)
     collector = make_collector(params, rank=0, run_id="t")
     try:
-        assert type(collector) is kind
+        assert type(collector) is kind and type(collector.player) is EnvPlayer
         assert getattr(collector, "group_size", None) == group
     finally:
         close_collector(collector)
@@ -75,13 +75,14 @@ def test_the_action_protocol_collects_as_the_estimator_says(advantage, kind, gro
     assert critic_dir(params, Path("warm")) == (Path("warm") if has_critic else None)
 
 
-@pytest.mark.parametrize("advantage, group", [("grpo", 2), ("gigpo", 2), ("gae", 1)])
+@pytest.mark.parametrize("advantage, group", [("grpo", 2), ("gigpo", 2), ("gae", None)])
 def test_the_chat_protocol_plays_whole_episodes_grouped_when_the_estimator_plays_groups(
         advantage, group) -> None:
     params = _params(advantage, protocol="chat")
     params.rollout.context = "episode"  # gae: the verl / slime way, whole episodes
     collector = make_collector(params, rank=0, run_id="t")
-    assert type(collector) is ConversationCollector and collector.group_size == group
+    assert type(collector) is EpisodeGroups and collector.group_size == group
+    assert type(collector.player) is ConversationPlayer
 
 
 def test_the_chat_protocol_collects_fixed_turn_batches_with_a_critic() -> None:
@@ -90,6 +91,6 @@ def test_the_chat_protocol_collects_fixed_turn_batches_with_a_critic() -> None:
     params = _params("gae", protocol="chat")
     params.rollout.context = "window"
     collector = make_collector(params, rank=0, run_id="t")
-    assert type(collector) is FixedTurnConversations
-    assert (collector.n_envs, collector.turns_per_env) == (params.rollout.n_envs,
-                                                           params.rollout.turns_per_env)
+    assert type(collector) is FixedTurnBatches and type(collector.player) is ConversationPlayer
+    assert (collector.player.n_slots, collector.turns_per_env) == (params.rollout.n_envs,
+                                                                   params.rollout.turns_per_env)

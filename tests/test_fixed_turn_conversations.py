@@ -9,7 +9,8 @@ import pytest
 
 from longturn.errors import SettingError
 from longturn.algo.sample_scoring import score_samples
-from longturn.rollout.conversation_collector import FixedTurnConversations
+from longturn.rollout.collection import FixedTurnBatches
+from longturn.rollout.conversation_player import conversation_fixed_turns
 from longturn.rollout.conversation_rollout import conversation_rollout
 from longturn.rollout.conversation_setup import ConversationRun
 from longturn.rollout.samples import samples_from_episodes
@@ -47,7 +48,7 @@ def collect(tokenizer, context: str, iterations: int = 2) -> list[list[dict]]:
     """Each iteration's samples from one collector."""
     run = ConversationRun({"arithmetic": load_task("arithmetic")},
                           settings(context=context, history_turns=1), conversation_rollout)
-    collector = FixedTurnConversations(run, ["arithmetic"], N_ENVS, TURNS, seed=3)
+    collector = conversation_fixed_turns(run, ["arithmetic"], N_ENVS, TURNS, seed=3)
     engine = CyclingEngine(tokenizer)
     sampling = sampling_settings(max_new_tokens=64, temperature=1.0, seed=0)
     try:
@@ -88,7 +89,7 @@ def test_a_window_batch_has_turns_per_env_replies_a_slot_and_cut_episodes_go_on(
 
 
 def test_the_whole_episode_as_context_is_not_cut(tokenizer):
-    """verl / slime's context is played whole (ConversationCollector): no fixed-turn cut."""
+    """verl / slime's context is played whole (collection.EpisodeGroups): no fixed-turn cut."""
     with pytest.raises(SettingError, match="need rollout.context window"):
         collect(tokenizer, "episode")
 
@@ -106,10 +107,10 @@ def test_gae_values_a_cut_episode_by_its_bootstrap(tokenizer, models):
 def test_a_resumed_collector_keeps_its_counters_and_refuses_other_slots(tokenizer):
     """The running episodes live in tools and interactions: a resumed run starts new ones, with
     new seeds and ids, from the counters it saved."""
-    def collector(n_envs: int) -> FixedTurnConversations:
+    def collector(n_envs: int) -> FixedTurnBatches:
         run = ConversationRun({"arithmetic": load_task("arithmetic")},
                               settings(context="window", history_turns=1), conversation_rollout)
-        return FixedTurnConversations(run, ["arithmetic"], n_envs, TURNS, seed=3)
+        return conversation_fixed_turns(run, ["arithmetic"], n_envs, TURNS, seed=3)
 
     played = collector(N_ENVS)
     sampling = sampling_settings(max_new_tokens=64, temperature=1.0, seed=0)
@@ -117,6 +118,6 @@ def test_a_resumed_collector_keeps_its_counters_and_refuses_other_slots(tokenize
     played.close()
     resumed = collector(N_ENVS)
     resumed.load_state(played.state())
-    assert resumed.counts == played.counts and sum(played.counts) >= N_ENVS
+    assert resumed.episode_counts == played.episode_counts and sum(played.episode_counts) >= N_ENVS
     with pytest.raises(SettingError, match="resume with the same rollout.n_envs"):
         collector(N_ENVS + 1).load_state(played.state())

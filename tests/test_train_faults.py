@@ -25,7 +25,7 @@ import longturn.run.training as training
 from components import train
 from hostile_tools import FAULTS, calling_reply, tools_yaml
 from longturn.run.checkpoints import complete_checkpoints, file_sha256, verify
-from longturn.rollout.fixed_turn_collector import episode_seed
+from longturn.rollout.collection import episode_seed
 from longturn.params.config import parse_params
 from longturn.engines.base import Completion
 from longturn.envs.failures import EnvGaveUp

@@ -22,14 +22,12 @@ class Collection(enum.Enum):
     """Every iteration steps each env slot a fixed number of turns, and an unfinished episode
     continues in the next iteration. Possible only with a critic: the last turn of a cut episode
     is bootstrapped with V(next observation). Every update sees the same number of turns however
-    long episodes are (rollout/fixed_turn_collector.py; conversations with a history window:
-    rollout/conversation_collector.py)."""
+    long episodes are (rollout/collection.py `FixedTurnBatches`, with either protocol's slots)."""
 
     SEED_GROUPS = "seed_groups"
     """Every iteration plays groups of `algo.group_size` episodes from one env seed to their end.
     Without a critic nothing can value a cut episode, so the advantage compares whole episodes
-    that differ only by sampling (rollout/group_collector.py; with the chat protocol
-    the ConversationCollector's groups)."""
+    that differ only by sampling (rollout/collection.py `EpisodeGroups`)."""
 
 
 @dataclass(frozen=True)

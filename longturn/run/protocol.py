@@ -28,12 +28,12 @@ from longturn.distributed import sum_over_ranks
 from longturn.engines.base import Engine
 from longturn.engines.registry import make_engine
 from longturn.params.config import Params
-from longturn.rollout.conversation_collector import ConversationCollector, FixedTurnConversations
+from longturn.rollout.collection import EpisodeGroups, FixedTurnBatches
 from longturn.rollout.conversation_metrics import conversation_metrics
+from longturn.rollout.conversation_player import conversation_episodes, conversation_fixed_turns
 from longturn.rollout.conversation_setup import ConversationRun
+from longturn.rollout.env_player import env_fixed_turns, env_groups
 from longturn.rollout.env_slots import AgentSettings, env_factory_from_params
-from longturn.rollout.fixed_turn_collector import FixedTurnCollector
-from longturn.rollout.group_collector import EpisodeGroupCollector
 from longturn.rollout.samples import samples_from_episodes, samples_from_turns
 from longturn.run import conversation_validation, validation
 from longturn.run.conversation_evaluation import conversation_plan
@@ -49,8 +49,7 @@ if TYPE_CHECKING:  # the agent's endpoint needs aiohttp, imported only when an a
     from longturn.serve.agent_turns import AgentTurnCollector
 
     # what the train loop collects with
-    Collector = (FixedTurnCollector | EpisodeGroupCollector | ConversationCollector
-                 | FixedTurnConversations | AgentTurnCollector)
+    Collector = FixedTurnBatches | EpisodeGroups | AgentTurnCollector
 Rows = list[dict[str, Any]]
 
 
@@ -83,11 +82,10 @@ class Protocol:
 def _env_collector(params: Params, rank: int, run_id: str) -> Collector:
     r, tasks, agent = params.rollout, list(params.env.tasks), AgentSettings.from_params(params)
     if Estimator.named(params.algo.advantage).collection is Collection.SEED_GROUPS:
-        return EpisodeGroupCollector(env_factory_from_params(params), tasks, r.n_envs,
-                                     params.algo.group_size, agent, params.seed, rank=rank,
-                                     run_id=run_id)
-    return FixedTurnCollector(env_factory_from_params(params), tasks, r.n_envs,
-                              r.turns_per_env, agent, params.seed, rank=rank, run_id=run_id)
+        return env_groups(env_factory_from_params(params), tasks, r.n_envs,
+                          params.algo.group_size, agent, params.seed, rank=rank, run_id=run_id)
+    return env_fixed_turns(env_factory_from_params(params), tasks, r.n_envs, r.turns_per_env,
+                           agent, params.seed, rank=rank, run_id=run_id)
 
 
 def _conversation_collector(params: Params, rank: int, run_id: str) -> Collector:
@@ -98,10 +96,10 @@ def _conversation_collector(params: Params, rank: int, run_id: str) -> Collector
 
         return AgentTurnCollector.from_params(params, run, rank, run_id)
     if not plays_groups and r.fixed_turn_batches():  # the built-in rollout with a window
-        return FixedTurnConversations(run, tasks, r.n_envs, r.turns_per_env, params.seed,
-                                      rank=rank, run_id=run_id)
-    group = params.algo.group_size if plays_groups else 1
-    return ConversationCollector(run, tasks, r.n_envs, group, params.seed, rank=rank,
+        return conversation_fixed_turns(run, tasks, r.n_envs, r.turns_per_env, params.seed,
+                                        rank=rank, run_id=run_id)
+    group = params.algo.group_size if plays_groups else None
+    return conversation_episodes(run, tasks, r.n_envs, group, params.seed, rank=rank,
                                  run_id=run_id)
 
 

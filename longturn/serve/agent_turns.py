@@ -1,7 +1,7 @@
 """Fixed-turn collection for `rollout.agent` under a critic (`algo.advantage: gae`): each
 iteration takes exactly `rollout.turns_per_env` calls of each of `rollout.n_envs` agent slots,
 and episodes go on across iterations, as Verlog's fixed-turn batches do for env slots
-(rollout/fixed_turn_collector.py).
+(rollout/collection.py).
 
 Why: played whole, a long agent episode makes an update wait for its slowest episode and sizes
 each batch by episode lengths. Here an agent runs in its thread across iterations against one
@@ -28,7 +28,7 @@ from longturn.engines.base import Engine, SamplingParams
 from longturn.params.config import Params
 from longturn.rollout.conversation import AGENT_TIMEOUT
 from longturn.rollout.conversation_setup import ConversationRun
-from longturn.rollout.fixed_turn_collector import counters_state, episode_seed, restored_counters
+from longturn.rollout.collection import counters_state, episode_seed, restored_counters
 from longturn.serve.agent_rollout import Agent, Outcome, _outcome, _record, quiet_http_clients
 from longturn.serve.server import OpenAIServer
 from longturn.tasks.plugins import import_class

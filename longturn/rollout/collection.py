@@ -1,0 +1,235 @@
+"""The train loop's two ways of collecting a batch, for either protocol; the estimator picks one
+(algo/estimator.py), and what a protocol plays in a slot is its `SlotPlayer`.
+
+- `FixedTurnBatches` (a critic): Verlog's fixed-turn batches. n_envs slots × turns_per_env
+  lock-steps per iteration; episodes are not reset between iterations, so an update always sees
+  the same number of replies however long episodes are. An episode that ends starts the slot's
+  next one at once, with a new seed and id; one still running when the batch ends is cut there
+  and bootstrapped from what its next reply will be given (a critic values it).
+- `EpisodeGroups` (critic-free, or whole episodes as context): each iteration plays every slot's
+  episode from its start to its end; slots form groups of `group_size` that reset from one seed
+  (the episodes of a group differ only by sampling, which is what a group baseline compares).
+
+Seeds and ids follow from (seed, rank, slot, count) or (seed, rank, group, iteration) alone, so
+a resumed run plays what the uninterrupted one would have.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+from tqdm.auto import tqdm
+
+from longturn.engines.base import Engine, SamplingParams
+from longturn.errors import SettingError
+
+Rows = list[dict[str, Any]]
+
+
+def episode_seed(base_seed: int, rank: int, slot: int, count: int) -> int:
+    """A reproducible, well-spread reset seed for the count-th episode of a slot (or group)."""
+    digest = hashlib.sha256(f"{base_seed}/{rank}/{slot}/{count}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+def counters_state(counts: list[int]) -> bytes:
+    """The checkpoint of a fixed-turn collection whose running episodes cannot be kept (they live
+    in tools, interactions or agent threads): the episodes each slot started, so a resumed run's
+    new episodes take new seeds and ids."""
+    return pickle.dumps({"episode_counts": list(counts)})
+
+
+def restored_counters(blob: bytes, counts: list[int]) -> list[int]:
+    """The counters `counters_state` saved (an empty blob keeps `counts`), for as many slots."""
+    saved = pickle.loads(blob)["episode_counts"] if blob else counts
+    if len(saved) != len(counts):
+        raise SettingError(f"checkpoint has {len(saved)} episode slots, params ask for "
+                           f"{len(counts)}: resume with the same rollout.n_envs")
+    return list(saved)
+
+
+def task_of(tasks: list[str], slot: int, group_size: int | None = None) -> str:
+    """The task a slot plays: slots (or groups of slots) cycle through the tasks."""
+    return tasks[(slot // (group_size or 1)) % len(tasks)]
+
+
+@dataclass(frozen=True)
+class EpisodeStart:
+    """An episode for a slot to begin: which task, which reset seed, which id."""
+
+    slot: int
+    task: str
+    seed: int
+    episode_id: str
+
+
+class SlotPlayer(Protocol):
+    """What a protocol plays in n slots (rollout/env_player.py: env slots; rollout/
+    conversation_player.py: conversations). Rows are that protocol's records (turn rows or
+    conversation records); rollout/samples.py turns either into training samples."""
+
+    n_slots: int
+
+    def idle(self) -> list[int]:
+        """The slots with no running episode."""
+
+    def start(self, starts: list[EpisodeStart]) -> list[EpisodeStart]:
+        """Begin these episodes; those whose start failed (their slot stays idle)."""
+
+    def lock_step(self, engine: Engine, tokenizer: Any, sampling: SamplingParams,
+                  iteration: int, step: int, closes_batch: bool) -> tuple[Rows, list[int]]:
+        """One reply for every running episode in one generation: the rows that are complete now
+        (with `closes_batch`, those of every running episode, cut there) and the slots whose
+        episode ended."""
+
+    def play_out(self, engine: Engine, tokenizer: Any, sampling: SamplingParams,
+                 iteration: int, starts: list[EpisodeStart], progress: bool) -> Rows:
+        """Play these episodes, one per slot, from their start to their end."""
+
+    def action_names(self) -> list[str]:
+        """Every action the slots know (the action mix), or none."""
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the running episodes."""
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Replace the running episodes by a checkpoint's (`state`; {} for none)."""
+
+    def close(self) -> None:
+        """Let go of every running episode and env."""
+
+
+def play_in_lock_step(player: SlotPlayer, engine: Engine, tokenizer: Any,
+                      sampling: SamplingParams, iteration: int, starts: list[EpisodeStart],
+                      progress: bool) -> Rows:
+    """`SlotPlayer.play_out` by lock-steps: a start that fails is retried on the same seed (a
+    slot's EnvGaveUp ends the stage), then every episode steps until the last one ended."""
+    while starts:
+        starts = player.start(starts)
+    rows: Rows = []
+    bar = tqdm(desc=f"rollout {iteration}", unit="step", disable=not progress, leave=False)
+    step = 0
+    while len(player.idle()) < player.n_slots:
+        rows += player.lock_step(engine, tokenizer, sampling, iteration, step, False)[0]
+        step += 1
+        bar.update(1)
+    bar.close()
+    return rows
+
+
+class FixedTurnBatches:
+    """One rank's slots across iterations, n_envs × turns_per_env replies per collect."""
+
+    def __init__(self, player: SlotPlayer, tasks: list[str], turns_per_env: int, seed: int,
+                 rank: int = 0, run_id: str = "run"):
+        self.player, self.tasks, self.turns_per_env = player, tasks, turns_per_env
+        self.seed, self.rank, self.run_id = seed, rank, run_id
+        self.episode_counts = [0] * player.n_slots
+
+    def _next(self, slot: int) -> EpisodeStart:
+        """The slot's next episode: its task, the next seed and id of its counter."""
+        count = self.episode_counts[slot]
+        self.episode_counts[slot] = count + 1
+        return EpisodeStart(slot, task_of(self.tasks, slot),
+                            episode_seed(self.seed, self.rank, slot, count),
+                            f"{self.run_id}-r{self.rank}-e{self.slot_index(slot)}-{count}")
+
+    def slot_index(self, slot: int) -> int:
+        """A slot's index over every rank (what chains its replies in the turn grid)."""
+        return self.rank * self.player.n_slots + slot
+
+    def start_idle(self) -> None:
+        """A new episode in every idle slot; a slot whose start failed tries its next seed."""
+        slots = self.player.idle()
+        while slots:
+            slots = [s.slot for s in self.player.start([self._next(i) for i in slots])]
+
+    def collect(self, engine: Engine, tokenizer: Any, sampling: SamplingParams, iteration: int,
+                extra: dict[str, Any] | None = None, progress: bool = True) -> Rows:
+        """Play turns_per_env lock-steps; the rows complete in each, in order, with `extra`
+        (run_id, policy_version) and the iteration set."""
+        self.start_idle()
+        rows: Rows = []
+        for step in tqdm(range(self.turns_per_env), desc=f"rollout {iteration}", unit="step",
+                         disable=not progress):
+            done, ended = self.player.lock_step(engine, tokenizer, sampling, iteration, step,
+                                                step == self.turns_per_env - 1)
+            rows += done
+            if ended:
+                self.start_idle()
+        for row in rows:
+            row.update(extra or {}, iteration=iteration, group_id=None)
+        return rows
+
+    def action_names(self) -> list[str]:
+        return self.player.action_names()
+
+    def state(self) -> bytes:
+        """The episode counters and whatever the player keeps of its running episodes."""
+        return pickle.dumps({"episode_counts": self.episode_counts, **self.player.state()})
+
+    def load_state(self, blob: bytes) -> None:
+        state = pickle.loads(blob) if blob else {}
+        counts = state.pop("episode_counts", self.episode_counts)
+        self.player.load_state(state)  # checks its slots against the checkpoint's
+        if len(counts) != len(self.episode_counts):
+            raise SettingError(f"checkpoint has {len(counts)} episode slots, params ask for "
+                               f"{len(self.episode_counts)}: resume with the same "
+                               "rollout.n_envs")
+        self.episode_counts = list(counts)
+
+    def close(self) -> None:
+        self.player.close()
+
+
+class EpisodeGroups:
+    """One rank's slots; each collect plays one episode per slot to its end. With `group_size`,
+    groups of that many slots share a task and a reset seed; without (None), every slot has its
+    own and no group ids. `name(slot, iteration)` is an episode's id."""
+
+    def __init__(self, player: SlotPlayer, tasks: list[str], group_size: int | None, seed: int,
+                 name: Callable[[int, int], str], rank: int = 0, run_id: str = "run"):
+        size = group_size or 1
+        if player.n_slots % size:
+            raise SettingError(f"{player.n_slots} slots do not split into groups of {size}")
+        self.player, self.tasks, self.group_size, self.name = player, tasks, group_size, name
+        self.seed, self.rank, self.run_id = seed, rank, run_id
+
+    def starts(self, iteration: int) -> tuple[list[EpisodeStart], list[str | None]]:
+        """This iteration's episodes (groups cycle through the tasks) and their group ids."""
+        size = self.group_size or 1
+        starts, groups = [], []
+        for slot in range(self.player.n_slots):
+            g = slot // size
+            starts.append(EpisodeStart(slot, task_of(self.tasks, slot, size),
+                                       episode_seed(self.seed, self.rank, g, iteration),
+                                       self.name(slot, iteration)))
+            groups.append(None if self.group_size is None
+                          else f"{self.run_id}-r{self.rank}-i{iteration}-g{g}")
+        return starts, groups
+
+    def collect(self, engine: Engine, tokenizer: Any, sampling: SamplingParams, iteration: int,
+                extra: dict[str, Any] | None = None, progress: bool = True) -> Rows:
+        """Play every slot's episode to its end; the rows with `extra`, the iteration and the
+        group ids set."""
+        starts, groups = self.starts(iteration)
+        group_of = {s.episode_id: g for s, g in zip(starts, groups)}
+        rows = self.player.play_out(engine, tokenizer, sampling, iteration, starts, progress)
+        for row in rows:
+            row.update(extra or {}, iteration=iteration, group_id=group_of[row["episode_id"]])
+        return rows
+
+    def action_names(self) -> list[str]:
+        return self.player.action_names()
+
+    def state(self) -> bytes:
+        return b""  # seeds follow from the iteration, and no episode runs between iterations
+
+    def load_state(self, blob: bytes) -> None:
+        del blob
+
+    def close(self) -> None:
+        self.player.close()

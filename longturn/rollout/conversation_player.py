@@ -1,0 +1,163 @@
+"""The chat protocol's `SlotPlayer` (rollout/collection.py): one conversation per slot.
+
+- Fixed-turn batches (a critic and a history window, the built-in rollout): one reply per
+  running episode and lock-step (rollout/conversation_rollout.py). An episode still running when
+  the batch ends gives the batch the replies it made there, as a `cut` record whose last reply
+  bootstraps from the window its next reply will be given; it goes on in the next batch with the
+  updated policy. An episode that ends is finished at once (tool rewards, the tokenization check,
+  tools and interaction released) and its slot's next one starts. Every reply is its own sample,
+  its window as the prompt, chained by slot and lock-step like an env slot's turns. The running
+  episodes live in tools and interactions outside this process, so a resumed run starts new
+  ones (the episode counters resume).
+- Whole episodes (critic-free groups; the whole episode as context, verl / slime's way; a
+  rollout function of the user's own): the run's rollout function plays every slot's episode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from longturn.engines.base import Engine, SamplingParams
+from longturn.errors import SettingError
+from longturn.rollout.chat_deltas import ChatDeltas
+from longturn.rollout.collection import EpisodeGroups, EpisodeStart, FixedTurnBatches, Rows
+from longturn.rollout.conversation import Conversation
+from longturn.rollout.conversation_rollout import (WINDOW, chat_deltas, finish_all, lock_step,
+                                                   release_all, start_episodes)
+from longturn.rollout.conversation_setup import ConversationRun
+
+# a record's lists with one entry per reply, and its columns that sum up the whole episode
+_PER_REPLY = ("segment_starts", "segment_ends", "segment_rewards", "reply_finish_reasons",
+              "reply_steps", "window_prompts", "window_frames", "window_image_starts")
+_EPISODE_TOTALS = ("messages", "metrics", "tool_calls", "tool_errors", "user_turns",
+                   "assistant_turns", "tokenization_check")
+
+
+class ConversationPlayer:
+    """n conversation slots of one run (its tasks, tools, interaction and rollout function)."""
+
+    def __init__(self, run: ConversationRun, n_slots: int, fixed_turns: bool, rank: int = 0):
+        if fixed_turns and run.settings.context != WINDOW:
+            raise SettingError("fixed-turn batches of conversations need rollout.context window")
+        self.run, self.n_slots, self.rank = run, n_slots, rank
+        self.episodes: list[Conversation | None] = [None] * n_slots
+        self.pending: dict[int, EpisodeStart] = {}  # started, begun at the next lock-step
+        self.emitted = [0] * n_slots  # replies of the slot's episode already in a batch
+        self.deltas: ChatDeltas | None = None
+
+    def idle(self) -> list[int]:
+        return [i for i, ep in enumerate(self.episodes) if ep is None and i not in self.pending]
+
+    def start(self, starts: list[EpisodeStart]) -> list[EpisodeStart]:
+        """Queue these episodes: they begin together (their tools and interaction started at
+        once) at the next lock-step, where the template deltas are known."""
+        self.pending.update((s.slot, s) for s in starts)
+        return []
+
+    def _begin_pending(self) -> None:
+        if not self.pending:
+            return
+        slots = sorted(self.pending)
+        starts = [self.pending.pop(i) for i in slots]
+        records = [self.run.record(s.task, s.seed) for s in starts]
+        begun = start_episodes(self.deltas, records, [s.episode_id for s in starts],
+                               self.run.settings)
+        for i, ep in zip(slots, begun):
+            self.episodes[i], self.emitted[i] = ep, 0
+
+    def lock_step(self, engine: Engine, tokenizer: Any, sampling: SamplingParams,
+                  iteration: int, step: int, closes_batch: bool) -> tuple[Rows, list[int]]:
+        """One reply per running episode; the records of the episodes that ended (and with
+        `closes_batch` the cut ones), in slot order, and the slots that ended."""
+        if self.deltas is None or self.deltas.tokenizer is not tokenizer:
+            self.deltas = chat_deltas(engine, tokenizer, self.run.settings)
+        self._begin_pending()
+        seed = None if sampling.seed is None else sampling.seed + iteration * 1_000_003
+        lock_step(engine, [ep for ep in self.episodes if ep is not None], self.run.settings,
+                  dataclasses.replace(sampling, seed=seed), step)
+        ended = [i for i, ep in enumerate(self.episodes) if ep is not None and ep.done]
+        records = self._finish(ended)
+        if closes_batch:
+            records += [self._part(i, ep.record(), cut=True) for i, ep in enumerate(self.episodes)
+                        if ep is not None and len(ep.segments) > self.emitted[i]]
+        return records, ended
+
+    def _finish(self, ended: list[int]) -> Rows:
+        """The records of the episodes that ended (their replies not yet in a batch); their
+        slots are emptied."""
+        if not ended:
+            return []
+        full = finish_all([self.episodes[i] for i in ended], self.run.settings)
+        out = []
+        for i, record in zip(ended, full):
+            messages = json.loads(record["messages"])
+            record["success"] = self.run.success(self.episodes[i].task, messages)
+            out.append(self._part(i, record, cut=False))
+            self.episodes[i] = None
+        return out
+
+    def _part(self, i: int, record: dict[str, Any], cut: bool) -> dict[str, Any]:
+        """The replies of slot i's episode not yet in a batch, as one record: every per-reply
+        list from the first of them. A `cut` one bootstraps from the window its next reply will
+        be given (in the record: `Conversation.record`)."""
+        first, self.emitted[i] = self.emitted[i], len(record["segment_starts"])
+        ids, starts, ends = record["input_ids"], record["segment_starts"], record["segment_ends"]
+        record.update(env_index=self.rank * self.n_slots + i, first_turn=first, cut=cut,
+                      reply_observations=[" ".join(map(str, ids[ends[k - 1] if k else 0:
+                                                               starts[k]]))
+                                          for k in range(first, len(starts))])
+        for name in _PER_REPLY:
+            if name in record:
+                record[name] = list(record[name][first:])
+        if cut:  # the episode's own columns come with its last part
+            record.update(dict.fromkeys(_EPISODE_TOTALS))
+        return record
+
+    def play_out(self, engine: Engine, tokenizer: Any, sampling: SamplingParams,
+                 iteration: int, starts: list[EpisodeStart], progress: bool) -> Rows:
+        """The run's rollout function plays every episode (its records in slot order)."""
+        seed = None if sampling.seed is None else sampling.seed + iteration * 1_000_003
+        self.run.settings.progress = progress
+        return self.run.play(engine, tokenizer, dataclasses.replace(sampling, seed=seed),
+                             [self.run.record(s.task, s.seed) for s in starts],
+                             [s.episode_id for s in starts])
+
+    def action_names(self) -> list[str]:
+        return []
+
+    def state(self) -> dict[str, Any]:
+        """The episodes queued to begin; the running ones live in tools and interactions and
+        cannot be kept."""
+        return {"pending": list(self.pending.values())} if self.pending else {}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.close()
+        self.start(state.get("pending", []))
+
+    def close(self) -> None:
+        """Abandon the running episodes: tools and the interaction release them."""
+        running = [ep for ep in self.episodes if ep is not None]
+        self.episodes, self.pending = [None] * self.n_slots, {}
+        if running:
+            release_all(running, self.run.settings)
+
+
+def conversation_fixed_turns(run: ConversationRun, tasks: list[str], n_envs: int,
+                             turns_per_env: int, seed: int, rank: int = 0,
+                             run_id: str = "train") -> FixedTurnBatches:
+    """Fixed-turn batches of conversations with a history window (the built-in rollout)."""
+    return FixedTurnBatches(ConversationPlayer(run, n_envs, fixed_turns=True, rank=rank), tasks,
+                            turns_per_env, seed, rank=rank, run_id=run_id)
+
+
+def conversation_episodes(run: ConversationRun, tasks: list[str], n_envs: int,
+                          group_size: int | None, seed: int, rank: int = 0,
+                          run_id: str = "train") -> EpisodeGroups:
+    """n_envs whole episodes per collect by the run's rollout function; in groups of
+    `group_size` sharing a task seed (None: no groups)."""
+    return EpisodeGroups(ConversationPlayer(run, n_envs, fixed_turns=False, rank=rank), tasks,
+                         group_size, seed,
+                         lambda slot, iteration: f"{run_id}-i{iteration}-r{rank}-e{slot}",
+                         rank=rank, run_id=run_id)
