@@ -35,16 +35,9 @@ def episode_seed(base_seed: int, rank: int, slot: int, count: int) -> int:
     return int.from_bytes(digest[:4], "little")
 
 
-def counters_state(counts: list[int]) -> bytes:
-    """The checkpoint of a fixed-turn collection whose running episodes cannot be kept (they live
-    in tools, interactions or agent threads): the episodes each slot started, so a resumed run's
-    new episodes take new seeds and ids."""
-    return pickle.dumps({"episode_counts": list(counts)})
-
-
-def restored_counters(blob: bytes, counts: list[int]) -> list[int]:
-    """The counters `counters_state` saved (an empty blob keeps `counts`), for as many slots."""
-    saved = pickle.loads(blob)["episode_counts"] if blob else counts
+def restored_counters(state: dict[str, Any], counts: list[int]) -> list[int]:
+    """The episode counters a checkpoint's state saved (none: `counts`), for as many slots."""
+    saved = state.get("episode_counts", counts)
     if len(saved) != len(counts):
         raise SettingError(f"checkpoint has {len(saved)} episode slots, params ask for "
                            f"{len(counts)}: resume with the same rollout.n_envs")
@@ -102,6 +95,16 @@ class SlotPlayer(Protocol):
         """Let go of every running episode and env."""
 
 
+def next_start(counts: list[int], slot: int, tasks: list[str], seed: int, rank: int,
+               run_id: str) -> EpisodeStart:
+    """A fixed-turn slot's next episode, its counter advanced: the task, seed and id follow from
+    (seed, rank, slot, count) alone (the id names the slot over every rank)."""
+    count = counts[slot]
+    counts[slot] = count + 1
+    return EpisodeStart(slot, task_of(tasks, slot), episode_seed(seed, rank, slot, count),
+                        f"{run_id}-r{rank}-e{rank * len(counts) + slot}-{count}")
+
+
 def play_in_lock_step(player: SlotPlayer, engine: Engine, tokenizer: Any,
                       sampling: SamplingParams, iteration: int, starts: list[EpisodeStart],
                       progress: bool) -> Rows:
@@ -129,23 +132,13 @@ class FixedTurnBatches:
         self.seed, self.rank, self.run_id = seed, rank, run_id
         self.episode_counts = [0] * player.n_slots
 
-    def _next(self, slot: int) -> EpisodeStart:
-        """The slot's next episode: its task, the next seed and id of its counter."""
-        count = self.episode_counts[slot]
-        self.episode_counts[slot] = count + 1
-        return EpisodeStart(slot, task_of(self.tasks, slot),
-                            episode_seed(self.seed, self.rank, slot, count),
-                            f"{self.run_id}-r{self.rank}-e{self.slot_index(slot)}-{count}")
-
-    def slot_index(self, slot: int) -> int:
-        """A slot's index over every rank (what chains its replies in the turn grid)."""
-        return self.rank * self.player.n_slots + slot
-
     def start_idle(self) -> None:
         """A new episode in every idle slot; a slot whose start failed tries its next seed."""
         slots = self.player.idle()
         while slots:
-            slots = [s.slot for s in self.player.start([self._next(i) for i in slots])]
+            starts = [next_start(self.episode_counts, i, self.tasks, self.seed, self.rank,
+                                 self.run_id) for i in slots]
+            slots = [s.slot for s in self.player.start(starts)]
 
     def collect(self, engine: Engine, tokenizer: Any, sampling: SamplingParams, iteration: int,
                 extra: dict[str, Any] | None = None, progress: bool = True) -> Rows:
@@ -173,13 +166,8 @@ class FixedTurnBatches:
 
     def load_state(self, blob: bytes) -> None:
         state = pickle.loads(blob) if blob else {}
-        counts = state.pop("episode_counts", self.episode_counts)
-        self.player.load_state(state)  # checks its slots against the checkpoint's
-        if len(counts) != len(self.episode_counts):
-            raise SettingError(f"checkpoint has {len(counts)} episode slots, params ask for "
-                               f"{len(self.episode_counts)}: resume with the same "
-                               "rollout.n_envs")
-        self.episode_counts = list(counts)
+        self.player.load_state(state)  # checks its slots (and closes a mismatch's envs) first
+        self.episode_counts = restored_counters(state, self.episode_counts)
 
     def close(self) -> None:
         self.player.close()

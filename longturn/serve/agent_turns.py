@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import pickle
 import threading
 import time
 from concurrent.futures import Future, wait
@@ -28,7 +29,7 @@ from longturn.engines.base import Engine, SamplingParams
 from longturn.params.config import Params
 from longturn.rollout.conversation import AGENT_TIMEOUT
 from longturn.rollout.conversation_setup import ConversationRun
-from longturn.rollout.collection import counters_state, episode_seed, restored_counters
+from longturn.rollout.collection import next_start, restored_counters
 from longturn.serve.agent_rollout import Agent, Outcome, _outcome, _record, quiet_http_clients
 from longturn.serve.server import OpenAIServer
 from longturn.tasks.plugins import import_class
@@ -85,16 +86,13 @@ class AgentTurnCollector:
 
     def _start(self, i: int, quota: int) -> None:
         """The slot's next episode: opened with its quota before its agent can call."""
-        count = self.episode_counts[i]
-        self.episode_counts[i] += 1
-        task = self.run.record(self.tasks[i % len(self.tasks)],
-                               episode_seed(self.seed, self.rank, i, count))
-        name = f"slot{i}-{count}"
+        start = next_start(self.episode_counts, i, self.tasks, self.seed, self.rank, self.run_id)
+        task = self.run.record(start.task, start.seed)
+        name = f"slot{i}-{self.episode_counts[i] - 1}"
         assert self.server is not None
         url = self.server.open_episode(name)
         self.server.allow({name: quota})
-        self.slots[i] = _Slot(task, name, f"{self.run_id}-r{self.rank}-e{self._env(i)}-{count}",
-                              self._play(task, url, name))
+        self.slots[i] = _Slot(task, name, start.episode_id, self._play(task, url, name))
 
     def _play(self, task: dict[str, Any], url: str, name: str) -> Future:
         """The agent in a daemon thread of its own (a hung one is left behind, and must not
@@ -178,10 +176,11 @@ class AgentTurnCollector:
     def state(self) -> bytes:
         """The episode counts only (new episodes take new seeds and ids): a running agent cannot
         be saved, so a resumed run starts fresh episodes in every slot."""
-        return counters_state(self.episode_counts)
+        return pickle.dumps({"episode_counts": self.episode_counts})
 
     def load_state(self, blob: bytes) -> None:
-        self.episode_counts = restored_counters(blob, self.episode_counts)
+        self.episode_counts = restored_counters(pickle.loads(blob) if blob else {},
+                                                self.episode_counts)
 
     def close(self) -> None:
         """Stop the endpoint (held and running calls are refused, so agents return) and leave
