@@ -26,7 +26,8 @@ from longturn.run.eval_journal import PARTIAL
 from longturn.run.evaluation import eval_jobs
 from longturn.run.protocol import evaluate, evaluate_model
 from longturn.run.models import load_tokenizer
-from longturn.rollout.env_slots import AgentSettings, env_factory_from_params, play_episodes
+from longturn.rollout.env_episodes import play_episodes
+from longturn.rollout.env_slots import AgentSettings, env_factory_from_params
 from settings_from_params import sampling_settings
 from test_faults import failing_parquet_writes
 from test_pipeline_smoke import ROOT, toy_params, write_params

@@ -20,7 +20,7 @@ from longturn.run.eval_journal import EvalJournal
 from longturn.run.evaluation import EvalPlan
 from longturn.rollout.conversation_metrics import json_safe, conversation_metrics
 from longturn.rollout.conversation_setup import ConversationRun
-from longturn.rollout.env_slots import EpisodeJob
+from longturn.rollout.env_episodes import EpisodeJob
 from longturn.rollout.samples import samples_from_episodes
 
 

@@ -32,7 +32,8 @@ from longturn.engines.base import Engine, SamplingParams
 from longturn.run.eval_journal import EvalJournal
 from longturn.run.eval_key import evaluation_key
 from longturn.envs.termination import count, reason_of
-from longturn.rollout.env_slots import AgentSettings, EpisodeJob, env_factory_from_params, play_episodes
+from longturn.rollout.env_episodes import EpisodeJob, play_episodes
+from longturn.rollout.env_slots import AgentSettings, env_factory_from_params
 from longturn.engines.registry import sampling_from_params
 from longturn.stats import standard_error, wilson_interval
 from longturn.rollout.samples import samples_from_turns
