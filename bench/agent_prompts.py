@@ -3,7 +3,7 @@
 Why: generation and training costs depend on the prompts' length and on how much of them all
 prompts share (system prompt + worked example); synthetic text gets both wrong. These are the
 turn-0 prompts of the params file's env family, one episode seed each, from the collector's own
-env slots (`make_collector(...).slots[i].prompt(tokenizer)`).
+env slots (`make_collector(...).player.slots[i].prompt(tokenizer)`).
 """
 
 from __future__ import annotations
@@ -24,15 +24,19 @@ def collector_prompts(params: Params, tokenizer: Any, n: int, first_seed: int = 
     tries = max_tries if max_tries is not None else 20 * n
     seen: set[tuple[int, ...]] = set()
     prompts: list[list[int]] = []
-    for seed in range(first_seed, first_seed + tries):
-        slot = collector.slots[seed % len(collector.slots)]
-        slot.start(seed, f"bench-{seed}")
-        ids = list(slot.prompt(tokenizer).ids)
-        if tuple(ids) not in seen:
-            seen.add(tuple(ids))
-            prompts.append(ids)
-        if len(prompts) == n:
-            return prompts
+    slots = collector.player.slots
+    try:
+        for seed in range(first_seed, first_seed + tries):
+            slot = slots[seed % len(slots)]
+            slot.start(seed, f"bench-{seed}")
+            ids = list(slot.prompt(tokenizer).ids)
+            if tuple(ids) not in seen:
+                seen.add(tuple(ids))
+                prompts.append(ids)
+            if len(prompts) == n:
+                return prompts
+    finally:
+        collector.close()  # the slots' envs (and their worker processes)
     raise ValueError(f"only {len(prompts)} distinct prompts in {tries} env seeds; ask for fewer")
 
 

@@ -95,9 +95,7 @@ class EnvPlayer:
 
     def state(self) -> dict[str, Any]:
         """The slots, envs included (an env in a worker process is pickled there): a resumed
-        run continues the same episodes. Played whole, nothing runs between iterations."""
-        if self.whole_episodes:
-            return {}
+        run continues the same episodes."""
         return {"slots": self.slots, "unreported": self.unreported}
 
     def load_state(self, state: dict[str, Any]) -> None:
