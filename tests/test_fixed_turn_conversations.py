@@ -121,3 +121,30 @@ def test_a_resumed_collector_keeps_its_counters_and_refuses_other_slots(tokenize
     assert resumed.episode_counts == played.episode_counts and sum(played.episode_counts) >= N_ENVS
     with pytest.raises(SettingError, match="resume with the same rollout.n_envs"):
         collector(N_ENVS + 1).load_state(played.state())
+
+
+def test_an_episode_queued_at_a_batchs_end_is_kept_by_the_checkpoint(tokenizer):
+    """Four-reply episodes in three-step batches: the third episode of each slot ends at the last
+    lock-step of iteration 3, and its slot's next episode is queued then. A checkpoint keeps the
+    queued start, so a resumed run begins that episode with the same seed and id."""
+    def collector():
+        run = ConversationRun({"arithmetic": load_task("arithmetic")},
+                              settings(context="window", history_turns=1), conversation_rollout)
+        return conversation_fixed_turns(run, ["arithmetic"], N_ENVS, TURNS, seed=3)
+
+    played, resumed = collector(), collector()
+    sampling = sampling_settings(max_new_tokens=64, temperature=1.0, seed=0)
+    try:
+        for it in range(4):
+            played.collect(CyclingEngine(tokenizer), tokenizer, sampling, it, {}, progress=False)
+        queued = sorted(played.player.pending.values(), key=lambda s: s.slot)
+        assert [s.episode_id for s in queued] == ["train-r0-e0-3", "train-r0-e1-3"]
+        resumed.load_state(played.state())
+        assert resumed.episode_counts == played.episode_counts == [4, 4]
+        records = resumed.collect(CyclingEngine(tokenizer), tokenizer, sampling, 4, {},
+                                  progress=False)
+        assert {r["episode_id"] for r in records} == {s.episode_id for s in queued}
+        assert {r["episode_seed"] for r in records} == {s.seed for s in queued}
+    finally:
+        played.close()
+        resumed.close()
