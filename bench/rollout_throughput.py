@@ -75,15 +75,15 @@ def timed_collect(engine, tokenizer, params: Params, envs: int, turns: int,
     start = time.perf_counter()
     collector = env_fixed_turns(env_factory_from_params(p), list(p.env.tasks), envs, turns,
                                 AgentSettings.from_params(p), seed=0)
-    collector.start_idle()
-    for slot in collector.player.slots:
-        slot.prompt(tokenizer)  # first prompts rendered, workers answered: the slots are up
-    started = time.perf_counter()
     try:
+        collector.start_idle()
+        for slot in collector.player.slots:
+            slot.prompt(tokenizer)  # first prompts rendered, workers answered: the slots are up
+        started = time.perf_counter()
         rows = collector.collect(engine, tokenizer, sampling_from_params(p, seed=0), 0,
                                  progress=False)
     finally:
-        collector.close()
+        collector.close()  # a slot whose env never starts must leave no worker behind
     return len(rows), time.perf_counter() - started, started - start
 
 
