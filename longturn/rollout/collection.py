@@ -44,6 +44,12 @@ def restored_counters(state: dict[str, Any], counts: list[int]) -> list[int]:
     return list(saved)
 
 
+def slot_index(rank: int, n_slots: int, slot: int) -> int:
+    """A slot's index over every rank: what names its episodes and chains its replies in the
+    turn grid."""
+    return rank * n_slots + slot
+
+
 def task_of(tasks: list[str], slot: int, group_size: int | None = None) -> str:
     """The task a slot plays: slots (or groups of slots) cycle through the tasks."""
     return tasks[(slot // (group_size or 1)) % len(tasks)]
@@ -102,7 +108,7 @@ def next_start(counts: list[int], slot: int, tasks: list[str], seed: int, rank: 
     count = counts[slot]
     counts[slot] = count + 1
     return EpisodeStart(slot, task_of(tasks, slot), episode_seed(seed, rank, slot, count),
-                        f"{run_id}-r{rank}-e{rank * len(counts) + slot}-{count}")
+                        f"{run_id}-r{rank}-e{slot_index(rank, len(counts), slot)}-{count}")
 
 
 def play_in_lock_step(player: SlotPlayer, engine: Engine, tokenizer: Any,

@@ -22,7 +22,8 @@ from typing import Any
 from longturn.engines.base import Engine, SamplingParams
 from longturn.errors import SettingError
 from longturn.rollout.chat_deltas import ChatDeltas
-from longturn.rollout.collection import EpisodeGroups, EpisodeStart, FixedTurnBatches, Rows
+from longturn.rollout.collection import (EpisodeGroups, EpisodeStart, FixedTurnBatches, Rows,
+                                         slot_index)
 from longturn.rollout.conversation import Conversation
 from longturn.rollout.conversation_rollout import (WINDOW, chat_deltas, finish_all, lock_step,
                                                    release_all, start_episodes)
@@ -104,7 +105,7 @@ class ConversationPlayer:
         be given (in the record: `Conversation.record`)."""
         first, self.emitted[i] = self.emitted[i], len(record["segment_starts"])
         ids, starts, ends = record["input_ids"], record["segment_starts"], record["segment_ends"]
-        record.update(env_index=self.rank * self.n_slots + i, first_turn=first, cut=cut,
+        record.update(env_index=slot_index(self.rank, self.n_slots, i), first_turn=first, cut=cut,
                       reply_observations=[" ".join(map(str, ids[ends[k - 1] if k else 0:
                                                                starts[k]]))
                                           for k in range(first, len(starts))])

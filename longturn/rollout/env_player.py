@@ -20,7 +20,7 @@ from longturn.engines.base import Engine, SamplingParams
 from longturn.envs.base import TextEnv
 from longturn.errors import SettingError
 from longturn.rollout.collection import (EpisodeGroups, EpisodeStart, FixedTurnBatches, Rows,
-                                         play_in_lock_step, task_of)
+                                         play_in_lock_step, slot_index, task_of)
 from longturn.rollout.env_slots import AgentSettings, EnvSlot, generate_turns
 
 
@@ -31,7 +31,7 @@ class EnvPlayer:
                  settings: AgentSettings, whole_episodes: bool, rank: int = 0):
         self.n_slots, self.whole_episodes = len(tasks_by_slot), whole_episodes
         envs = [env_factory(task) for task in tasks_by_slot]  # worker processes start together
-        self.slots = [EnvSlot(env, rank * self.n_slots + i, settings)
+        self.slots = [EnvSlot(env, slot_index(rank, self.n_slots, i), settings)
                       for i, env in enumerate(envs)]
         self.running = [False] * self.n_slots
         # reasons of episodes whose reset failed, not yet carried by a row
@@ -134,6 +134,7 @@ def env_groups(env_factory: Callable[[str], TextEnv], tasks: list[str], n_envs: 
         raise SettingError(f"{n_envs} env slots do not split into groups of {group_size}")
     player = EnvPlayer(env_factory, [task_of(tasks, i, group_size) for i in range(n_envs)],
                        settings, whole_episodes=True, rank=rank)
-    return EpisodeGroups(player, tasks, group_size, seed,
-                         lambda slot, iteration: f"{run_id}-r{rank}-e{rank * n_envs + slot}-"
-                                                 f"{iteration}", rank=rank, run_id=run_id)
+    def name(slot: int, iteration: int) -> str:
+        return f"{run_id}-r{rank}-e{slot_index(rank, n_envs, slot)}-{iteration}"
+
+    return EpisodeGroups(player, tasks, group_size, seed, name, rank=rank, run_id=run_id)

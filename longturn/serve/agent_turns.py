@@ -29,7 +29,7 @@ from longturn.engines.base import Engine, SamplingParams
 from longturn.params.config import Params
 from longturn.rollout.conversation import AGENT_TIMEOUT
 from longturn.rollout.conversation_setup import ConversationRun
-from longturn.rollout.collection import next_start, restored_counters
+from longturn.rollout.collection import next_start, restored_counters, slot_index
 from longturn.serve.agent_rollout import Agent, Outcome, _outcome, _record, quiet_http_clients
 from longturn.serve.server import OpenAIServer
 from longturn.tasks.plugins import import_class
@@ -107,9 +107,6 @@ class AgentTurnCollector:
         threading.Thread(target=play, daemon=True, name=f"agent-{name}").start()
         return future
 
-    def _env(self, i: int) -> int:
-        return self.rank * self.n_envs + i
-
     def collect(self, engine: Engine, tokenizer: Any, sampling: SamplingParams, iteration: int,
                 extra: dict[str, Any], progress: bool = True) -> list[dict[str, Any]]:
         """turns_per_env calls of every slot; one record per episode portion."""
@@ -165,7 +162,8 @@ class AgentTurnCollector:
                          self.server.renderer, first=slot.taken, step=step, bootstrap=bootstrap)
         ended = bootstrap is None and not record["aborted"]
         record.update(episode_id=slot.episode_id, task=slot.task["task"],
-                      episode_seed=int(slot.task["seed"]), env_index=self._env(i),
+                      episode_seed=int(slot.task["seed"]),
+                      env_index=slot_index(self.rank, self.n_envs, i),
                       success=ended and self.run.success(slot.task,
                                                          json.loads(record["messages"])))
         return record
