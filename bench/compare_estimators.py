@@ -36,7 +36,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout
 
-from longturn.algo.estimator import ESTIMATORS  # noqa: E402
+from longturn.params.estimator import ESTIMATORS  # noqa: E402
 from longturn.stats import paired_outcomes, wilson_interval  # noqa: E402
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 
 from components.common import parser, run
-from longturn.algo.estimator import Estimator
 from longturn.report.build import build_report
 
 
@@ -21,9 +20,8 @@ def body(args, params) -> None:
         "eval.episodes_per_task": params.eval.episodes_per_task,
         "algo.advantage": params.algo.advantage,
     }
-    # Estimator.named, not run.wiring.estimator: wiring loads torch, and report is a light stage
     build_report(args.zero_shot, args.final, args.train_live, args.warmup_live, args.out,
-                 title_info, critic=Estimator.named(params.algo.advantage).has_critic,
+                 title_info, critic=params.algo.estimator.has_critic,
                  chat=chat)
 
 

@@ -16,12 +16,11 @@ from longturn.run.preflight import preflight
 from longturn.run.models import check_model_dir
 from longturn.profiling import IterationProfiler
 from longturn.run.training import Deadline, TrainPaths, replay_update, run_training
-from longturn.run.wiring import estimator
 
 
 def body(args, params) -> None:
     check_model_dir(args.model_dir)
-    if estimator(params).has_critic:  # else the warm-up stage wrote only a note
+    if params.algo.estimator.has_critic:  # else the warm-up stage wrote only a note
         check_model_dir(args.critic_dir, tokenizer=False)
     out = Path(args.out)
     paths = TrainPaths(base=Path(args.model_dir), critic=Path(args.critic_dir),

@@ -1,6 +1,7 @@
-"""The Estimator table: the one answer to "is there a critic?" and "how are batches collected?",
-held equal to the `algo.advantage` choices params accepts, and read by the collector, the critic
-dir and the trainer settings the stages build."""
+"""The Estimator table: the one answer to "is there a critic?", whose names are the
+`algo.advantage` choices params accepts, and with the rollout the one answer to "how are batches
+collected?" (`params.collection`), read by the collector, the critic dir and the trainer settings
+the stages build."""
 
 from __future__ import annotations
 
@@ -9,33 +10,32 @@ from typing import get_args
 
 import pytest
 
-from longturn.algo.estimator import ESTIMATORS, Collection, Estimator
 from longturn.errors import SettingError, UserError
-from longturn.params.config import AlgoParams, parse_params
+from longturn.params.config import AlgoParams, ParamsError, parse_params
+from longturn.params.estimator import ESTIMATORS, Collection, Estimator
 from longturn.rollout.collection import EpisodeGroups, FixedTurnBatches
 from longturn.rollout.conversation_player import ConversationPlayer
 from longturn.rollout.env_player import EnvPlayer
 from longturn.run.wiring import close_collector, critic_dir, make_collector, trainer_settings
 
 
-def test_the_table_is_the_advantage_choices_params_accepts() -> None:
-    choices = get_args(AlgoParams.model_fields["advantage"].annotation)
-    assert sorted(ESTIMATORS) == sorted(choices)
+def test_the_advantage_choices_are_the_tables_names() -> None:
+    assert get_args(AlgoParams.model_fields["advantage"].annotation) == tuple(ESTIMATORS)
     assert all(e.name == name for name, e in ESTIMATORS.items())
-    for name, e in ESTIMATORS.items():  # params' group-size check asks the same question
-        assert AlgoParams(advantage=name).plays_groups == (e.collection is Collection.SEED_GROUPS)
+    assert all(AlgoParams(advantage=name).estimator is e for name, e in ESTIMATORS.items())
+    with pytest.raises(ParamsError, match="algo.advantage"):
+        parse_params({"algo": {"advantage": "ppo"}})
 
 
 def test_gae_has_the_critic_and_the_group_estimators_play_seed_groups() -> None:
-    assert {n: (e.has_critic, e.collection) for n, e in ESTIMATORS.items()} == {
-        "gae": (True, Collection.FIXED_TURNS),
-        "grpo": (False, Collection.SEED_GROUPS),
-        "gigpo": (False, Collection.SEED_GROUPS),
-    }
-    # a cut episode's last turn is bootstrapped with V(next observation): no fixed-turn batches
-    # without a critic
-    assert all(e.has_critic for e in ESTIMATORS.values()
-               if e.collection is Collection.FIXED_TURNS)
+    assert {n: e.has_critic for n, e in ESTIMATORS.items()} == {
+        "gae": True, "grpo": False, "gigpo": False}
+    for e in ESTIMATORS.values():
+        collections = {e.collection(cut) for cut in (True, False)}
+        # a cut episode's last reply is bootstrapped with V(what comes next): no fixed-turn
+        # batches without a critic, whatever the rollout allows
+        assert collections == ({Collection.FIXED_TURNS, Collection.WHOLE_EPISODES}
+                               if e.has_critic else {Collection.SEED_GROUPS})
 
 
 def test_named_gives_the_table_entry_and_one_line_naming_an_unknown_value() -> None:
@@ -80,6 +80,8 @@ def test_the_chat_protocol_plays_whole_episodes_grouped_when_the_estimator_plays
         advantage, group) -> None:
     params = _params(advantage, protocol="chat")
     params.rollout.context = "episode"  # gae: the verl / slime way, whole episodes
+    assert params.collection is (Collection.WHOLE_EPISODES if group is None
+                                 else Collection.SEED_GROUPS)
     collector = make_collector(params, rank=0, run_id="t")
     assert type(collector) is EpisodeGroups and collector.group_size == group
     assert type(collector.player) is ConversationPlayer
@@ -90,6 +92,7 @@ def test_the_chat_protocol_collects_fixed_turn_batches_with_a_critic() -> None:
     episodes carried over."""
     params = _params("gae", protocol="chat")
     params.rollout.context = "window"
+    assert params.collection is Collection.FIXED_TURNS
     collector = make_collector(params, rank=0, run_id="t")
     assert type(collector) is FixedTurnBatches and type(collector.player) is ConversationPlayer
     assert (collector.player.n_slots, collector.turns_per_env) == (params.rollout.n_envs,

@@ -212,11 +212,13 @@ def test_the_highest_seeds_leave_every_episode_a_reset_seed_below_2_to_the_32():
     ({"protocol": "chat", "context": "episode", "agent": "examples.x:agent"}, True),
 ])
 def test_the_size_check_counts_the_batches_the_collector_plays(rollout, fixed):
-    """One rule (RolloutParams.fixed_turn_batches) for the collector and the size check: with a
-    critic, n_envs × turns_per_env rows exactly when the rollout plays fixed-turn batches."""
+    """One rule (Params.collection) for the collector and the size check: with a critic,
+    n_envs × turns_per_env rows exactly when the rollout can be cut into fixed-turn batches."""
+    from longturn.params.estimator import Collection
     from longturn.params.sizes import iteration_rows
 
     params = parse_params({"algo": {"advantage": "gae"}, "rollout": rollout})
-    assert params.rollout.fixed_turn_batches() is fixed
+    assert params.rollout.can_be_cut() is fixed
+    assert (params.collection is Collection.FIXED_TURNS) is fixed
     keys = [key for key, _ in iteration_rows(params)]
     assert ("rollout.turns_per_env" in keys) is fixed

@@ -29,7 +29,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from longturn.algo.estimator import Estimator
+from longturn.params.estimator import Estimator
 
 STD_EPS = 1e-6  # keeps Â finite for a group of equal returns; a numerical guard, not a setting
 

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from longturn.algo.estimator import Estimator
+from longturn.params.estimator import Estimator
 from longturn.algo.gae import GAEParams
 from longturn.algo.group_advantages import GroupParams
 from longturn.algo.model_set import ModelSet

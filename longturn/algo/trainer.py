@@ -31,7 +31,7 @@ from transformers import AutoModelForCausalLM
 from longturn.algo.batches import read_sample_batch
 from longturn.algo.critic import ValueModel
 from longturn.algo.gae import GAEParams
-from longturn.algo.estimator import Estimator
+from longturn.params.estimator import Estimator
 from longturn.algo.group_advantages import GroupParams
 from longturn.algo.lora import apply_lora, merge_and_save, merged_state_dict
 from longturn.algo.model_set import ModelSet

@@ -16,6 +16,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_valid
 
 from longturn.params import limits as L
 from longturn.errors import UserError
+from longturn.params.estimator import ESTIMATORS, Collection, Estimator
 from longturn.params.limits import at_most
 from longturn.params.sizes import size_problem
 
@@ -222,13 +223,11 @@ class RolloutParams(Section):
     # served on the loopback (docs/openai-endpoint.md); rollout.agent_timeout_s bounds it too
     slime_generate: str | None = None
 
-    def fixed_turn_batches(self) -> bool:
-        """With a critic, whether the rollout comes in fixed-turn batches of n_envs ×
-        turns_per_env replies whose episodes continue across updates (the action protocol, an
-        agent's calls, the built-in chat rollout (rollout.chat.function null) with a history
-        window), else n_envs whole episodes. Read by the collector choice (run/protocol.py) and
-        the size check (params/sizes.py), so the two cannot disagree; without a critic, groups
-        of whole episodes are played whatever this says."""
+    def can_be_cut(self) -> bool:
+        """Whether this rollout can be cut into fixed-turn batches of n_envs × turns_per_env
+        replies whose episodes continue across updates (the action protocol, an agent's calls,
+        the built-in chat rollout (rollout.chat.function null) with a history window), or plays
+        each episode whole. The estimator decides what is done with it (`Params.collection`)."""
         if self.protocol == "action" or self.agent is not None:
             return True
         return self.context == "window" and self.chat.function is None
@@ -282,17 +281,15 @@ class AlgoParams(Section):
     (longturn/algo/group_advantages.py), whose iterations play groups of `group_size` episodes
     from one env seed to their end."""
 
-    advantage: Literal["gae", "grpo", "gigpo"] = "gae"
+    advantage: Literal[tuple(ESTIMATORS)] = "gae"  # type: ignore[valid-type]  # the table's names
     group_size: int = at_most(L.ENV_SLOTS, 4, ge=2)  # episodes per env seed (critic-free estimators)
     norm_std: bool = True  # divide by the group's std, not only subtract its mean
     step_weight: float = Field(1.0, ge=0.0)  # gigpo: weight of the anchor-state advantage
 
     @property
-    def plays_groups(self) -> bool:
-        """Whether the estimator collects groups of whole episodes from one seed. The code asks
-        longturn/algo/estimator.py; params sits below algo and cannot import it, so
-        tests/test_estimator.py holds this and the `advantage` choices equal to its table."""
-        return self.advantage != "gae"
+    def estimator(self) -> Estimator:
+        """The estimator `advantage` names (params/estimator.py): whether a critic exists."""
+        return Estimator.named(self.advantage)
 
 
 class PPOParams(Section):
@@ -446,6 +443,13 @@ class Params(Section):
     train: TrainParams = TrainParams()
     kubeflow: KubeflowParams = KubeflowParams()
 
+    @property
+    def collection(self) -> Collection:
+        """How the train loop collects its batches: the estimator's choice for this rollout.
+        Read by the collector (run/protocol.py), the size check and the group check, so they
+        cannot disagree."""
+        return self.algo.estimator.collection(self.rollout.can_be_cut())
+
     @model_validator(mode="after")
     def _eval_tasks_default_to_env_tasks(self) -> "Params":
         if self.eval.tasks is None:
@@ -454,7 +458,8 @@ class Params(Section):
 
     @model_validator(mode="after")
     def _groups_fill_the_slots(self) -> "Params":
-        if self.algo.plays_groups and self.rollout.n_envs % self.algo.group_size:
+        groups = self.collection is Collection.SEED_GROUPS
+        if groups and self.rollout.n_envs % self.algo.group_size:
             raise ValueError(f"algo.advantage {self.algo.advantage} plays groups of "
                              f"algo.group_size ({self.algo.group_size}) episodes: rollout.n_envs "
                              f"({self.rollout.n_envs}) must be a multiple of it")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from longturn.params.estimator import Collection
 from longturn.params.limits import CONTEXT_TOKENS, FORWARD_TOKENS, HELD_TOKENS, Limit
 
 Params = Any  # a longturn.params.config.Params; not imported, since config imports this module
@@ -33,7 +34,7 @@ def iteration_rows(p: Params) -> list[Factor] | None:
     with a window; with a critic, an agent's calls and the built-in rollout's windowed replies
     come in fixed-turn batches of n_envs × turns_per_env."""
     r = p.rollout
-    if not p.algo.plays_groups and r.fixed_turn_batches():
+    if p.collection is Collection.FIXED_TURNS:
         return [("rollout.n_envs", r.n_envs), ("rollout.turns_per_env", r.turns_per_env)]
     if r.protocol == "chat":
         if r.context == "episode":
@@ -70,7 +71,7 @@ def size_problem(p: Params) -> str | None:
     rows = iteration_rows(p)
     if rows is not None:
         held = rows + [row]
-        if not p.algo.plays_groups:  # the critic warm-up keeps every batch it collects
+        if p.algo.estimator.has_critic:  # the critic warm-up keeps every batch it collects
             held.append(("warmup.batches", p.warmup.batches))
         checks.append((held, HELD_TOKENS))
     for factors, limit in checks:

@@ -1,5 +1,5 @@
 """The train loop's two ways of collecting a batch, for either protocol; the estimator picks one
-(algo/estimator.py), and what a protocol plays in a slot is its `SlotPlayer`.
+(params/estimator.py), and what a protocol plays in a slot is its `SlotPlayer`.
 
 - `FixedTurnBatches` (a critic): Verlog's fixed-turn batches. n_envs slots × turns_per_env
   lock-steps per iteration; episodes are not reset between iterations, so an update always sees

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from longturn.algo.estimator import Collection, Estimator
 from longturn.distributed import sum_over_ranks
 from longturn.engines.base import Engine
 from longturn.engines.registry import make_engine
 from longturn.params.config import Params
+from longturn.params.estimator import Collection
 from longturn.rollout.collection import EpisodeGroups, FixedTurnBatches
 from longturn.rollout.conversation_metrics import conversation_metrics
 from longturn.rollout.conversation_player import conversation_episodes, conversation_fixed_turns
@@ -81,7 +81,7 @@ class Protocol:
 
 def _env_collector(params: Params, rank: int, run_id: str) -> Collector:
     r, tasks, agent = params.rollout, list(params.env.tasks), AgentSettings.from_params(params)
-    if Estimator.named(params.algo.advantage).collection is Collection.SEED_GROUPS:
+    if params.collection is Collection.SEED_GROUPS:
         return env_groups(env_factory_from_params(params), tasks, r.n_envs,
                           params.algo.group_size, agent, params.seed, rank=rank, run_id=run_id)
     return env_fixed_turns(env_factory_from_params(params), tasks, r.n_envs, r.turns_per_env,
@@ -90,15 +90,15 @@ def _env_collector(params: Params, rank: int, run_id: str) -> Collector:
 
 def _conversation_collector(params: Params, rank: int, run_id: str) -> Collector:
     r, run, tasks = params.rollout, ConversationRun.from_params(params), list(params.env.tasks)
-    plays_groups = Estimator.named(params.algo.advantage).collection is Collection.SEED_GROUPS
-    if not plays_groups and r.agent is not None:  # an agent's calls in fixed-turn batches
+    collection = params.collection
+    if collection is Collection.FIXED_TURNS and r.agent is not None:  # an agent's calls
         from longturn.serve.agent_turns import AgentTurnCollector
 
         return AgentTurnCollector.from_params(params, run, rank, run_id)
-    if not plays_groups and r.fixed_turn_batches():  # the built-in rollout with a window
+    if collection is Collection.FIXED_TURNS:  # the built-in rollout with a window
         return conversation_fixed_turns(run, tasks, r.n_envs, r.turns_per_env, params.seed,
                                         rank=rank, run_id=run_id)
-    group = params.algo.group_size if plays_groups else None
+    group = params.algo.group_size if collection is Collection.SEED_GROUPS else None
     return conversation_episodes(run, tasks, r.n_envs, group, params.seed, rank=rank,
                                  run_id=run_id)
 

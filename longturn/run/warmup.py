@@ -29,7 +29,7 @@ from longturn.run.metrics import MetricsLog
 from longturn.run.models import load_tokenizer
 from longturn.trajectories import write_samples
 from longturn.run.checkpoints import iteration_dir
-from longturn.run.wiring import (close_collector, estimator, file_metadata, gae_params,
+from longturn.run.wiring import (close_collector, file_metadata, gae_params,
                                  make_collector, to_samples, trainer_settings)
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ def run_critic_warmup(params: Params, base: Path, out: Path, live_dir: Path, wor
     rank, _ = init_distributed(resolve_device(params.engine.device))
     if is_main_process():  # this run replaces it: a failure must not leave the old one looking new
         shutil.rmtree(out, ignore_errors=True)
-    if not estimator(params).has_critic:
+    if not params.algo.estimator.has_critic:
         return write_no_critic_note(params, out, work_dir, live_dir)
     samples = to_samples(params, collect_frozen(params, base, rank, progress))
     trainer = PPOTrainer(base, base, trainer_settings(params), gae_params(params),

@@ -1,4 +1,4 @@
-"""Params → the objects the stages run: the estimator, trainer settings, GAE and group
+"""Params → the objects the stages run: trainer settings, GAE and group
 parameters, the collector the protocol and estimator need, the critic dir it reads, how a
 batch is scored, written and summarised, Parquet metadata, the resume fingerprint.
 
@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from longturn.algo.gae import GAEParams
-from longturn.algo.estimator import Estimator
 from longturn.algo.trainer import PPOTrainer, TrainerSettings
 from longturn.params.config import Params
 from longturn.device import resolve_bf16, resolve_device
@@ -25,11 +24,6 @@ from longturn.trajectories import write_samples
 
 if TYPE_CHECKING:
     from longturn.run.protocol import Collector
-
-def estimator(params: Params) -> Estimator:
-    """The estimator `algo.advantage` names: whether a critic exists, how batches are collected."""
-    return Estimator.named(params.algo.advantage)
-
 
 def trainer_settings(params: Params) -> TrainerSettings:
     """The trainer's settings from the ppo, algo, engine and seed sections."""
@@ -45,7 +39,7 @@ def trainer_settings(params: Params) -> TrainerSettings:
         lora_r=p.lora_r, lora_alpha=p.lora_alpha, lora_layers=p.lora_layers,
         share_prefix=p.share_prefix, share_trunk=p.share_trunk,
         gradient_checkpointing=p.gradient_checkpointing, target_kl=p.target_kl,
-        device=params.engine.device, seed=params.seed, estimator=estimator(params),
+        device=params.engine.device, seed=params.seed, estimator=params.algo.estimator,
         group_norm_std=params.algo.norm_std, step_weight=params.algo.step_weight,
         whiten_advantages=True, weight_decay=0.0)  # the trainer's own choices, not params.yaml's
 
@@ -71,7 +65,7 @@ def close_collector(collector: Collector) -> None:
 
 def critic_dir(params: Params, warm: Path) -> Path | None:
     """The warm critic dir the estimator trains on, or None when it needs none."""
-    return warm if estimator(params).has_critic else None
+    return warm if params.algo.estimator.has_critic else None
 
 
 def file_metadata(params: Params, iteration: int) -> dict[str, Any]:
