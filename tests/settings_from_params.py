@@ -27,7 +27,6 @@ def conversation_settings(**overrides: Any) -> ConversationSettings:
     """rollout.chat's limits, the whole episode as context (the tools profile's), no tools,
     interaction or reward, no progress bar, then `overrides`."""
     params = Params()
-    base = ConversationSettings.from_config(params.rollout.chat, context="episode",
-                                            history_turns=params.prompt.history_turns, tools=None,
+    base = ConversationSettings.from_config(params.rollout.chat, history_turns=None, tools=None,
                                             interaction=None, reward_fn=None, progress=False)
     return replace(base, **overrides)

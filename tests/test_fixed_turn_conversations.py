@@ -47,7 +47,8 @@ class CyclingEngine:
 def collect(tokenizer, context: str, iterations: int = 2) -> list[list[dict]]:
     """Each iteration's samples from one collector."""
     run = ConversationRun({"arithmetic": load_task("arithmetic")},
-                          settings(context=context, history_turns=1), conversation_rollout)
+                          settings(history_turns=1 if context == "window" else None),
+                          conversation_rollout)
     collector = conversation_fixed_turns(run, ["arithmetic"], N_ENVS, TURNS, seed=3)
     engine = CyclingEngine(tokenizer)
     sampling = sampling_settings(max_new_tokens=64, temperature=1.0, seed=0)
@@ -109,7 +110,7 @@ def test_a_resumed_collector_keeps_its_counters_and_refuses_other_slots(tokenize
     new seeds and ids, from the counters it saved."""
     def collector(n_envs: int) -> FixedTurnBatches:
         run = ConversationRun({"arithmetic": load_task("arithmetic")},
-                              settings(context="window", history_turns=1), conversation_rollout)
+                              settings(history_turns=1), conversation_rollout)
         return conversation_fixed_turns(run, ["arithmetic"], n_envs, TURNS, seed=3)
 
     played = collector(N_ENVS)
@@ -129,7 +130,7 @@ def test_an_episode_queued_at_a_batchs_end_is_kept_by_the_checkpoint(tokenizer):
     queued start, so a resumed run begins that episode with the same seed and id."""
     def collector():
         run = ConversationRun({"arithmetic": load_task("arithmetic")},
-                              settings(context="window", history_turns=1), conversation_rollout)
+                              settings(history_turns=1), conversation_rollout)
         return conversation_fixed_turns(run, ["arithmetic"], N_ENVS, TURNS, seed=3)
 
     played, resumed = collector(), collector()

@@ -165,8 +165,9 @@ def tool_episode(tokenizer, context: str, turns: int = 2, max_tokens: int = 4000
     script = {make_problem(s).question: [call(e) for e in EXPRESSIONS]
               + [f"ANSWER: {make_problem(s).answer}"] for s in seeds}
     engine = CountingEngine(tokenizer, script)
-    settings = conversation_settings(tools=tools(), context=context, history_turns=turns,
-                                 max_assistant_turns=max_assistant_turns, max_tokens=max_tokens)
+    settings = conversation_settings(tools=tools(),
+                                     history_turns=turns if context == "window" else None,
+                                     max_assistant_turns=max_assistant_turns, max_tokens=max_tokens)
     records = conversation_rollout(engine, tokenizer, sampling_settings(max_new_tokens=64, seed=0),
                                [task_record(s) for s in seeds], settings)
     return engine, records
@@ -241,8 +242,7 @@ def test_an_episode_becomes_one_sample_per_reply_chained_by_slot_and_step(tokeni
 def test_a_window_of_no_turns_is_refused_by_name():
     params = Params()
     with pytest.raises(SettingError, match="prompt.history_turns 0"):
-        ConversationSettings.from_config(params.rollout.chat, context="window",
-                                         history_turns=0, tools=None, interaction=None,
+        ConversationSettings.from_config(params.rollout.chat, history_turns=0, tools=None, interaction=None,
                                          reward_fn=None, progress=False)
     assert params.rollout.context == "window"  # the default: Verlog's history window
     assert parse_params({"rollout": {"context": "episode"}}).rollout.context == "episode"
@@ -258,7 +258,7 @@ def test_frames_go_with_their_messages_into_each_window(image_tokenizer, tmp_pat
     task = {**BABYAI_GOTO_FRAMES.record(5), "task": "babyai_goto_frames", "seed": 5}
     settings = conversation_settings(
         interaction=load_interactions(ROOT / "configs/env_interactions.yaml")["env"],
-        context="window", history_turns=1, max_assistant_turns=4, max_user_turns=6,
+        history_turns=1, max_assistant_turns=4, max_user_turns=6,
         max_tokens=4000)
     [rec] = conversation_rollout(engine, image_tokenizer, sampling_settings(seed=0), [task], settings)
     assert rec["termination"] == "max_assistant_turns" and len(rec["images"]) == 4
@@ -330,7 +330,7 @@ def test_group_estimators_give_a_reply_the_same_advantage_in_either_context(toke
     seeds = (0, 1, 2, 3)
     script = {make_problem(s).question: [call(e) for e in EXPRESSIONS[:s % 3]]
               + [f"ANSWER: {make_problem(s).answer + s % 2}"] for s in seeds}  # odd seeds wrong
-    settings = conversation_settings(tools=tools(), context="window", history_turns=1,
+    settings = conversation_settings(tools=tools(), history_turns=1,
                                  reward_fn=TASK.reward, max_tokens=4000)
     records = conversation_rollout(CountingEngine(tokenizer, script), tokenizer,
                                sampling_settings(max_new_tokens=64, seed=0),

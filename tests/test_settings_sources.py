@@ -77,6 +77,8 @@ def test_agent_settings_come_from_the_prompt_and_env_sections():
         max_retries=1)
     # the whole episode as context: every past turn, as far as prompt.max_prompt_tokens holds
     assert AgentSettings.from_params(PARAMS).history_turns is None
+    # both protocols read rollout.context in one place: Params.history_window
+    assert (PARAMS.history_window, windowed.history_window) == (None, 3)
 
 
 def test_sampling_comes_from_engine_sampling_with_a_seed_and_an_optional_temperature():
@@ -92,12 +94,11 @@ def test_conversation_settings_come_from_rollout_chat_and_context_plus_the_loade
         return 1.0
 
     settings = ConversationSettings.from_config(
-        PARAMS.rollout.chat, context=PARAMS.rollout.context,
-        history_turns=PARAMS.prompt.history_turns, tools=None, interaction=None,
+        PARAMS.rollout.chat, history_turns=PARAMS.history_window, tools=None, interaction=None,
         reward_fn=reward, progress=False)
     assert settings == ConversationSettings(
         max_assistant_turns=6, max_user_turns=0, max_tokens=999, max_tool_response_chars=77,
-        tool_timeout_s=60.0, tokenization_check="off", context="episode", history_turns=3, tools=None,
+        tool_timeout_s=60.0, tokenization_check="off", history_turns=None, tools=None,
         interaction=None, reward_fn=reward, progress=False)
 
 

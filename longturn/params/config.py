@@ -444,6 +444,13 @@ class Params(Section):
     kubeflow: KubeflowParams = KubeflowParams()
 
     @property
+    def history_window(self) -> int | None:
+        """The past turns a reply is given, for either protocol: prompt.history_turns with
+        `rollout.context: window`, None (every one) with `episode`. The rollouts read the
+        context setting here and nowhere else."""
+        return self.prompt.history_turns if self.rollout.context == "window" else None
+
+    @property
     def collection(self) -> Collection:
         """How the train loop collects its batches: the estimator's choice for this rollout.
         Read by the collector (run/protocol.py), the size check and the group check, so they

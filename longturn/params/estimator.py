@@ -24,7 +24,7 @@ class Collection(enum.Enum):
     """Every iteration steps each slot a fixed number of replies, and an unfinished episode
     continues in the next iteration. Possible only with a critic (the last reply of a cut episode
     is bootstrapped with V(what the next reply will be given)) and a rollout that can be cut
-    (`RolloutParams.fixed_turn_batches`). Every update sees the same number of replies however
+    (`RolloutParams.can_be_cut`). Every update sees the same number of replies however
     long episodes are (`FixedTurnBatches`)."""
 
     SEED_GROUPS = "seed_groups"

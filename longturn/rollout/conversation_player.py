@@ -25,7 +25,7 @@ from longturn.rollout.chat_deltas import ChatDeltas
 from longturn.rollout.collection import (EpisodeGroups, EpisodeStart, FixedTurnBatches, Rows,
                                          slot_index)
 from longturn.rollout.conversation import Conversation
-from longturn.rollout.conversation_rollout import (WINDOW, chat_deltas, finish_all, lock_step,
+from longturn.rollout.conversation_rollout import (chat_deltas, finish_all, lock_step,
                                                    release_all, start_episodes)
 from longturn.rollout.conversation_setup import ConversationRun
 
@@ -40,7 +40,7 @@ class ConversationPlayer:
     """n conversation slots of one run (its tasks, tools, interaction and rollout function)."""
 
     def __init__(self, run: ConversationRun, n_slots: int, fixed_turns: bool, rank: int = 0):
-        if fixed_turns and run.settings.context != WINDOW:
+        if fixed_turns and run.settings.history_turns is None:
             raise SettingError("fixed-turn batches of conversations need rollout.context window")
         self.run, self.n_slots, self.rank = run, n_slots, rank
         self.episodes: list[Conversation | None] = [None] * n_slots

@@ -15,8 +15,8 @@ After each reply:
   what a reply is given plus the reply: a reply is cut to fit, and no context is appended past
   it).
 
-What the model is given for a reply is one setting, `context`: the whole episode (`episode`,
-verl / slime), or its history window (`window`, rollout/history_window.py: the task's messages
+What the model is given for a reply is one setting, `history_turns`: None, the whole episode
+(verl / slime), or a number, its history window (rollout/history_window.py: the task's messages
 and the last `history_turns` turns, rendered fresh). Either way the episode's sequence grows as
 below and is checked at the end; in a window only the prompts change, and the token budget
 bounds each window and its reply instead of the whole episode.
@@ -62,9 +62,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-EPISODE, WINDOW = "episode", "window"  # rollout.context: what a reply is given
-
-
 @dataclass
 class ConversationSettings:
     """Everything a conversation rollout needs besides the engine, tokenizer, sampling and tasks.
@@ -78,8 +75,7 @@ class ConversationSettings:
     max_tool_response_chars: int
     tool_timeout_s: float  # one tool or interaction call, past which it is cut off
     tokenization_check: str
-    context: str  # EPISODE: a reply is given the whole episode; WINDOW: its history window
-    history_turns: int  # the turns of a window
+    history_turns: int | None  # the past turns a reply's window shows; None: the whole episode
     tools: ToolBox | None
     # one interaction for every episode, or a file's by name (each task's interaction_kwargs
     # name picks its own: tasks/interactions.py interaction_of)
@@ -88,22 +84,22 @@ class ConversationSettings:
     progress: bool
 
     @classmethod
-    def from_config(cls, section: ChatParams, *, context: str, history_turns: int,
+    def from_config(cls, section: ChatParams, *, history_turns: int | None,
                     tools: ToolBox | None,
                     interaction: BaseInteraction | VerlInteraction | dict[str, Any] | None,
                     reward_fn: Callable[[dict[str, Any], list[dict[str, Any]]], float] | None,
                     progress: bool) -> ConversationSettings:
-        """rollout.chat's limits, rollout.context and the window's turns (prompt.history_turns,
-        the same keys as an env slot's window), plus what the run loaded from its files."""
-        if context == WINDOW and history_turns < 1:
+        """rollout.chat's limits and the window's turns (`Params.history_window`, as an env
+        slot's window), plus what the run loaded from its files."""
+        if history_turns is not None and history_turns < 1:
             raise SettingError("rollout.context window with prompt.history_turns 0 "
                                "would show no reply and no tool result: set it to 1 or more")
         return cls(max_assistant_turns=section.max_assistant_turns,
                    max_user_turns=section.max_user_turns, max_tokens=section.max_tokens,
                    max_tool_response_chars=section.max_tool_response_chars,
                    tool_timeout_s=section.tool_timeout_s,
-                   tokenization_check=section.tokenization_check, context=context,
-                   history_turns=history_turns, tools=tools, interaction=interaction,
+                   tokenization_check=section.tokenization_check, history_turns=history_turns,
+                   tools=tools, interaction=interaction,
                    reward_fn=reward_fn, progress=progress)
 
 
@@ -295,7 +291,7 @@ def start_episodes(deltas: ChatDeltas, tasks: list[dict[str, Any]], ids: list[st
     episodes = []
     for episode_id, task in zip(ids, tasks):
         ep = Conversation.begin(episode_id, task, deltas)
-        if s.context == WINDOW:
+        if s.history_turns is not None:
             ep.window = _next_window(ep, s, ep.messages, ep.frame_owner)
         episodes.append(ep)
     # each episode's interaction picked (a wrong name stops here, before any tool instance)

@@ -18,7 +18,7 @@ from longturn.errors import SettingError
 from longturn.rollout.functions import AGENT_ROLLOUT, BUILTIN, resolve_rollout_function
 from longturn.tasks.plugins import import_class
 from longturn.tasks.interactions import load_interactions
-from longturn.rollout.conversation_rollout import WINDOW, ConversationSettings
+from longturn.rollout.conversation_rollout import ConversationSettings
 from longturn.tasks.tools import ToolBox, load_tools
 from longturn.tasks.registry import load_task
 
@@ -80,7 +80,7 @@ class ConversationRun:
         s = params.rollout.chat
         tasks = {name: load_task(name) for name in (task_names or params.env.tasks)}
         settings = ConversationSettings.from_config(
-            s, context=params.rollout.context, history_turns=params.prompt.history_turns,
+            s, history_turns=params.history_window,
             tools=ToolBox(load_tools(s.tools)) if s.tools is not None else None,
             interaction=_interaction(params), reward_fn=None, progress=progress)
         run = cls(tasks, settings, _rollout_function(params))
@@ -107,7 +107,7 @@ class ConversationRun:
                                f"{len(records)} tasks: it must return one record per task")
         for i, (rec, task, episode_id) in enumerate(zip(out, records, episode_ids)):
             missing = [k for k in REQUIRED if k not in rec]
-            if self.settings.context == WINDOW and rec.get("segment_starts"):
+            if self.settings.history_turns is not None and rec.get("segment_starts"):
                 missing += [k for k in WINDOW_REQUIRED if k not in rec]
             if missing:
                 raise SettingError(f"rollout function: record {i} lacks {missing}")

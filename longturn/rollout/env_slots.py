@@ -50,8 +50,7 @@ class AgentSettings:
     @classmethod
     def from_params(cls, params: Params) -> "AgentSettings":
         p, e = params.prompt, params.env
-        whole = params.rollout.context == "episode"
-        return cls(history_turns=None if whole else p.history_turns,
+        return cls(history_turns=params.history_window,
                    history_content=p.history_content,
                    invalid_in_history=p.invalid_in_history,
                    max_prompt_tokens=p.max_prompt_tokens, demonstration=p.demonstration,
