@@ -13,10 +13,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # what algo/ may build on: the foundations, the engines' tensor layout and the image side of a
 # vision-language model (vision/: below engines, needing none of them), the profiler's marks
-# (profiling: torch alone), nothing that runs it
+# (profiling: torch alone), the estimator table (a value of the settings, not their schema: algo
+# is handed dataclasses, never Params), nothing that runs it
 ALGO_MAY_IMPORT = ("longturn.algo", "longturn.engines", "longturn.errors", "longturn.atomic",
                    "longturn.device", "longturn.distributed", "longturn.trajectories",
-                   "longturn.reply_format", "longturn.vision", "longturn.profiling")
+                   "longturn.reply_format", "longturn.vision", "longturn.profiling",
+                   "longturn.params.estimator")
 
 
 def _modules() -> dict[str, Path]:
