@@ -37,7 +37,7 @@ def iteration_rows(p: Params) -> list[Factor] | None:
     if p.collection is Collection.FIXED_TURNS:
         return [("rollout.n_envs", r.n_envs), ("rollout.turns_per_env", r.turns_per_env)]
     if r.protocol == "chat":
-        if r.context == "episode":
+        if p.history_window is None:  # the whole episode as context
             return [("rollout.n_envs", r.n_envs)]
         return [("rollout.n_envs", r.n_envs),
                 ("rollout.chat.max_assistant_turns", r.chat.max_assistant_turns)]

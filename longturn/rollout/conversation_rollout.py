@@ -99,8 +99,7 @@ class ConversationSettings:
                    max_tool_response_chars=section.max_tool_response_chars,
                    tool_timeout_s=section.tool_timeout_s,
                    tokenization_check=section.tokenization_check, history_turns=history_turns,
-                   tools=tools, interaction=interaction,
-                   reward_fn=reward_fn, progress=progress)
+                   tools=tools, interaction=interaction, reward_fn=reward_fn, progress=progress)
 
 
 def _tool_turn(ep: Conversation, results: list[ToolResult], limit: int

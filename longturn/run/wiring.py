@@ -1,6 +1,6 @@
-"""Params → the objects the stages run: trainer settings, GAE and group
-parameters, the collector the protocol and estimator need, the critic dir it reads, how a
-batch is scored, written and summarised, Parquet metadata, the resume fingerprint.
+"""Params → the objects the stages run: trainer settings, GAE and group parameters, the
+collector the protocol and estimator need, the critic dir it reads, how a batch is scored,
+written and summarised, Parquet metadata, the resume fingerprint.
 
 The only place a params section is mapped onto library objects, so the train loop, the critic
 warm-up and the benches build them the same way.
