@@ -97,3 +97,34 @@ def test_the_chat_protocol_collects_fixed_turn_batches_with_a_critic() -> None:
     assert type(collector) is FixedTurnBatches and type(collector.player) is ConversationPlayer
     assert (collector.player.n_slots, collector.turns_per_env) == (params.rollout.n_envs,
                                                                    params.rollout.turns_per_env)
+
+
+@pytest.mark.parametrize("protocol", ["action", "chat"])
+@pytest.mark.parametrize("context", ["window", "episode"])
+@pytest.mark.parametrize("advantage", list(ESTIMATORS))
+def test_every_protocol_context_and_estimator_make_one_collection(protocol, context, advantage):
+    """Any context works with any protocol and any estimator: params hold the three, decide the
+    collection once, and the collector plays it with the window the context names."""
+    params = _params(advantage, protocol)
+    params.rollout.context = context
+    expected = ESTIMATORS[advantage].collection(protocol == "action" or context == "window")
+    assert params.collection is expected
+    collector = make_collector(params, rank=0, run_id="t")
+    try:
+        kind = FixedTurnBatches if expected is Collection.FIXED_TURNS else EpisodeGroups
+        assert type(collector) is kind
+        if kind is EpisodeGroups:
+            assert collector.group_size == (params.algo.group_size
+                                            if expected is Collection.SEED_GROUPS else None)
+        player = collector.player
+        if protocol == "action":
+            assert type(player) is EnvPlayer
+            windows = {slot.settings.history_turns for slot in player.slots}
+        else:
+            assert type(player) is ConversationPlayer
+            windows = {player.run.settings.history_turns}
+        assert windows == {params.history_window}
+        assert params.history_window == (params.prompt.history_turns if context == "window"
+                                         else None)
+    finally:
+        close_collector(collector)
