@@ -6,15 +6,19 @@ Why: both modules need the GPU lock's sdist-only pins built into wheels first, a
 resolutions are pip subprocesses that keep a core busy for about a minute and a half in all. They
 start in the background as the session's first test starts (only when a selected test needs
 them), while the suite's single-threaded tests leave a core idle, and the fixture waits for
-them. One module after the other they took about 106 s of the suite on 2 cores.
+them. One module after the other they took about 106 s of the suite on 2 cores. They run at the
+lowest priority (nice 19), so they take the cores the tests leave idle and do not slow the test
+that runs beside them.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import subprocess
 import sys
+import threading
 import tomllib
 import urllib.request
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -98,7 +102,7 @@ def pytest_runtest_call(item: pytest.Item) -> None:
     if any(FIXTURE in getattr(other, "fixturenames", ()) for other in item.session.items):
         pool = ThreadPoolExecutor(1, thread_name_prefix="lock-resolutions")
         # what the tmp_path_factory fixture returns
-        _started["all"] = pool.submit(resolve_all, item.config._tmp_path_factory)
+        _started["all"] = pool.submit(_in_the_background, item.config._tmp_path_factory)
         pool.shutdown(wait=False)
 
 
@@ -111,6 +115,15 @@ def lock_resolutions(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Reso
     if resolved is None:
         pytest.skip("PyPI (https://pypi.org/simple) is unreachable: cannot resolve the locks")
     return resolved
+
+
+def _in_the_background(tmp_path_factory: pytest.TempPathFactory
+                       ) -> dict[str, Resolution] | None:
+    """resolve_all at nice 19. On Linux a thread has its own nice value, and the threads and pip
+    processes it starts inherit it, so the tests in the foreground keep theirs."""
+    if sys.platform.startswith("linux"):  # elsewhere the id could name another process
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    return resolve_all(tmp_path_factory)
 
 
 def resolve_all(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Resolution] | None:
