@@ -107,7 +107,14 @@ def test_every_protocol_context_and_estimator_make_one_collection(protocol, cont
     collection once, and the collector plays it with the window the context names."""
     params = _params(advantage, protocol)
     params.rollout.context = context
-    expected = ESTIMATORS[advantage].collection(protocol == "action" or context == "window")
+    # written out, not asked of the code: critic-free plays seed groups; a critic cuts the action
+    # protocol and a chat window into fixed-turn batches, and plays a whole-episode chat whole
+    if advantage != "gae":
+        expected = Collection.SEED_GROUPS
+    elif protocol == "action" or context == "window":
+        expected = Collection.FIXED_TURNS
+    else:
+        expected = Collection.WHOLE_EPISODES
     assert params.collection is expected
     collector = make_collector(params, rank=0, run_id="t")
     try:
