@@ -9,20 +9,19 @@ from longturn.report.build import build_report
 
 
 def body(args, params) -> None:
-    chat = params.rollout.protocol == "chat"  # read here, not via run.protocol: that loads torch
     title_info = {
         "model.source": params.model.source,
         "rollout.protocol": params.rollout.protocol,
         "rollout.context": params.rollout.context,
-        **({} if chat else {"env.name": params.env.name}),  # chat tasks need no env
+        # the env the action protocol plays (chat tasks name their own)
+        **({"env.name": params.env.name} if params.rollout.protocol == "action" else {}),
         "env.tasks": params.env.tasks,
         "eval.tasks": params.eval.tasks,
         "eval.episodes_per_task": params.eval.episodes_per_task,
         "algo.advantage": params.algo.advantage,
     }
     build_report(args.zero_shot, args.final, args.train_live, args.warmup_live, args.out,
-                 title_info, critic=params.algo.estimator.has_critic,
-                 chat=chat)
+                 title_info, critic=params.algo.estimator.has_critic)
 
 
 def main(argv=None) -> int:

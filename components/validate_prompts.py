@@ -16,7 +16,7 @@ from longturn.run.preflight import preflight
 from longturn.atomic import write_json, write_text
 from longturn.engines.registry import make_engine, sampling_from_params
 from longturn.run.models import check_model_dir, load_tokenizer
-from longturn.rollout.conversation_metrics import json_safe
+from longturn.rollout.sample_metrics import json_safe
 from longturn.run.protocol import protocol
 from longturn.run.validation import PASSED_MARKER, PASSED_TEXT, GateFailed
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 
-from longturn.rollout.conversation_metrics import conversation_metrics
+from longturn.rollout.sample_metrics import sample_metrics
 from longturn.rollout.samples import samples_from_episodes
-from longturn.run.conversation_evaluation import summary
+from longturn.run.conversation_evaluation import episode_row
+from longturn.run.evaluation import summarise
 from longturn.run.training import _trains
 
 
@@ -30,15 +31,18 @@ def record(termination: str | None, aborted: bool, calls: int) -> dict:
 
 
 def test_an_agent_error_before_any_call_is_an_aborted_ending_that_trains_nothing():
-    samples = samples_from_episodes([record("agent_error", True, 0), record("done", False, 2)])
+    records = [record("agent_error", True, 0), record("done", False, 2)]
+    samples = samples_from_episodes(records)
     failed = samples[0]
     assert [r["termination"] for r in failed["replies"]] == ["agent_error"]
     assert failed["replies"][0]["aborted"] and failed["loss_mask"] == [0]
     assert not _trains(failed) and _trains(samples[1])
-    m = conversation_metrics(samples)
+    m = sample_metrics(samples)
     assert m["termination/agent_error"] == 1 and m["termination/token_budget"] == 0
-    s = summary(samples)
+    assert m["episodes_ended"] == 2 and m["episodes_aborted"] == 1 and m["success_rate"] == 0.0
+    s = summarise([episode_row(r) for r in records], samples)  # as an evaluation sums it up
     assert s["aborted_episodes"] == 1 and s["completed_episodes"] == 1
+    assert s["termination/agent_error"] == 1 and s["mean_length"] == 2
 
 
 def test_an_aborted_reply_trains_nothing():
@@ -49,4 +53,4 @@ def test_an_aborted_reply_trains_nothing():
 def test_a_built_in_episode_with_no_room_for_a_reply_keeps_no_reply():
     [sample] = samples_from_episodes([record("token_budget", False, 0)])
     assert sample["replies"] == []
-    assert conversation_metrics([sample])["termination/token_budget"] == 1
+    assert sample_metrics([sample])["termination/token_budget"] == 1

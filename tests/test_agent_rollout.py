@@ -16,7 +16,7 @@ from longturn.engines.base import SamplingParams
 from longturn.errors import SettingError
 from longturn.params.config import ParamsError, parse_params
 from longturn.rollout.chat_deltas import ChatDeltas
-from longturn.rollout.conversation_metrics import conversation_metrics
+from longturn.rollout.sample_metrics import sample_metrics
 from longturn.rollout.conversation_setup import ConversationRun
 from longturn.rollout.samples import samples_from_episodes
 from longturn.run.conversation_validation import validate_conversation_tasks
@@ -110,7 +110,7 @@ def test_an_agents_replies_say_why_they_stopped_and_its_own_user_messages_are_us
     samples = samples_from_episodes(records)  # training's and evaluation's samples
     assert [s["replies"][0]["finish_reason"] for s in samples] == ["stop", "length"]
     assert samples[-1]["user_turns"] == 1
-    assert conversation_metrics(samples)["mean_user_turns"] == 1.0
+    assert sample_metrics(samples)["mean_user_turns"] == 1.0
 
 
 def test_validation_of_an_agent_counts_its_first_context_and_the_replies_it_made(tokenizer):

@@ -89,7 +89,7 @@ def test_conversation_training_writes_audited_episodes(tmp_path, tiny_model_dir,
         assert json.dumps(longer[:2], sort_keys=True) == json.dumps(history, sort_keys=True)
         assert len(list((tmp_path / "trajectories").glob("iteration=*"))) == 3
     for metrics in history:
-        assert metrics["episodes"] == 4 and "termination/done" in metrics
-        assert metrics["turns"] == pytest.approx(4 * metrics["mean_assistant_turns"])
+        assert metrics["episodes_ended"] == 4 and "termination/done" in metrics
+        assert metrics["turns"] == pytest.approx(4 * metrics["episode_length"])
         assert metrics["lr_actor"] > 0 and metrics["n_tokens"] > 0
     assert (tmp_path / "final/config.json").is_file()

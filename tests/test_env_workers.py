@@ -27,7 +27,7 @@ from longturn.envs.workers import WorkerEnv
 from longturn.errors import UserError
 from longturn.run.evaluation import env_plan, evaluate, write_outputs
 from longturn.rollout.samples import samples_from_turns
-from longturn.run.metrics import rollout_metrics
+from longturn.rollout.sample_metrics import sample_metrics as rollout_metrics
 from longturn.run.models import load_tokenizer
 from longturn.run.training import run_training
 from reply_rows import reply_rows

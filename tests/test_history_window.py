@@ -27,7 +27,7 @@ from longturn.params.config import Params, parse_params
 from longturn.rollout.chat_deltas import ChatDeltas
 from longturn.rollout.history_window import frame_owners, render_window, window_messages
 from longturn.rollout.samples import sample_from_episode, samples_from_episodes
-from longturn.rollout.conversation_metrics import conversation_metrics
+from longturn.rollout.sample_metrics import sample_metrics
 from longturn.rollout.conversation_rollout import ConversationSettings, conversation_rollout
 from longturn.tasks.arithmetic import TASK, make_problem, task_record
 from longturn.tasks.env_frames import BABYAI_GOTO_FRAMES
@@ -231,10 +231,11 @@ def test_an_episode_becomes_one_sample_per_reply_chained_by_slot_and_step(tokeni
         text = tokenizer.decode(last["bootstrap_prompt_ids"])
         assert f'"{EXPRESSIONS[4]}"' in text and f'"{EXPRESSIONS[2]}"' not in text
     write_samples(samples, tmp_path / "part.parquet")  # the replies tile the loss tokens
-    windowed = conversation_metrics(samples)
-    packed = conversation_metrics([sample_from_episode(r) for r in records])
-    for key in ("episodes", "successes", "mean_assistant_turns", "tool_calls_per_episode",
-                "termination/max_assistant_turns", "tokenization/identical"):
+    windowed = sample_metrics(samples)
+    packed = sample_metrics([sample_from_episode(r) for r in records])
+    for key in ("episodes_ended", "successes", "episode_length", "tool_calls_per_episode",
+                "valid_action_ratio", "termination/max_assistant_turns",
+                "tokenization/identical"):
         assert windowed[key] == packed[key], key
     assert windowed["mean_tokens"] > packed["mean_tokens"]  # windows re-read the task each reply
 

@@ -167,7 +167,9 @@ def test_report_table_numbers_and_reading(full_report: Path) -> None:
     assert "could not be computed" not in text
     assert "do not overlap" in text  # goto
     assert "ACTION KL rose faster than THINK KL" in text
-    assert "| goto | final | 18 | 0 | 2 | 0 | 0 | 20 of 20 episodes |" in text  # how they ended
+    # how they ended: a column for each reason that ended an episode (none failed or aborted)
+    assert "| task | evaluation | success | time limit | success rate over |" in text
+    assert "| goto | final | 18 | 2 | 20 of 20 episodes |" in text
     assert "lost" not in text.split("## How episodes ended")[1].split("##")[0]  # none aborted
     assert "- **model.source**: tiny" in text and "- **env.tasks**: goto, pickup" in text
     for png in PLOTS:
@@ -234,10 +236,11 @@ def test_training_without_timing_or_actions_says_so(tmp_path: Path) -> None:
     (out / "timing.png").write_bytes(PNG_MAGIC)  # stale plot from an earlier run
     text = build_report(tmp_path / "a", tmp_path / "b", live, tmp_path / "c", out, {}).read_text()
     assert "*No plot: none of seconds_rollout, seconds_scoring" in text
-    assert "*No plot: no action_mix/<action> keys were logged.*" in text
+    assert "## Action mix" not in text  # no reply was parsed into an action: no section
+    assert "## KL to the reference\n\n*kl_mean was not logged.*" in text
     assert "*No plot: no episode counts to pool" in text
     assert "- success rate: 0.000 → 0.500 over 3 iteration(s)" in text  # nothing to pool
-    assert "action_mix/<action>" in text.split("## Missing inputs")[1]
+    assert "action_mix" not in text.split("## Missing inputs")[1]  # a chat run logs none
     assert "](curves.png)" in text
     for png in ("timing.png", "actions.png", "success.png"):
         assert not (out / png).exists() and f"]({png})" not in text
@@ -391,13 +394,13 @@ def test_aborted_episodes_are_counted_apart_in_the_report(tmp_path: Path) -> Non
     text = build_report(tmp_path / "zero_shot", tmp_path / "final", live, tmp_path / "w",
                         tmp_path / "report", {}).read_text()
     assert "| goto | " + cell(2, 20) + " | " + cell(6, 18) + " |" in text
-    assert "| goto | final | 6 | 0 | 12 | 1 | 1 | 18 of 20 episodes |" in text
-    assert "| goto | zero-shot | 2 | 0 | 18 | 0 | 0 | 20 of 20 episodes |" in text
+    assert "| goto | final | 6 | 12 | 1 | 1 | 18 of 20 episodes |" in text
+    assert "| goto | zero-shot | 2 | 18 | 0 | 0 | 20 of 20 episodes |" in text
     assert ("The final evaluation lost 2 of 20 episodes to the env (1 env error, 1 timeout)"
             in text)
     assert "Paired on 18 seeds" in text  # the two aborted seeds are unpaired, not failures
-    assert ("- training: 7 episodes ended over 2 iteration(s): success 2, failure 0, time limit "
-            "3, env error 1, timeout 1. 2 (29%) were aborted by the env (at most 2 in one "
+    assert ("- training: 7 episodes ended over 2 iteration(s): success 2, time limit 3, env error "
+            "1, timeout 1. 2 (29%) were aborted by the env (at most 2 in one "
             "iteration, iteration 1)") in text
     blocks = pool_success_blocks(read_live_metrics(live))
     assert [(b.episodes, b.successes) for b in blocks] == [(5, 2)]  # aborted ones left out
@@ -418,18 +421,30 @@ def test_old_metrics_without_termination_counts_say_so(inputs: dict[str, Path],
     assert "*No termination counts in the inputs" in text
 
 
-def test_conversation_mode_names_the_eval_columns_for_what_they_hold(inputs: dict[str, Path],
-                                                                 full_report: Path,
-                                                                 tmp_path: Path) -> None:
-    """With the chat protocol an episode's length is its replies and its valid-action ratio the
-    share of its tool calls that ran: the table says so; the action protocol keeps its names."""
-    path = build_report(inputs["zero_shot"], inputs["final"], inputs["train"], inputs["warmup"],
-                        tmp_path / "report", {}, chat=True)
-    head = next(line for line in path.read_text().splitlines() if line.startswith("| task |"))
-    assert "| mean replies (zero-shot → final) | valid tool-call ratio (zero-shot → final) |" \
+def test_one_eval_table_for_every_protocol(full_report: Path) -> None:
+    """An episode's length is its replies, and a reply is valid when it parsed into an action or
+    its tool calls ran (run/evaluation.py): one pair of column names, whatever the protocol."""
+    head = next(line for line in full_report.read_text().splitlines()
+                if line.startswith("| task |"))
+    assert "| replies per episode (zero-shot → final) | valid replies (zero-shot → final) |" \
         in head
-    assert "mean length" not in head and "valid-action" not in head
-    turn_head = next(line for line in full_report.read_text().splitlines()
-                     if line.startswith("| task |"))
-    assert "| mean length (zero-shot → final) | valid-action ratio (zero-shot → final) |" \
-        in turn_head
+
+
+def test_a_chat_run_reads_as_replies_and_tool_calls_without_being_told(tmp_path: Path) -> None:
+    """The report is not told the protocol: a run whose replies were never parsed into actions
+    logged no action mix and no THINK / ACTION KL (NaN, left out), so it gets no such section,
+    and its replies section reads the tool-call metrics it did log."""
+    nan = float("nan")
+    live = write_live(tmp_path, "live", {
+        "train/episode_length": [3.0, 2.0], "train/tool_calls_per_episode": [2.0, 1.5],
+        "train/tool_call_validity": [0.5, 0.9], "train/tokenization/identical": [4.0, 4.0],
+        "train/kl_mean": [0.001, 0.004], "train/kl_think": [nan, nan],
+        "train/kl_action": [nan, nan]})  # no ACTION tag: no split (algo/ppo_steps.py)
+    text = build_report(tmp_path / "a", tmp_path / "b", live, tmp_path / "c",
+                        tmp_path / "report", {}).read_text()
+    assert "- replies per episode: 3.00 → 2.00 over 2 iteration(s)." in text
+    assert "- tool calls per episode: 2.00 → 1.50" in text and "- tool calls that ran: 0.50" in text
+    assert "- tokenization check over the run's episodes: identical 8" in text
+    assert "## Action mix" not in text and "THINK" not in text
+    assert "## KL to the reference\n\n- KL(π‖π_ref) per sampled token: 0.0010 → 0.0040" in text
+    assert not (tmp_path / "report" / "kl.png").exists()

@@ -183,10 +183,22 @@ def _actor_backward(models: ModelSet, engine: Any, trunk: Any, packed: Any, mb: 
     return total
 
 
+def _split_kl(kl: torch.Tensor, valid: torch.Tensor, think: torch.Tensor,
+              action: torch.Tensor) -> dict[str, float]:
+    """KL over THINK and over ACTION tokens; NaN for both when no reply has an ACTION tag (chat
+    replies, or a model that never wrote one): there is no split to compare, a 0 would read as no
+    drift, and NaN is left out of the logged curves."""
+    if not bool((valid & action).any()):
+        return {"kl_think": float("nan"), "kl_action": float("nan")}
+    return {"kl_think": float(masked_mean(kl, valid & think)),
+            "kl_action": float(masked_mean(kl, valid & action))}
+
+
 def batch_stats(batch: TurnBatch, tokenizer: Any) -> dict[str, float]:
-    """Statistics of the batch as scored (before the update): KL old‖ref by THINK / ACTION part,
-    explained variance of the stored values and the returns' variance that decides whether it is
-    meaningful (algo/value_fit.py), raw advantage / value / return means."""
+    """Statistics of the batch as scored (before the update): KL old‖ref (and by THINK / ACTION
+    part where replies have one), explained variance of the stored values and the returns'
+    variance that decides whether it is meaningful (algo/value_fit.py), raw advantage / value /
+    return means."""
     old, ref = pad_rows(batch.columns["old_logprobs"]), pad_rows(batch.columns["ref_logprobs"])
     valid = pad_rows([batch.loss_tokens(i) for i in range(len(batch))], old.shape[1], torch.bool)
     think, action = think_action_masks(batch.response_ids, tokenizer, width=old.shape[1])
@@ -194,8 +206,7 @@ def batch_stats(batch: TurnBatch, tokenizer: Any) -> dict[str, float]:
     returns = batch.flat("returns")
     out = {
         "kl_mean": float(masked_mean(kl, valid)),
-        "kl_think": float(masked_mean(kl, valid & think)),
-        "kl_action": float(masked_mean(kl, valid & action)),
+        **_split_kl(kl, valid, think, action),
         "advantage_mean": float(batch.flat("advantages").mean()),
         "return_mean": float(returns.mean()),
         "n_turns": float(len(batch)),

@@ -9,7 +9,7 @@ and counted apart, so a flaky env never reads as a weak policy.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 SUCCESS = "success"
@@ -41,12 +41,3 @@ def reason_of(record: Mapping[str, Any]) -> str | None:
     if record.get("truncated"):
         return TIME_LIMIT
     return None
-
-
-def count(reasons: Iterable[str | None]) -> dict[str, int]:
-    """`termination/<reason>` → how many, every reason present (zeros included), None skipped."""
-    counts = dict.fromkeys(REASONS, 0)
-    for reason in reasons:
-        if reason is not None:
-            counts[reason] = counts.get(reason, 0) + 1
-    return {PREFIX + reason: n for reason, n in counts.items()}

@@ -19,29 +19,29 @@ import pandas as pd
 
 from longturn.atomic import write_text
 from longturn.report.evaluation import (  # noqa: F401  (comparison_table is part of this module's API)
-    EVAL_LABELS, aborted_reading, comparison_table, endings_table, eval_reading, pair_evaluations,
+    aborted_reading, comparison_table, endings_table, eval_reading, pair_evaluations,
     table_markdown,
 )
 from longturn.report.plots import plot_kl, plot_learning_curves, plot_task_bars, plot_warmup
 from longturn.report.training import (  # noqa: F401  (kl_reading is part of this module's API)
-    ACTION_PREFIX, PHASE_KEYS, action_reading, kl_reading, pool_success_blocks, success_reading,
+    PHASE_KEYS, action_reading, kl_reading, pool_success_blocks, success_reading,
     termination_reading, timing_reading, training_reading, warmup_reading,
 )
-from longturn.report.conversation import (CONVERSATION_EVAL_LABELS, CONVERSATION_TRAIN_KEYS,
-                                      behaviour_reading, kl_mean_reading)
+from longturn.report.replies import kl_mean_reading, replies_reading
 from longturn.report.training_plots import plot_action_mix, plot_success_blocks, plot_timing
 
 log = logging.getLogger(__name__)
 
-# Keys every training run should log; a gap here is listed under "Missing inputs". Not listed:
-# peak_gpu_memory_gib (drawn when logged, but a CPU run has no GPU to measure) and the
-# `action_mix/<action>` keys, whose names depend on the env (checked by prefix).
+# Keys every training run logs; a gap here is listed under "Missing inputs". Not listed: what a
+# run may have nothing to count for (rollout/sample_metrics.py): the action mix and the THINK /
+# ACTION KL without parsed actions, tool calls without conversations, peak_gpu_memory_gib on CPU.
 CRITIC_KEYS = ("value_loss", "explained_variance", "lr_critic")  # logged only with a critic
 TRAIN_KEYS = [
     "episodes_ended", "episodes_aborted", "successes", "success_rate", "mean_reward",
-    "episode_length", "valid_action_ratio", "kl_think", "kl_action", "kl_mean", "policy_loss", "value_loss",
-    "explained_variance", "clip_fraction", "approx_kl", "entropy", "logprob_gap", "lr_actor",
-    "lr_critic", "epochs_run", "tokens_per_s", "turns_per_s", "seconds_per_iteration", *PHASE_KEYS,
+    "episode_length", "valid_action_ratio", "mean_tokens", "model_token_fraction", "kl_mean",
+    "policy_loss", "value_loss", "explained_variance", "clip_fraction", "approx_kl", "entropy",
+    "logprob_gap", "lr_actor", "lr_critic", "epochs_run", "tokens_per_s", "turns_per_s",
+    "seconds_per_iteration", *PHASE_KEYS,
 ]
 
 
@@ -129,8 +129,7 @@ def _settings(title_info: dict[str, Any]) -> list[str]:
 
 
 def _missing(zs: dict, fin: dict, train: pd.DataFrame, warm: pd.DataFrame,
-             dirs: dict[str, Path], why_unpaired: str | None, critic: bool,
-             chat: bool) -> list[str]:
+             dirs: dict[str, Path], why_unpaired: str | None, critic: bool) -> list[str]:
     """Human-readable list of every input (or training key) the report could not find."""
     out = []
     if not zs:
@@ -142,12 +141,9 @@ def _missing(zs: dict, fin: dict, train: pd.DataFrame, warm: pd.DataFrame,
     if train.empty:
         out.append(f"training metrics (no DVCLive metrics in `{dirs['train']}`)")
     else:
-        expected = CONVERSATION_TRAIN_KEYS if chat else TRAIN_KEYS
         logged = set(train.columns) | ({"explained_variance"} if "return_variance" in train.columns
                                        else set())  # logged, but never meaningful: not missing
-        gone = [k for k in expected if k not in logged and (critic or k not in CRITIC_KEYS)]
-        if not chat and not any(str(c).startswith(ACTION_PREFIX) for c in train.columns):
-            gone.append(f"{ACTION_PREFIX}<action>")
+        gone = [k for k in TRAIN_KEYS if k not in logged and (critic or k not in CRITIC_KEYS)]
         out += [f"training metric(s) not logged: {', '.join(gone)}"] if gone else []
     if warm.empty and critic:
         out.append(f"critic warm-up metrics (no DVCLive metrics in `{dirs['warmup']}`)")
@@ -155,14 +151,14 @@ def _missing(zs: dict, fin: dict, train: pd.DataFrame, warm: pd.DataFrame,
 
 
 def _draw(out: Path, table: list, blocks: list, train: pd.DataFrame,
-          warm: pd.DataFrame, chat: bool = False) -> dict[str, bool]:
+          warm: pd.DataFrame) -> dict[str, bool]:
     """Every plot, by file name -> drawn; a plot not drawn this time loses its stale file."""
     drawn = {"tasks.png": plot_task_bars(table, out / "tasks.png"),
              "success.png": plot_success_blocks(blocks, out / "success.png"),
              "curves.png": plot_learning_curves(train, out / "curves.png"),
              "timing.png": plot_timing(train, out / "timing.png"),
-             "actions.png": not chat and plot_action_mix(train, out / "actions.png"),
-             "kl.png": not chat and plot_kl(train, out / "kl.png"),
+             "actions.png": plot_action_mix(train, out / "actions.png"),
+             "kl.png": plot_kl(train, out / "kl.png"),
              "warmup.png": plot_warmup(warm, out / "warmup.png")}
     for name, ok in drawn.items():
         if not ok:
@@ -185,8 +181,10 @@ def _endings_section(zs: dict, fin: dict, train: pd.DataFrame) -> list[str]:
     return ["## How episodes ended", ""] + body + ["", note, ""]
 
 
-def _training_sections(drawn: dict[str, bool], train: pd.DataFrame, blocks: list,
-                       chat: bool) -> list[str]:
+def _training_sections(drawn: dict[str, bool], train: pd.DataFrame, blocks: list) -> list[str]:
+    """Success, curves and time; then how the policy replied, its actions when replies were
+    parsed into actions, and its KL to the reference (by THINK / ACTION part where replies have
+    one)."""
     phases = ", ".join(PHASE_KEYS)
     lines = (
         _section("Training success (pooled)", drawn["success.png"], "success.png",
@@ -197,27 +195,24 @@ def _training_sections(drawn: dict[str, bool], train: pd.DataFrame, blocks: list
         + _section("Where the time goes", drawn["timing.png"], "timing.png",
                    "seconds per phase per iteration", timing_reading(train),
                    f"none of {phases} was logged"))
-    if chat:  # no actions and no THINK / ACTION split: replies, tool calls, KL per token
-        body = behaviour_reading(train) or ["*No reply or tool-call metrics were logged.*"]
-        kl = kl_mean_reading(train) or ["*kl_mean was not logged.*"]
-        return (lines + ["## Replies and tool calls", "", *body, ""]
-                + ["## KL to the reference", "", *kl, ""])
-    return (lines
-            + _section("Action mix", drawn["actions.png"], "actions.png",
-                       "action mix per iteration", action_reading(train),
-                       f"no {ACTION_PREFIX}<action> keys were logged")
-            + _section("KL to the reference: THINK vs ACTION", drawn["kl.png"], "kl.png",
-                       "KL think vs action", kl_reading(train) if drawn["kl.png"] else [],
-                       "kl_think / kl_action were not logged"))
+    body = replies_reading(train) or ["*No reply metrics were logged.*"]
+    lines += ["## Replies", "", *body, ""]
+    if drawn["actions.png"]:
+        lines += _section("Action mix", True, "actions.png", "action mix per iteration",
+                          action_reading(train), "")
+    kl = kl_mean_reading(train) or ["*kl_mean was not logged.*"]
+    if drawn["kl.png"]:
+        return lines + _section("KL to the reference: THINK vs ACTION", True, "kl.png",
+                                "KL think vs action",
+                                kl + [f"- {line}" for line in kl_reading(train)], "")
+    return lines + ["## KL to the reference", "", *kl, ""]
 
 
 def build_report(zero_shot_dir: str | Path, final_dir: str | Path, train_live_dir: str | Path,
                  warmup_live_dir: str | Path, out_dir: str | Path,
-                 title_info: dict[str, Any], critic: bool = True, chat: bool = False) -> Path:
+                 title_info: dict[str, Any], critic: bool = True) -> Path:
     """Write out_dir/report.md and its PNGs; a plot without data is skipped, and said so.
-    `critic=False` (a critic-free estimator): no warm-up and no value metrics are expected.
-    `chat` (`rollout.protocol: chat`): replies and tool calls in place of the action mix and the
-    THINK / ACTION KL split (report/conversation.py)."""
+    `critic=False` (a critic-free estimator): no warm-up and no value metrics are expected."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     zs, fin = read_eval_metrics(zero_shot_dir), read_eval_metrics(final_dir)
@@ -225,18 +220,17 @@ def build_report(zero_shot_dir: str | Path, final_dir: str | Path, train_live_di
     train, warm = read_live_metrics(train_live_dir), read_live_metrics(warmup_live_dir)
     table = comparison_table(zs, fin)
     blocks = pool_success_blocks(train)
-    drawn = _draw(out, table, blocks, train, warm, chat)
+    drawn = _draw(out, table, blocks, train, warm)
     dirs = {"zero_shot": Path(zero_shot_dir), "final": Path(final_dir),
             "train": Path(train_live_dir), "warmup": Path(warmup_live_dir)}
-    missing = _missing(zs, fin, train, warm, dirs, why_unpaired, critic, chat)
+    missing = _missing(zs, fin, train, warm, dirs, why_unpaired, critic)
     lines = ["# longturn run report", ""] + _settings(title_info) + [""]
-    labels = CONVERSATION_EVAL_LABELS if chat else EVAL_LABELS
-    evals = (table_markdown(table, paired, labels) + [""] if table else []) + eval_reading(
+    evals = (table_markdown(table, paired) + [""] if table else []) + eval_reading(
         table, paired, why_unpaired)
     lines += _section("Zero-shot vs final evaluation", drawn["tasks.png"], "tasks.png",
                       "success per task, zero-shot vs final", evals, "no evaluation metrics")
     lines += _endings_section(zs, fin, train)
-    lines += _training_sections(drawn, train, blocks, chat)
+    lines += _training_sections(drawn, train, blocks)
     if critic:
         warm_body = warmup_reading(warm) if drawn["warmup.png"] else []
         lines += _section("Critic warm-up", drawn["warmup.png"], "warmup.png", "critic warm-up",

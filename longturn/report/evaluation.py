@@ -17,10 +17,9 @@ from longturn.envs.termination import PREFIX
 from longturn.stats import PairedOutcome, paired_outcomes, wilson_interval
 
 SIDES = ("zero_shot", "final")
-# the table's two per-episode columns (mean_length, valid_action_ratio) as the action protocol
-# measures them; the chat protocol names them for what they hold there
-# (report/conversation.py CONVERSATION_EVAL_LABELS)
-EVAL_LABELS = ("mean length", "valid-action ratio")
+# the table's two per-episode columns, mean_length and valid_action_ratio: a reply is valid when
+# it parsed into one of the env's actions, or when all its tool calls ran
+EVAL_LABELS = ("replies per episode", "valid replies")
 EPISODE_COLUMNS = ("task", "episode_seed", "success")
 # why episodes end: env episodes (envs/termination.py), then conversations (rollout/conversation.py)
 REASON_LABELS = {"success": "success", "failure": "failure", "time_limit": "time limit",
@@ -147,14 +146,12 @@ def _paired_cell(o: PairedOutcome | None) -> str:
 
 
 def table_markdown(table: list[dict[str, Any]],
-                   paired: dict[str, PairedOutcome] | None = None,
-                   labels: tuple[str, str] = EVAL_LABELS) -> list[str]:
-    """The per-task markdown table; the overall row is bold. `labels` name the mean_length and
-    valid_action_ratio columns."""
+                   paired: dict[str, PairedOutcome] | None = None) -> list[str]:
+    """The per-task markdown table; the overall row is bold."""
     paired = paired or {}
     head = ["task", "zero-shot success [95% CI]", "final success [95% CI]", "Δ",
-            "paired lost / gained (exact McNemar p)", f"{labels[0]} (zero-shot → final)",
-            f"{labels[1]} (zero-shot → final)"]
+            "paired lost / gained (exact McNemar p)", f"{EVAL_LABELS[0]} (zero-shot → final)",
+            f"{EVAL_LABELS[1]} (zero-shot → final)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in table:
         task = f"**{r['task']}**" if r["task"] == "overall" else r["task"]
@@ -208,7 +205,8 @@ def endings_table(zero_shot: dict[str, Any], final: dict[str, Any]) -> list[str]
         parts = list((metrics.get("tasks") or {}).items())
         parts += [("**overall**", metrics["overall"])] if metrics.get("overall") else []
         rows += [(task, name, m) for task, m in parts]
-    reasons = [r for r in REASON_LABELS if any(PREFIX + r in m for _, _, m in rows)]
+    # every reason is counted, zeros included: a column for those that ended an episode
+    reasons = [r for r in REASON_LABELS if any(m.get(PREFIX + r) for _, _, m in rows)]
     if not reasons:
         return []
     head = ["task", "evaluation", *(REASON_LABELS[r] for r in reasons), "success rate over"]

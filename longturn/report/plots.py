@@ -176,7 +176,7 @@ def _task_label(row: dict[str, Any]) -> str:
 def plot_kl(df: pd.DataFrame, path: str | Path) -> bool:
     """KL on THINK vs ACTION tokens: action hacking shows as action KL rising faster."""
     keys = present_keys(df, ["kl_think", "kl_action", "kl_mean"])
-    if not ({"kl_think", "kl_action"} & set(keys)):
+    if "kl_action" not in keys:  # no reply had an ACTION tag: no split to draw
         return False
     styles = {"kl_think": ("THINK tokens", "#2ca02c", "-"),
               "kl_action": ("ACTION tokens", "#d62728", "-"),

@@ -202,8 +202,8 @@ def termination_reading(df: pd.DataFrame) -> list[str]:
     if not totals:
         return []
     ended = sum(totals.values())
-    parts = ", ".join(f"{TERMINATION_LABELS[r]} {n}" for r, n in totals.items())
-    aborted = totals.get("env_error", 0) + totals.get("timeout", 0)
+    parts = ", ".join(f"{TERMINATION_LABELS[r]} {n}" for r, n in totals.items() if n) or "none"
+    aborted = sum(totals.get(r, 0) for r in ("env_error", "timeout", "agent_error"))
     iterations = len(set().union(*(numeric(df, TERMINATION_PREFIX + r).index for r in totals)))
     line = f"- training: {ended} episodes ended over {iterations} iteration(s): {parts}."
     if aborted:

@@ -12,38 +12,16 @@ a reply or when `valid_reply_ratio` is below the gate.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
 from longturn.params.config import Params
 from longturn.engines.base import Engine, SamplingParams
 from longturn.rollout.samples import sample_from_episode
-from longturn.rollout.conversation_metrics import ending, conversation_metrics
+from longturn.rollout.sample_metrics import ending, generated_reply_validity, sample_metrics
 from longturn.rollout.conversation_setup import ConversationRun
 from longturn.run.validation import TaskValidation
 from longturn.vision.encoder import IMAGE_PLACEHOLDER
-
-
-def reply_validity(messages: list[dict[str, Any]]) -> list[bool]:
-    """Per assistant message: False when a tool message answering it starts with `Error:`."""
-    out: list[bool] = []
-    for message in messages:
-        if message["role"] == "assistant":
-            out.append(True)
-        elif message["role"] == "tool" and out and str(message["content"]).startswith("Error:"):
-            out[-1] = False
-    return out
-
-
-def generated_reply_validity(sample: dict[str, Any]) -> list[bool]:
-    """reply_validity of the replies the model generated in an episode: the last
-    `assistant_turns` assistant messages (the task's first messages may hold a worked example's
-    replies, which are not the model's). A reply its messages do not show on its own (a slime
-    function's replies are one message) had no failed tool result: valid."""
-    made = int(sample["assistant_turns"] or 0)
-    validity = reply_validity(json.loads(sample["messages"]))
-    return validity[max(0, len(validity) - made):] + [True] * (made - len(validity))
 
 
 def task_metrics(samples: list[dict[str, Any]], budget: int) -> dict[str, Any]:
@@ -51,7 +29,7 @@ def task_metrics(samples: list[dict[str, Any]], budget: int) -> dict[str, Any]:
     # what the model saw before its first reply (an episode with no reply: all of it)
     prompts = [len(s["prompt_ids"]) + (0 if s["replies"] else len(s["response_ids"]))
                for s in samples]
-    m = conversation_metrics(samples)
+    m: dict[str, Any] = sample_metrics(samples)
     m.update(samples=len(samples), prompt_tokens_max=max(prompts),
              prompt_tokens_mean=sum(prompts) / len(prompts), max_tokens=budget,
              prompt_fits_budget=max(prompts) < budget,
@@ -96,7 +74,7 @@ def conversation_gate_failures(results: list[TaskValidation], min_ratio: float) 
 _COLUMNS = [("episodes", "samples", "{}"), ("valid replies", "valid_reply_ratio", "{:.2f}"),
             ("tool calls / ep", "tool_calls_per_episode", "{:.2f}"),
             ("tool-call validity", "tool_call_validity", "{:.2f}"),
-            ("replies / ep", "mean_assistant_turns", "{:.2f}"),
+            ("replies / ep", "episode_length", "{:.2f}"),
             ("success", "success_rate", "{:.2f}"), ("first context tok (max)",
                                                     "prompt_tokens_max", "{}"),
             ("budget", "max_tokens", "{}")]

@@ -9,8 +9,9 @@ only the episodes missing from it, and the outputs are assembled from it, so the
 files an uninterrupted run writes: episodes in job order (task, then seed), samples in the order
 they were played.
 
-One driver (`evaluate`) serves both ways of reading replies; a protocol brings an `EvalPlan`: how
-its episodes are played, ordered, summarised and logged. The action protocol's plan is here
+One driver (`evaluate`) serves both ways of reading replies, and summarises both the same way
+(episode rows, then what their samples say); a protocol brings an `EvalPlan`: how its episodes
+are played and ordered. The action protocol's plan is here
 (`env_plan`), the chat protocol's in conversation_evaluation.py.
 """
 
@@ -31,11 +32,13 @@ from longturn.params.config import Params
 from longturn.engines.base import Engine, SamplingParams
 from longturn.run.eval_journal import EvalJournal
 from longturn.run.eval_key import evaluation_key
-from longturn.envs.termination import count, reason_of
+from longturn.envs.termination import reason_of
 from longturn.rollout.env_episodes import EpisodeJob, play_episodes
 from longturn.rollout.env_slots import AgentSettings, env_factory_from_params
 from longturn.engines.registry import sampling_from_params
 from longturn.stats import standard_error, wilson_interval
+from longturn.rollout.sample_metrics import (TOKENIZATION_KEYS, count_endings, json_safe,
+                                             sample_metrics)
 from longturn.rollout.samples import samples_from_turns
 from longturn.trajectories import (SAMPLE_SCHEMA, SCHEMA_VERSION, file_metadata, write_arrow,
                                    write_episodes, write_samples)
@@ -51,9 +54,17 @@ def eval_jobs(tasks: list[str], episodes_per_task: int, base_seed: int) -> list[
     ]
 
 
-def summarise(episodes: list[dict[str, Any]]) -> dict[str, Any]:
-    """Success rate ± SE and Wilson 95% interval, mean return and length, valid-action ratio, and
-    how many episodes ended for each termination reason.
+# what the samples add to the episode rows' summary: how replies were made and what they cost
+SAMPLE_KEYS = ("response_tokens", "finish_length_ratio", "tool_calls_per_episode",
+               "tool_call_validity", "mean_user_turns", "mean_tokens", "model_token_fraction",
+               "images_per_episode", *TOKENIZATION_KEYS)
+
+
+def summarise(episodes: list[dict[str, Any]],
+              samples: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Success rate ± SE and Wilson 95% interval, mean return and length (replies), valid-action
+    ratio, how many episodes ended for each termination reason and, from the episodes' samples,
+    SAMPLE_KEYS (rollout/sample_metrics.py; null where nothing was counted).
 
     Aborted episodes (the env raised or hung) are counted apart, not as failures: the success rate,
     its interval and the means are over `completed_episodes` (named in `success_denominator`)."""
@@ -63,7 +74,7 @@ def summarise(episodes: list[dict[str, Any]]) -> dict[str, Any]:
     wins = sum(bool(e["success"]) for e in done)
     turns = sum(e["length"] for e in done)
     low, high = wilson_interval(wins, m)
-    return {
+    out = {
         "episodes": n,
         "aborted_episodes": n - m,
         "completed_episodes": m,
@@ -77,16 +88,38 @@ def summarise(episodes: list[dict[str, Any]]) -> dict[str, Any]:
         "mean_env_return": sum(e["env_return"] for e in done) / m if m else 0.0,
         "mean_length": turns / m if m else 0.0,
         "valid_action_ratio": sum(e["valid_actions"] for e in done) / turns if turns else 0.0,
-        **count(reason_of(e) for e in episodes),
+        **count_endings(reason_of(e) for e in episodes),
     }
+    if samples is not None:
+        replies = sample_metrics(samples)
+        out.update(json_safe({k: replies[k] for k in SAMPLE_KEYS if k in replies}))
+    return out
 
 
-def metrics_by_task(episodes: list[dict[str, Any]], tasks: list[str]) -> dict[str, Any]:
+def metrics_by_task(episodes: list[dict[str, Any]], tasks: list[str],
+                    samples: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """{"overall": {...}, "tasks": {task: {...}}} — the metrics.json layout."""
+    def of(task: str) -> list[dict[str, Any]] | None:
+        return None if samples is None else [s for s in samples if s["task"] == task]
+
     return {
-        "overall": summarise(episodes),
-        "tasks": {t: summarise([e for e in episodes if e["task"] == t]) for t in tasks},
+        "overall": summarise(episodes, samples),
+        "tasks": {t: summarise([e for e in episodes if e["task"] == t], of(t)) for t in tasks},
     }
+
+
+def describe(metrics: dict[str, Any], samples: int) -> str:
+    """An evaluation's log line: success, how many episodes completed, replies per episode and,
+    when a conversation made any, tool calls and how many of them ran."""
+    o = metrics["overall"]
+    line = (f"success {o['success_rate']:.3f} ({o['completed_episodes']} of {o['episodes']} "
+            f"episodes completed, {o['aborted_episodes']} aborted; {samples} samples), "
+            f"{o['mean_length']:.1f} replies per episode")
+    if o.get("tool_calls_per_episode") is not None:
+        validity = o.get("tool_call_validity")
+        line += (f", {o['tool_calls_per_episode']:.1f} tool calls per episode "
+                 f"({'n/a' if validity is None else f'{validity:.2f}'} ran)")
+    return line
 
 
 @dataclass(frozen=True)
@@ -95,14 +128,12 @@ class EvalPlan:
 
     `play(jobs, journal)` plays the jobs the journal lacks and adds each finished episode (its
     episode row and samples) to it; `order` puts the samples in the order an uninterrupted run
-    writes them; `metrics(episodes, samples, tasks)` is metrics.json; `describe` its log line."""
+    writes them."""
 
     meta: dict[str, Any]
     flush_every: int
     play: Callable[[list[EpisodeJob], EvalJournal], None]
     order: Callable[[pa.Table, list[EpisodeJob]], pa.Table]
-    metrics: Callable[[list[dict[str, Any]], pa.Table, list[str]], dict[str, Any]]
-    describe: Callable[[dict[str, Any], pa.Table], str]
 
 
 PlanFactory = Callable[[Engine, Any, Params, SamplingParams, dict[str, Any], bool], EvalPlan]
@@ -131,10 +162,10 @@ def evaluate(plan_for: PlanFactory, engine: Engine, tokenizer: Any, params: Para
         journal.flush()
     episodes = journal.episodes([job.episode_id for job in jobs])
     samples = plan.order(journal.turns(), jobs)
-    metrics = plan.metrics(episodes, samples, tasks)
+    metrics = metrics_by_task(episodes, tasks, samples.to_pylist())
     write_outputs(out, metrics, episodes, samples, meta)
     journal.remove()
-    log.info("eval %s: %s", policy_version, plan.describe(metrics, samples))
+    log.info("eval %s: %s", policy_version, describe(metrics, samples.num_rows))
     return metrics
 
 
@@ -150,16 +181,9 @@ def env_plan(engine: Engine, tokenizer: Any, params: Params, sampling: SamplingP
                                                                     samples_from_turns(turns)),
                       finished={i: ep["length"] for i, ep in journal.finished.items()})
 
-    def describe(metrics: dict[str, Any], samples: pa.Table) -> str:
-        o = metrics["overall"]
-        return (f"success {o['success_rate']:.3f} ({o['completed_episodes']} of {o['episodes']} "
-                f"episodes completed, {o['aborted_episodes']} aborted; {samples.num_rows} turns)")
-
     return EvalPlan(meta={"env": params.env.model_dump(), "prompt": params.prompt.model_dump()},
                     flush_every=math.ceil(params.eval.parallel_envs / 8), play=play,
-                    order=lambda samples, jobs: in_lock_step_order(samples),
-                    metrics=lambda episodes, samples, tasks: metrics_by_task(episodes, tasks),
-                    describe=describe)
+                    order=lambda samples, jobs: in_lock_step_order(samples))
 
 
 def in_lock_step_order(samples: pa.Table) -> pa.Table:

@@ -1,5 +1,6 @@
-"""Per-iteration metrics: what the rollout did, where the time went, and a DVCLive log that
-survives restarts."""
+"""Per-iteration metrics beside what the samples say (rollout/sample_metrics.py): the engine's
+logprob gap, where the time went, the iteration's log line, and a DVCLive log that survives
+restarts."""
 
 from __future__ import annotations
 
@@ -12,72 +13,9 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from longturn.envs.termination import ABORTED, PREFIX, REASONS, count, reason_of
-
-TERMINATION_KEYS = tuple(PREFIX + r for r in REASONS)  # the same keys on every rank
-_SUMMED = ("turns", "episodes_ended", "episodes_aborted", "successes",
-           *TERMINATION_KEYS)  # totals; every other metric is a ratio
-ACTION_MIX_PREFIX = "action_mix/"
-
 
 def _replies(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [reply for sample in samples for reply in sample["replies"] or ()]
-
-
-def rollout_totals(samples: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:
-    """(numerator, denominator) of each rollout metric over the samples' replies (a turn each),
-    so ranks can be summed before dividing.
-
-    Every ended episode is counted under its termination reason (`termination/<reason>`), aborted
-    ones included (also those whose reset failed: `aborted_resets` on a sample, in memory only);
-    success rate and episode length are over the episodes that were not aborted."""
-    replies = _replies(samples)
-    ended = [r for r in replies if r["terminated"] or r["truncated"] or r["aborted"]]
-    completed = [r for r in ended if not r["aborted"]]
-    reasons = ([reason_of(r) for r in ended]
-               + [a for s in samples for a in s.get("aborted_resets") or ()])
-    counted = count(reasons)
-    terminations = {key: counted[key] for key in TERMINATION_KEYS}
-    aborted = sum(terminations[PREFIX + r] for r in ABORTED)
-    n = float(len(replies))
-    wins = float(sum(bool(r["success"]) for r in completed))
-    return {
-        "turns": (n, 1.0),
-        "episodes_ended": (float(len(reasons)), 1.0),
-        "episodes_aborted": (float(aborted), 1.0),
-        **{key: (float(value), 1.0) for key, value in terminations.items()},
-        "success_rate": (wins, float(len(completed))),
-        "successes": (wins, 1.0),
-        "episode_length": (float(sum(r["turn"] + 1 for r in completed)), float(len(completed))),
-        "mean_reward": (float(sum(r["reward"] for r in replies)), n),
-        "mean_env_reward": (float(sum(r["env_reward"] for r in replies)), n),
-        "valid_action_ratio": (float(sum(bool(r["action_valid"]) for r in replies)), n),
-        "response_tokens": (float(sum(r["end"] - r["start"] for r in replies)), n),
-        "finish_length_ratio": (float(sum(r["finish_reason"] == "length" for r in replies)), n),
-    }
-
-
-def rollout_metrics(samples: list[dict[str, Any]],
-                    sum_over_ranks: Callable[[np.ndarray], np.ndarray] | None = None
-                    ) -> dict[str, float]:
-    """Success among episodes that ended in this batch (aborted ones apart), reward per turn,
-    lengths, validity, episodes ended per termination reason; over every rank's samples when
-    ``sum_over_ranks`` (an all-reduce of an array) is given.
-    A ratio with nothing to count is NaN (left out of the curves)."""
-    totals = rollout_totals(samples)
-    keys = sorted(totals)
-    values = np.array([totals[k] for k in keys], dtype=np.float64)
-    if sum_over_ranks is not None:
-        values = sum_over_ranks(values)
-    out: dict[str, float] = {}
-    for key, (numerator, denominator) in zip(keys, values):
-        if key in _SUMMED:
-            out[key] = float(numerator)
-        elif denominator > 0:
-            out[key] = float(numerator / denominator)
-        else:
-            out[key] = float("nan")
-    return out
 
 
 def logprob_gap(samples: list[dict[str, Any]],
@@ -95,23 +33,26 @@ def logprob_gap(samples: list[dict[str, Any]],
     return {"logprob_gap": float(total[0] / total[1])} if total[1] > 0 else {}
 
 
-def action_mix(samples: list[dict[str, Any]], actions: list[str],
-               sum_over_ranks: Callable[[np.ndarray], np.ndarray] | None = None
-               ) -> dict[str, float]:
-    """Fraction of replies (turns) that executed each action (every rank's when `sum_over_ranks`
-    is given): a policy collapsing onto one action shows here first. Keys are
-    `action_mix/<action>` with spaces as underscores; actions outside `actions` (a plug-in env's
-    free text) are counted under `action_mix/other`."""
-    names = list(dict.fromkeys(actions)) + ["other"]
-    counts = np.zeros(len(names), dtype=np.float64)
-    index = {name: i for i, name in enumerate(names)}
-    for reply in _replies(samples):
-        counts[index.get(reply["action"], len(names) - 1)] += 1
-    if sum_over_ranks is not None:
-        counts = sum_over_ranks(counts)
-    total = counts.sum()
-    return {ACTION_MIX_PREFIX + name.replace(" ", "_"): float(c / total) if total else 0.0
-            for name, c in zip(names, counts) if name != "other" or c > 0}
+def _shown(m: dict[str, float], key: str) -> bool:
+    return key in m and m[key] == m[key]  # logged, and not NaN (nothing to count)
+
+
+def describe_iteration(iteration: int, m: dict[str, float]) -> str:
+    """An iteration's metrics (rollout/sample_metrics.py and the update's) as one log line. What
+    was not measured is left out: the valid-action ratio when no reply is parsed into an action,
+    tool calls when no sample holds a conversation, the value loss when no critic trained (a
+    made-up 0 would read as a critic that learned nothing)."""
+    parts = [f"iteration {iteration}: success {m.get('success_rate', float('nan')):.3f} "
+             f"reward {m.get('mean_reward', float('nan')):.3f}"]
+    for key, label, fmt in (("valid_action_ratio", "valid", "{:.2f}"),
+                            ("episode_length", "replies/episode", "{:.2f}"),
+                            ("tool_calls_per_episode", "tool calls/episode", "{:.2f}"),
+                            ("value_loss", "value_loss", "{:.4f}"),
+                            ("kl_mean", "kl", "{:.5f}")):
+        if _shown(m, key):
+            parts.append(f"{label} {fmt.format(m[key])}")
+    return (" ".join(parts) + f" ({m['seconds_per_iteration']:.0f} s, "
+            f"{m['turns_per_s']:.2f} turns/s)")
 
 
 class PhaseClock:

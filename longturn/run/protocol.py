@@ -1,5 +1,5 @@
 """How replies are read (`rollout.protocol`): the one place that setting picks the code which plays,
-collects, summarises, evaluates and validates episodes.
+collects, evaluates and validates episodes.
 
 - `action`: THINK/ACTION replies parsed into an action of `env.name`, played by env slots
   (rollout/env_slots.py) and collected as the estimator says: fixed-turn batches whose episodes
@@ -14,7 +14,8 @@ collects, summarises, evaluates and validates episodes.
 
 What a reply is given (`rollout.context`: window or episode) is the other setting, read by each
 rollout's settings (`AgentSettings`, `ConversationSettings`); both protocols write the one sample
-schema (docs/design.md §4), so scoring, the update, the report and the audit never ask.
+schema (docs/design.md §4), so scoring, the metrics (rollout/sample_metrics.py), the update, the
+report and the audit never ask.
 """
 
 from __future__ import annotations
@@ -23,13 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from longturn.distributed import sum_over_ranks
 from longturn.engines.base import Engine
 from longturn.engines.registry import make_engine
 from longturn.params.config import Params
 from longturn.params.estimator import Collection
 from longturn.rollout.collection import EpisodeGroups, FixedTurnBatches
-from longturn.rollout.conversation_metrics import conversation_metrics
 from longturn.rollout.conversation_player import conversation_episodes, conversation_fixed_turns
 from longturn.rollout.conversation_setup import ConversationRun
 from longturn.rollout.env_player import env_fixed_turns, env_groups
@@ -39,7 +38,6 @@ from longturn.run import conversation_validation, validation
 from longturn.run.conversation_evaluation import conversation_plan
 from longturn.run.evaluation import PlanFactory, env_plan
 from longturn.run.evaluation import evaluate as evaluate_with
-from longturn.run.metrics import action_mix, rollout_metrics
 from longturn.run.models import load_tokenizer
 from longturn.run.names import check_conversation_plugins, check_env_tasks
 from longturn.run.validation_report import render_report
@@ -72,8 +70,6 @@ class Protocol:
     name: str
     collector: Callable[[Params, int, str], Collector]
     to_samples: Callable[[Rows], Rows]  # what a collector played, as training samples
-    batch_metrics: Callable[[Rows, Collector], dict[str, float]]  # of the samples
-    describe: Callable[[int, dict[str, float]], str]  # an iteration's metrics, one log line
     eval_plan: PlanFactory  # how an evaluation plays, orders, summarises and logs
     check_names: Callable[[Params], None]  # the names params gives resolve (preflight)
     validation: Validation
@@ -103,42 +99,6 @@ def _conversation_collector(params: Params, rank: int, run_id: str) -> Collector
                                  run_id=run_id)
 
 
-def _turn_metrics(samples: Rows, collector: Collector) -> dict[str, float]:
-    """Turn metrics and the action mix over every rank."""
-    metrics = rollout_metrics(samples, sum_over_ranks)
-    metrics.update(action_mix(samples, collector.action_names(), sum_over_ranks))
-    return metrics
-
-
-def _episode_metrics(samples: Rows, collector: Collector) -> dict[str, float]:
-    """The whole-episode metrics of the samples over every rank (`turns` counts replies)."""
-    metrics = {k: float(v) for k, v in conversation_metrics(samples, sum_over_ranks).items()}
-    metrics["turns"] = metrics.pop("replies")
-    metrics["episodes_ended"] = metrics["episodes"]  # counted by the samples that end them
-    return metrics
-
-
-def _value_loss(m: dict[str, float]) -> str:
-    """`value_loss X ` when the update trained a critic: a critic-free estimator's metrics (and a
-    skipped update's) have no value_loss, and the line shows none rather than a made-up 0."""
-    return f"value_loss {m['value_loss']:.4f} " if "value_loss" in m else ""
-
-
-def _describe_turns(iteration: int, m: dict[str, float]) -> str:
-    return (f"iteration {iteration}: success {m.get('success_rate', 0.0):.3f} reward "
-            f"{m.get('mean_reward', 0.0):.3f} valid {m.get('valid_action_ratio', 0.0):.2f} "
-            f"{_value_loss(m)}kl {m.get('kl_mean', 0.0):.5f} "
-            f"({m['seconds_per_iteration']:.0f} s, {m['turns_per_s']:.1f} turns/s)")
-
-
-def _describe_episodes(iteration: int, m: dict[str, float]) -> str:
-    return (f"iteration {iteration}: success {m['success_rate']:.3f} reward "
-            f"{m['mean_reward']:.3f} replies/episode {m['mean_assistant_turns']:.2f} tool "
-            f"calls/episode {m['tool_calls_per_episode']:.2f} {_value_loss(m)}"
-            f"kl {m.get('kl_mean', 0.0):.5f} "
-            f"({m['seconds_per_iteration']:.0f} s, {m['turns_per_s']:.2f} replies/s)")
-
-
 def _validate_envs(engine: Engine, tokenizer: Any, params: Params, sampling: Any,
                    seeds: list[int]) -> list[Any]:
     return [validation.validate_env_task(engine, tokenizer, params, task, sampling, seeds)
@@ -152,7 +112,7 @@ def _write_rows(rows: Rows, path: Path, meta: dict[str, Any]) -> Any:
 PROTOCOLS = {
     "action": Protocol(
         "action", collector=_env_collector, to_samples=samples_from_turns,
-        batch_metrics=_turn_metrics, describe=_describe_turns, eval_plan=env_plan,
+        eval_plan=env_plan,
         check_names=check_env_tasks,
         validation=Validation(
             _validate_envs, "valid_action_ratio", validation.gate_failures,
@@ -161,9 +121,7 @@ PROTOCOLS = {
             _write_rows)),
     "chat": Protocol(
         "chat", collector=_conversation_collector,
-        to_samples=samples_from_episodes, batch_metrics=_episode_metrics,
-        describe=_describe_episodes,
-        eval_plan=conversation_plan, check_names=check_conversation_plugins,
+        to_samples=samples_from_episodes, eval_plan=conversation_plan, check_names=check_conversation_plugins,
         validation=Validation(
             conversation_validation.validate_conversation_tasks, "valid_reply_ratio",
             conversation_validation.conversation_gate_failures,

@@ -27,7 +27,7 @@ from longturn.device import resolve_device
 from longturn.distributed import barrier, init_distributed, is_main_process, sum_over_ranks
 from longturn.run.dvc_remote import push_training_outputs
 from longturn.engines.registry import make_engine, sampling_from_params
-from longturn.run.metrics import MetricsLog, PhaseClock
+from longturn.run.metrics import MetricsLog, PhaseClock, describe_iteration
 from longturn.run.models import load_tokenizer
 from longturn.run.protocol import protocol
 from longturn.profiling import IterationProfiler
@@ -197,7 +197,7 @@ def run_training(params: Params, paths: TrainPaths, progress: bool = True,
                     push_training_outputs(paths.trajectories, paths.checkpoints, iteration,
                                           params.train.remote)
             metrics_log.log(metrics)
-            log.info(protocol(params).describe(iteration, metrics))
+            log.info(describe_iteration(iteration, metrics))
         trainer.export_actor(paths.final)
     finally:
         if engine is not None:
@@ -230,7 +230,7 @@ def _iteration(params: Params, paths: TrainPaths, trainer: PPOTrainer,
         samples = to_samples(params, rows)
         score_and_write(trainer, samples, part, file_metadata(params, iteration))
         barrier()
-    metrics = batch_metrics(params, samples, collector)
+    metrics = batch_metrics(samples, collector)
     if not sum_over_ranks(np.array([float(any(map(_trains, samples)))]))[0]:
         log.warning("iteration %d: every episode was aborted or made no reply (see "
                     "termination/*): nothing to train on, so no update this iteration", iteration)

@@ -18,6 +18,7 @@ from longturn.algo.trainer import PPOTrainer, TrainerSettings
 from longturn.params.config import Params
 from longturn.device import resolve_bf16, resolve_device
 from longturn.distributed import sum_over_ranks
+from longturn.rollout.sample_metrics import sample_metrics
 from longturn.run.metrics import logprob_gap
 from longturn.run.protocol import protocol
 from longturn.trajectories import write_samples
@@ -95,10 +96,9 @@ def score_and_write(trainer: PPOTrainer, samples: list[dict[str, Any]], path: Pa
     return write_samples(samples, path, metadata)
 
 
-def batch_metrics(params: Params, samples: list[dict[str, Any]],
-                  collector: Collector) -> dict[str, float]:
-    """What a collected batch's samples say, over every rank (run/protocol.py), and the
-    engine's logprob gap from the scored samples, whatever the protocol."""
-    metrics = protocol(params).batch_metrics(samples, collector)
+def batch_metrics(samples: list[dict[str, Any]], collector: Collector) -> dict[str, float]:
+    """What a collected batch's samples say over every rank (its actions named by the
+    collector), and the engine's logprob gap from the scored samples."""
+    metrics = sample_metrics(samples, collector.action_names(), sum_over_ranks)
     metrics.update(logprob_gap(samples, sum_over_ranks))
     return metrics

@@ -1,34 +1,22 @@
-"""The report's sections that differ with the chat protocol (`rollout.protocol: chat`): an
-episode is one token sequence of replies, tool results and user turns, so there is no action mix
-and no THINK / ACTION split; what tells how the policy behaves is replies, tool calls and whether
-they ran, and how the tokenization check went."""
+"""How the policy replied, in words, whatever the protocol: replies per episode, tool calls and
+whether they ran, the share of the sequence the model wrote, the tokenization check, and KL per
+token. Each line is written when its metric was logged (rollout/sample_metrics.py leaves out what
+a run has nothing to count for: tool calls without conversations)."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from longturn.report.training import PHASE_KEYS, first_last, numeric
+from longturn.report.training import first_last, numeric
 
-# what every training run of the chat protocol logs (the critic's keys only with a critic)
-CONVERSATION_TRAIN_KEYS = [
-    "episodes_ended", "successes", "success_rate", "mean_reward", "mean_assistant_turns",
-    "tool_calls_per_episode", "mean_tokens", "model_token_fraction", "kl_mean", "policy_loss",
-    "value_loss", "explained_variance", "clip_fraction", "approx_kl", "entropy", "lr_actor",
-    "lr_critic", "epochs_run", "tokens_per_s", "turns_per_s", "seconds_per_iteration",
-    *PHASE_KEYS,
-]
 OUTCOMES_PREFIX = "tokenization/"
-# the eval table's two per-episode columns, named for what they hold in conversations: an
-# episode's length is its number of replies, its valid-action ratio the share of its tool calls
-# that ran (run/conversation_evaluation.py)
-CONVERSATION_EVAL_LABELS = ("mean replies", "valid tool-call ratio")
 
 
-def behaviour_reading(df: pd.DataFrame) -> list[str]:
+def replies_reading(df: pd.DataFrame) -> list[str]:
     """First vs last iteration of replies, tool calls and their validity, and the tokenization
     check's outcomes over the whole run."""
     lines = []
-    for key, label in (("mean_assistant_turns", "replies per episode"),
+    for key, label in (("episode_length", "replies per episode"),
                        ("tool_calls_per_episode", "tool calls per episode"),
                        ("tool_call_validity", "tool calls that ran"),
                        ("model_token_fraction", "share of the sequence the model wrote")):
