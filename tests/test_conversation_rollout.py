@@ -13,7 +13,8 @@ from longturn.engines.base import Completion
 from longturn.engines.hf import HFEngine
 from longturn.tasks.interactions import load_interactions
 from longturn.rollout.conversation_rollout import ConversationSettings, conversation_rollout
-from longturn.rollout.samples import sample_from_episode
+from longturn.rollout.conversation import replies_valid
+from longturn.rollout.samples import sample_from_episode, samples_from_episodes
 from longturn.tasks.tools import ToolBox, load_tools
 from longturn.tasks.arithmetic import make_problem, task_record
 from settings_from_params import sampling_settings, conversation_settings
@@ -85,6 +86,7 @@ def test_tool_call_then_right_answer(tokenizer):
     [rec] = run(tokenizer, {0: replies})
     assert (rec["termination"], rec["truncated"], rec["reward"]) == ("done", False, 1.0)
     assert (rec["assistant_turns"], rec["tool_calls"], rec["tool_errors"]) == (2, 1, 0)
+    assert rec["reply_valid"] == [True, True]
     assert rec["tokenization_check"] == "identical"
     messages = json.loads(rec["messages"])
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant"]
@@ -108,6 +110,11 @@ def test_malformed_tool_call_gives_an_error_result_and_the_episode_goes_on(token
     assert "exponents above 64" in messages[5]["content"]
     assert (rec["termination"], rec["reward"], rec["tool_errors"]) == ("done", 1.0, 1)
     assert rec["tokenization_check"] == "identical"
+    # a reply is invalid when a call of it failed: the malformed one, and the one the
+    # calculator refused (its own `Error:` result); its messages say the same
+    assert rec["reply_valid"] == [False, False, True] == replies_valid(messages, 3)
+    [sample] = samples_from_episodes([rec])
+    assert [r["action_valid"] for r in sample["replies"]] == [False, False, True]
 
 
 def test_probe_tool_calls_are_error_messages_and_the_episode_goes_on(tokenizer):

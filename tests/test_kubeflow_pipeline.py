@@ -250,7 +250,9 @@ def test_whole_pipeline_runs_locally_at_toy_size(tmp_path, tiny_model_dir):
     (first,) = list(root.rglob("train-segment"))
     before = pickle.loads((first / "checkpoint/iteration=0000/history.pkl").read_bytes())
     after = pickle.loads((last / "checkpoint/iteration=0001/history.pkl").read_bytes())
-    assert len(before) == 1 and len(after) == 2 and after[0] == before[0]
+    assert len(before) == 1 and len(after) == 2
+    # as JSON, where the NaNs of what was not counted (tool calls without conversations) are equal
+    assert json.dumps(after[0], sort_keys=True) == json.dumps(before[0], sort_keys=True)
     finals = [json.loads(p.read_text()) for p in root.rglob("evaluation/metrics.json")]
     assert len(finals) == 2 and all(m["overall"]["episodes"] == 2 for m in finals)
 

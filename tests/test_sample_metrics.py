@@ -135,6 +135,7 @@ def _conversation(episode: str, calls: list[bool], termination: str | None = "do
             "segment_ends": ends, "segment_rewards": [0.5] * len(calls), "reward": 0.5 * len(calls),
             "termination": termination, "truncated": False, "aborted": False,
             "success": success, "messages": json.dumps(messages), "metrics": "{}",
+            "reply_valid": list(calls),
             "tool_calls": len(calls), "tool_errors": calls.count(False), "user_turns": 0,
             "assistant_turns": len(calls), "tokenization_check": "identical", "images": [],
             "image_starts": []}

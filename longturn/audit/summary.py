@@ -30,7 +30,7 @@ def _stats(group: pd.DataFrame, tools: bool) -> dict[str, float | int]:
     counts = reason_counts(group["reason"])
     decided = _decided(group)
     successes = int((decided & group["success"].fillna(False).astype(bool)).sum())
-    valid = pd.to_numeric(group["action_valid"], errors="coerce")  # null on tool/free-text replies
+    valid = pd.to_numeric(group["action_valid"], errors="coerce")  # null where no rollout said
     out: dict[str, float | int] = {
         "turns": len(group), "samples": int(group["sample"].nunique()),
         "episodes": int(group["episode_id"].nunique()),

@@ -57,6 +57,7 @@ class Conversation:
     segments: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of sampled ids
     segment_rewards: list[float] = field(default_factory=list)
     finish_reasons: list[str | None] = field(default_factory=list)  # per reply: stop | length
+    reply_valid: list[bool] = field(default_factory=list)  # per reply: all its tool calls ran
     assistant_turns: int = 0
     user_turns: int = 0
     tool_calls: int = 0
@@ -112,6 +113,7 @@ class Conversation:
         self.segments.append((start, len(self.ids)))
         self.segment_rewards.append(0.0)
         self.finish_reasons.append(finish_reason)
+        self.reply_valid.append(True)  # until one of its tool calls fails
         self._context(self.deltas.close_reply(reply_ids))
         content = self.deltas.reply_content(reply_ids)
         self.messages.append({"role": "assistant", "content": content})
@@ -175,6 +177,7 @@ class Conversation:
             "segment_ends": [e for _, e in self.segments],
             "segment_rewards": list(self.segment_rewards),
             "reply_finish_reasons": list(self.finish_reasons),
+            "reply_valid": list(self.reply_valid),
             "reward": float(sum(self.segment_rewards)), "termination": self.reason,
             "truncated": self.reason != DONE, "assistant_turns": self.assistant_turns,
             "user_turns": self.user_turns, "tool_calls": self.tool_calls,
@@ -183,3 +186,18 @@ class Conversation:
             "images": [to_png(frame) for frame in self.images],
             "image_starts": list(self.image_starts),
         }
+
+
+def replies_valid(messages: list[dict[str, Any]], made: int) -> list[bool]:
+    """Whether each of the last `made` replies of `messages` was valid (no tool message answering
+    it starts with `Error:`), for a record whose rollout did not say (`reply_valid`): an agent's,
+    slime's or a rollout function's. The task's first messages may hold a worked example's
+    replies, which are not the model's; a reply the messages do not show on its own (a slime
+    function's replies are one message) had no failed tool result."""
+    shown: list[bool] = []
+    for message in messages:
+        if message["role"] == "assistant":
+            shown.append(True)
+        elif message["role"] == "tool" and shown and str(message["content"]).startswith("Error:"):
+            shown[-1] = False
+    return shown[max(0, len(shown) - made):] + [True] * (made - len(shown))

@@ -31,7 +31,8 @@ from longturn.rollout.conversation_setup import ConversationRun
 
 # a record's lists with one entry per reply, and its columns that sum up the whole episode
 _PER_REPLY = ("segment_starts", "segment_ends", "segment_rewards", "reply_finish_reasons",
-              "reply_steps", "window_prompts", "window_frames", "window_image_starts")
+              "reply_valid", "reply_steps", "window_prompts", "window_frames",
+              "window_image_starts")
 _EPISODE_TOTALS = ("messages", "metrics", "tool_calls", "tool_errors", "user_turns",
                    "assistant_turns", "tokenization_check")
 

@@ -18,6 +18,7 @@ from longturn.errors import SettingError
 from longturn.rollout.functions import AGENT_ROLLOUT, BUILTIN, resolve_rollout_function
 from longturn.tasks.plugins import import_class
 from longturn.tasks.interactions import load_interactions
+from longturn.rollout.conversation import replies_valid
 from longturn.rollout.conversation_rollout import ConversationSettings
 from longturn.tasks.tools import ToolBox, load_tools
 from longturn.tasks.registry import load_task
@@ -114,6 +115,8 @@ class ConversationRun:
             rec.update(episode_id=episode_id, task=task["task"], episode_seed=int(task["seed"]),
                        env_index=i)  # its slot in this call: a window's samples chain by it
             messages = rec["messages"]
-            rec["success"] = not rec.get("aborted") and self.success(
-                task, json.loads(messages) if isinstance(messages, str) else messages)
+            messages = json.loads(messages) if isinstance(messages, str) else messages
+            rec["success"] = not rec.get("aborted") and self.success(task, messages)
+            if rec.get("reply_valid") is None:  # a rollout that did not say: its messages do
+                rec["reply_valid"] = replies_valid(messages, len(rec["segment_starts"]))
         return out

@@ -1,24 +1,24 @@
-"""What a batch of samples (docs/design.md §4) says, whatever played it: one metric set for every
-protocol and context, summed over ranks before dividing.
+"""What a batch of samples (docs/design.md §4, §5e) says, whatever played it: one metric set for
+every protocol and context, summed over ranks before dividing.
 
 Episodes are counted by the reply that ends them (its `termination`), by a sample with no reply
 (a conversation whose first messages filled the token budget) and by an env reset that failed
 (`aborted_resets`). Success rate and episode length are over the episodes that were not aborted.
-Rewards, tokens and validity are per reply; tokens, model tokens and images per ended episode
-(with a history window: what the model was given, reply by reply, so `mean_tokens` is what an
-episode cost).
+Rewards, response tokens and validity are per reply; tokens, model tokens, images and tool calls
+per ended episode (with a history window the tokens are what the model was given, reply by
+reply, so `mean_tokens` is what an episode cost).
 
-A reply is valid when it parsed into one of the env's actions (the action protocol) or when all
-its tool calls ran (a conversation; a reply without a call is valid): `valid_action_ratio`.
-A ratio with nothing to count is NaN, left out of the curves: the tool-call keys when no sample
-holds a conversation (the action protocol), `tool_call_validity` when no call was made. Counts are `termination/<reason>` (every reason of envs/termination.py
-and rollout/conversation.py, zeros included) and, when samples hold conversations,
-`tokenization/<outcome>`.
+A reply is valid (its `action_valid`) when it parsed into one of the env's actions (the action
+protocol) or when all its tool calls ran (a conversation; a reply without a call is valid):
+`valid_action_ratio`, over the replies whose validity the rollout recorded. A ratio with nothing
+to count is NaN, left out of the curves: the tool-call keys when no sample holds a conversation
+(the action protocol), `tool_call_validity` when no call was made. Counts are
+`termination/<reason>` (every reason of envs/termination.py and rollout/conversation.py, zeros
+included) and, when samples hold conversations, `tokenization/<outcome>`.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any, Callable, Iterable
 
@@ -75,38 +75,6 @@ def _reasons(samples: list[Sample]) -> list[str]:
     return out + [a for s in samples for a in s.get("aborted_resets") or ()]
 
 
-def reply_validity(messages: list[dict[str, Any]]) -> list[bool]:
-    """Per assistant message: False when a tool message answering it starts with `Error:`."""
-    out: list[bool] = []
-    for message in messages:
-        if message["role"] == "assistant":
-            out.append(True)
-        elif message["role"] == "tool" and out and str(message["content"]).startswith("Error:"):
-            out[-1] = False
-    return out
-
-
-def generated_reply_validity(conversation: dict[str, Any]) -> list[bool]:
-    """Whether each reply the model generated in a conversation (a sample or record holding its
-    `messages` and `assistant_turns`) was valid: all its tool calls ran (a reply without a call
-    is valid). Those are the last `assistant_turns` assistant messages (the task's first messages
-    may hold a worked example's replies, which are not the model's); a reply its messages do not
-    show on its own (a slime function's replies are one message) had no failed tool result."""
-    made = int(conversation["assistant_turns"] or 0)
-    validity = reply_validity(json.loads(conversation["messages"] or "[]"))
-    return validity[max(0, len(validity) - made):] + [True] * (made - len(validity))
-
-
-def _valid_replies(samples: list[Sample]) -> list[bool]:
-    """Each reply's validity: parsed into one of the env's actions (the action protocol), all its
-    tool calls ran (a conversation)."""
-    out = [bool(v) for v in _known(r["action_valid"] for r in _replies(samples))]
-    for sample in samples:
-        if sample.get("assistant_turns") is not None:
-            out += generated_reply_validity(sample)
-    return out
-
-
 def count_endings(reasons: Iterable[str | None]) -> dict[str, int]:
     """`termination/<reason>` → how many, every reason of both protocols present (zeros
     included, so every rank and every file has the same keys), None skipped."""
@@ -131,7 +99,8 @@ def sample_totals(samples: list[Sample]) -> dict[str, tuple[float, float]]:
     ended = float(len(reasons))
     n = float(len(replies))
     wins = float(sum(bool(r["success"]) for r in completed))
-    valid, env_rewards = _valid_replies(samples), _known(r["env_reward"] for r in replies)
+    valid = [bool(v) for v in _known(r["action_valid"] for r in replies)]
+    env_rewards = _known(r["env_reward"] for r in replies)
     finishes = _known(r["finish_reason"] for r in replies)
     held = [s for s in samples if s.get("assistant_turns") is not None]  # conversations
     calls = float(sum(int(s["tool_calls"] or 0) for s in held))

@@ -17,7 +17,6 @@ from longturn.params.config import Params
 from longturn.engines.base import Engine, SamplingParams
 from longturn.run.eval_journal import EvalJournal
 from longturn.run.evaluation import EvalPlan
-from longturn.rollout.sample_metrics import generated_reply_validity
 from longturn.rollout.conversation_setup import ConversationRun
 from longturn.rollout.env_episodes import EpisodeJob
 from longturn.rollout.samples import samples_from_episodes
@@ -25,7 +24,7 @@ from longturn.rollout.samples import samples_from_episodes
 
 def episode_row(record: dict[str, Any]) -> dict[str, Any]:
     """One conversation in the episode schema (an env evaluation's episodes.parquet)."""
-    valid = generated_reply_validity(record)
+    valid = [bool(v) for v in record["reply_valid"]]  # ConversationRun.play sees it is there
     return {"run_id": record.get("run_id"), "policy_version": record.get("policy_version"),
             "env_name": "chat", "task": record["task"], "episode_id": record["episode_id"],
             "episode_seed": record["episode_seed"], "success": bool(record["success"]),

@@ -18,14 +18,15 @@ from typing import Any
 from longturn.params.config import Params
 from longturn.engines.base import Engine, SamplingParams
 from longturn.rollout.samples import sample_from_episode
-from longturn.rollout.sample_metrics import ending, generated_reply_validity, sample_metrics
+from longturn.rollout.sample_metrics import ending, sample_metrics
 from longturn.rollout.conversation_setup import ConversationRun
 from longturn.run.validation import TaskValidation
 from longturn.vision.encoder import IMAGE_PLACEHOLDER
 
 
 def task_metrics(samples: list[dict[str, Any]], budget: int) -> dict[str, Any]:
-    replies = [v for s in samples for v in generated_reply_validity(s)]
+    replies = [bool(r["action_valid"]) for s in samples for r in s["replies"]
+               if r["action_valid"] is not None]  # all its tool calls ran
     # what the model saw before its first reply (an episode with no reply: all of it)
     prompts = [len(s["prompt_ids"]) + (0 if s["replies"] else len(s["response_ids"]))
                for s in samples]

@@ -112,8 +112,7 @@ def _write_rows(rows: Rows, path: Path, meta: dict[str, Any]) -> Any:
 PROTOCOLS = {
     "action": Protocol(
         "action", collector=_env_collector, to_samples=samples_from_turns,
-        eval_plan=env_plan,
-        check_names=check_env_tasks,
+        eval_plan=env_plan, check_names=check_env_tasks,
         validation=Validation(
             _validate_envs, "valid_action_ratio", validation.gate_failures,
             lambda results, failures, gate, settings, tokenizer:
@@ -121,7 +120,8 @@ PROTOCOLS = {
             _write_rows)),
     "chat": Protocol(
         "chat", collector=_conversation_collector,
-        to_samples=samples_from_episodes, eval_plan=conversation_plan, check_names=check_conversation_plugins,
+        to_samples=samples_from_episodes, eval_plan=conversation_plan,
+        check_names=check_conversation_plugins,
         validation=Validation(
             conversation_validation.validate_conversation_tasks, "valid_reply_ratio",
             conversation_validation.conversation_gate_failures,

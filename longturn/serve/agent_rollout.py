@@ -33,7 +33,7 @@ from typing import Any, Callable
 from tqdm.auto import tqdm
 
 from longturn.engines.base import Engine, SamplingParams
-from longturn.rollout.conversation import AGENT_ERROR, AGENT_TIMEOUT as TIMEOUT
+from longturn.rollout.conversation import AGENT_ERROR, AGENT_TIMEOUT as TIMEOUT, replies_valid
 from longturn.serve.episode_reward import RewardFn, given_reward, task_reward
 from longturn.serve.recording import CallRecord
 from longturn.serve.server import serve
@@ -151,6 +151,7 @@ def _record(task: dict[str, Any], calls: list[CallRecord], outcome: Outcome,
         reward, aborted = task_reward(reward_fn, task, messages)
         outcome = Outcome(reward, aborted)
     tool_calls = sum(len(c.reply.get("tool_calls") or []) for c in calls)
+    valid = replies_valid(messages, len(calls))[first:]  # the agent ran its tools: its messages
     whole, calls = len(calls), calls[first:]
     # the context before the first reply is what the first call sent (no call answered: the
     # task's first prompt), out of the loss, so a packed sample's prompt is what the model saw
@@ -168,7 +169,7 @@ def _record(task: dict[str, Any], calls: list[CallRecord], outcome: Outcome,
         "input_ids": ids, "loss_mask": mask,
         "engine_logprobs": logprobs, "segment_starts": starts, "segment_ends": ends,
         "segment_rewards": [0.0] * (n - 1) + [reward or 0.0] if n else [],
-        "reply_finish_reasons": [c.finish_reason for c in calls],
+        "reply_finish_reasons": [c.finish_reason for c in calls], "reply_valid": valid,
         "reward": float(reward or 0.0),
         "termination": None if bootstrap is not None else outcome.aborted or "done",
         "truncated": False, "aborted": outcome.aborted is not None, "assistant_turns": whole,
