@@ -11,8 +11,8 @@ they were played.
 
 One driver (`evaluate`) serves both ways of reading replies, and summarises both the same way
 (episode rows, then what their samples say); a protocol brings an `EvalPlan`: how its episodes
-are played and ordered. The action protocol's plan is here
-(`env_plan`), the chat protocol's in conversation_evaluation.py.
+are played and ordered. The action protocol's plan is here (`env_plan`), the chat protocol's in
+conversation_evaluation.py.
 """
 
 from __future__ import annotations
