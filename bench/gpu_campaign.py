@@ -357,7 +357,10 @@ class Campaign:
             out["engine_throughput"] = results.figure(json.loads(engine.read_text()),
                                                       commands.get("engine_throughput", ""))
         out["evaluation"] = results.paired_evaluation(self.work, commands)
-        out["tool_use"] = results.tool_use(self.work, commands)
+        params = self.work / "params.yaml"  # absent when the budget stopped every part
+        protocol = (yaml.safe_load(params.read_text())["rollout"]["protocol"]
+                    if params.is_file() else None)
+        out["tool_use"] = results.tool_use(self.work, commands, protocol)
         out["training"] = results.training(self.work, commands)
         out["gpu_utilization"] = results.gpu_per_stage(self.results_dir / "gpu_util.csv",
                                                        self.state["parts"])

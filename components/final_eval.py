@@ -10,7 +10,8 @@ from components import zero_shot_eval
 def main(argv=None) -> int:
     defaults = ["--model-dir", "data/train/final", "--out", "data/eval/final",
                 "--policy-version", "final"]
-    return zero_shot_eval.main(defaults + list(sys.argv[1:] if argv is None else argv))
+    return zero_shot_eval.main(defaults + list(sys.argv[1:] if argv is None else argv),
+                               stage="final_eval")
 
 
 if __name__ == "__main__":

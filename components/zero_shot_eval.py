@@ -15,12 +15,13 @@ def body(args, params) -> None:
     evaluate_model(args.model_dir, params, args.out, policy_version=args.policy_version)
 
 
-def main(argv=None) -> int:
+def main(argv=None, stage: str = "zero_shot_eval") -> int:
+    """`stage` names the stage in its log lines: final_eval runs this same body."""
     p = parser(__doc__)
     p.add_argument("--model-dir", default="data/models/base")
     p.add_argument("--out", default="data/eval/zero_shot")
     p.add_argument("--policy-version", default="base", help="label stored in every row")
-    return run("zero_shot_eval", body, p, argv, checks=preflight)
+    return run(stage, body, p, argv, checks=preflight)
 
 
 if __name__ == "__main__":

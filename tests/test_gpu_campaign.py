@@ -27,7 +27,7 @@ CAMPAIGN_PROFILES = ("gpu1", "lease15", "babyai5", "grpo", "gigpo", "calculator"
 PROFILES = [ROOT / "configs" / "profiles" / f"{name}.yaml" for name in CAMPAIGN_PROFILES]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from campaign import archive, profile_report  # noqa: E402
+from campaign import archive, profile_report, results as campaign_results, summary  # noqa: E402
 from campaign.gpu_sampler import read_samples, window_means  # noqa: E402
 from campaign.imports import missing_modules, stage_scripts  # noqa: E402
 from campaign.stages import (BUDGET_SPENT, STALLED, Stage, learning_stages,  # noqa: E402
@@ -325,6 +325,8 @@ def test_tiny_campaign_runs_every_part_resumes_and_keeps_evidence(tmp_path, tiny
     assert "| rollout |" in profile and "| update micro-batch |" in profile
     summary = (results / "summary.md").read_text()
     assert "| goto | 0/2" in summary or "| goto | 1/2" in summary or "| goto | 2/2" in summary
+    assert "tool_use" not in data and "## Tool use" not in summary  # the action protocol
+    assert isinstance(data["training"]["value"]["success_halves"], list)
     assert (results / "gpu_memory.md").is_file()
     assert (results / "learning/report/report.md").is_file()
     bundle = out / f"{time.strftime('%Y-%m-%d')}-gpu1-tiny.tgz"
@@ -354,3 +356,23 @@ def test_profile_errors_name_the_file(tmp_path):
     with pytest.raises(ParamsError, match="missing.yaml"):
         load_profile(tmp_path / "p.yaml")
     assert load_profile(ROOT / "configs/profiles/gpu1.yaml").warmup.iterations == 4
+
+
+def test_training_success_is_pooled_over_episodes_not_averaged_over_iterations(tmp_path):
+    """Envs that start together hit the time limit together, so the per-iteration rate swings
+    (2026-11-28: 1.00, 0.07, 0.57, 0.03, ...); a mean of rates reads the swing, not the policy."""
+    plots = tmp_path / "data/train/live/plots/metrics/train"  # what dvclive writes
+    plots.mkdir(parents=True)
+    ended, wins = [1, 100, 1, 100], [1, 10, 1, 10]
+    columns = {"episodes_ended": ended, "successes": wins,
+               "success_rate": [k / n for k, n in zip(wins, ended)],
+               "seconds_per_iteration": [20.0] * 4, "turns_per_s": [50.0] * 4}
+    for key, values in columns.items():
+        (plots / f"{key}.tsv").write_text(
+            f"step\t{key}\n" + "".join(f"{i}\t{v}\n" for i, v in enumerate(values)))
+    figures = {"training": campaign_results.training(tmp_path, {"train": "python train.py"})}
+    state = {"profile": "lease15", "parts": {}, "status": "finished", "command": "c",
+             "budget_s": 780}
+    text = summary.render(state, figures)
+    assert "iterations 0–1: 11/101 = 0.11" in text and "iterations 2–3: 11/101 = 0.11" in text
+    assert "0.55" not in text  # the mean of the four rates

@@ -141,10 +141,15 @@ def test_every_stage_runs_the_checks_before_its_body(no_work, tmp_path, capsys):
                    f"of the model in {model} (config.json max_position_embeddings)"]
 
 
-def test_zero_shot_eval_refuses_an_unknown_task_before_loading_the_model(no_work, tmp_path,
-                                                                          monkeypatch, capsys):
-    """The probe `eval.tasks: [fly_to_moon]` through the stage entry point: exit 2, one line."""
+@pytest.mark.parametrize("stage", ["zero_shot_eval", "final_eval"])
+def test_an_eval_stage_refuses_an_unknown_task_before_loading_the_model(stage, no_work, tmp_path,
+                                                                         monkeypatch, capsys):
+    """The probe `eval.tasks: [fly_to_moon]` through the stage entry point: exit 2, one line that
+    names the stage (final_eval runs zero_shot_eval's body under its own name)."""
+    import importlib
+
     from components import zero_shot_eval
+    entry = importlib.import_module(f"components.{stage}")
 
     def forbidden(*args, **kwargs):
         raise AssertionError("the stage reached its model")
@@ -156,11 +161,11 @@ def test_zero_shot_eval_refuses_an_unknown_task_before_loading_the_model(no_work
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(params))
     out = tmp_path / "eval"
-    assert zero_shot_eval.main(["--params", str(path), "--model-dir", str(tmp_path / "model"),
-                                "--out", str(out)]) == 2
+    assert entry.main(["--params", str(path), "--model-dir", str(tmp_path / "model"),
+                       "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(
-        "zero_shot_eval: error: eval.tasks: env 'babyai' has no task 'fly_to_moon'")
+        f"{stage}: error: eval.tasks: env 'babyai' has no task 'fly_to_moon'")
     assert not out.exists()
 
 

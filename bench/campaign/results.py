@@ -7,6 +7,7 @@ without the command that produced it."""
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pandas as pd
 
 from campaign.gpu_sampler import read_samples, window_means
 from longturn.report.build import read_live_metrics
+from longturn.report.training import pool_success_blocks
 from longturn.stats import paired_outcomes, wilson_interval
 
 # Issue 9's goals for the one-GPU profile, from the first H100 run (11.9 training turns/s).
@@ -51,9 +53,12 @@ def paired_evaluation(work: Path, commands: dict[str, str]) -> dict[str, Any]:
     return out
 
 
-def tool_use(work: Path, commands: dict[str, str]) -> dict[str, Any]:
+def tool_use(work: Path, commands: dict[str, str], protocol: str | None) -> dict[str, Any]:
     """The chat protocol: share of episodes with a tool call, calls per episode, valid calls,
-    before and after, paired on seeds for 'used the tool'."""
+    before and after, paired on seeds for 'used the tool' (nothing for the action protocol,
+    which has no tools: its zeros would read as a finding)."""
+    if protocol != "chat":
+        return {}
     files = {side: work / f"data/eval/{side}/turns.parquet" for side in ("zero_shot", "final")}
     if not all(f.is_file() for f in files.values()):
         return {}
@@ -89,7 +94,7 @@ def _median(df: pd.DataFrame, key: str) -> float | None:
 
 def training(work: Path, commands: dict[str, str]) -> dict[str, Any]:
     """Per-iteration log of the train stage: medians of time per phase and throughput, and
-    training success in the first and last five iterations."""
+    training success pooled over the first and the second half of the ended episodes."""
     df = read_live_metrics(work / "data/train/live")
     if df.empty:
         return {}
@@ -103,9 +108,10 @@ def training(work: Path, commands: dict[str, str]) -> dict[str, Any]:
            "phase_seconds_median": phases,
            "peak_gpu_memory_gib_max": float(df["peak_gpu_memory_gib"].max())
            if "peak_gpu_memory_gib" in df.columns else None}
-    if "success_rate" in df.columns:
-        out["success_first5"] = float(df["success_rate"].head(5).mean())
-        out["success_last5"] = float(df["success_rate"].tail(5).mean())
+    # pooled by ended episodes, never a mean of per-iteration rates: episodes that start
+    # together hit the time limit together, so the per-iteration rate swings every other
+    # iteration (0.39, 0.06, 0.39, ... on 2026-11-28)
+    out["success_halves"] = [asdict(b) for b in pool_success_blocks(df, target_blocks=2)]
     return figure(out, commands.get("train", ""))
 
 

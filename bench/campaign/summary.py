@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from longturn.report.training import SuccessBlock, success_reading
+
 
 def _p(value: float) -> str:
     return f"{value:.2g}" if value >= 1e-3 else f"{value:.1e}"
@@ -78,9 +80,9 @@ def _training(results: dict[str, Any]) -> list[str]:
     if v.get("peak_gpu_memory_gib_max") is not None:
         lines.append(f"- peak GPU memory (torch, any phase): "
                      f"{v['peak_gpu_memory_gib_max']:.2f} GiB")
-    if "success_first5" in v:
-        lines.append(f"- training success, first 5 iterations {v['success_first5']:.2f} -> last 5 "
-                     f"{v['success_last5']:.2f}")
+    blocks = [SuccessBlock(**b) for b in v.get("success_halves", [])]
+    lines += [line.replace("- success", "- training success", 1)
+              for line in success_reading(blocks)]
     return lines + [""]
 
 
