@@ -1,5 +1,6 @@
 """Stage validate_prompts: budget-check prompts, sample answers, gate on the valid-action ratio
-(protocol chat: play whole episodes, gate on the budget and the valid-reply ratio).
+(protocol chat: play whole episodes, gate on the budget and the share of replies whose tool
+calls ran).
 
 Below the gate it writes its report, leaves out the `passed` marker that critic_warmup and train
 depend on, and exits 2 with one line naming each failing task (as every user error does).
@@ -38,7 +39,7 @@ def body(args, params) -> int:
     finally:
         engine.close()
     for r in results:
-        log.info("%s: %s %.2f", r.task, checks.ratio.replace("_", " "), r.metrics[checks.ratio])
+        log.info("%s: valid action ratio %.2f", r.task, r.metrics["valid_action_ratio"])
     gate = v.min_valid_action_ratio
     failures = checks.gate_failures(results, gate)
     meta = {"sampling": sampling.__dict__}

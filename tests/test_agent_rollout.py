@@ -130,7 +130,7 @@ def test_validation_of_an_agent_counts_its_first_context_and_the_replies_it_made
     m = result.metrics
     assert m["prompt_tokens_max"] == max(map(len, first_prompts))
     assert m["prompt_tokens_mean"] == sum(map(len, first_prompts)) / 2
-    assert m["replies"] == 4 and m["valid_reply_ratio"] == 1.0 and m["mean_user_turns"] == 1.0
+    assert m["turns"] == 4 and m["valid_action_ratio"] == 1.0 and m["mean_user_turns"] == 1.0
 
 
 def test_an_agent_that_raises_or_returns_nonsense_aborts_only_its_episode(tokenizer):

@@ -51,7 +51,7 @@ def test_dvc_exp_run_of_the_tools_profile(tmp_path, tiny_model_dir):
         assert f"Running stage '{stage}'" in out
     validation = json.loads((repo / "data/validation/metrics.json").read_text())
     task = validation["tasks"]["arithmetic"]
-    assert {"tool_call_validity", "valid_reply_ratio", "tool_calls_per_episode"} <= set(task)
+    assert {"tool_call_validity", "valid_action_ratio", "tool_calls_per_episode"} <= set(task)
     assert validation["passed"] and (repo / "data/validation/passed").is_file()
     for side in ("zero_shot", "final"):
         metrics = json.loads((repo / f"data/eval/{side}/metrics.json").read_text())

@@ -8,7 +8,8 @@ from transformers import AutoTokenizer
 from endpoint_engines import ScriptedEngine
 from longturn.engines.base import SamplingParams
 from longturn.params.config import parse_params
-from longturn.run.conversation_validation import validate_conversation_tasks
+from longturn.run.conversation_validation import (conversation_gate_failures,
+                                                validate_conversation_tasks)
 
 SAMPLING = SamplingParams(max_new_tokens=48, temperature=1.0, top_p=1.0, top_k=0, seed=3)
 
@@ -19,6 +20,20 @@ def test_a_worked_example_is_no_reply_of_the_model(smollm2_tokenizer_dir):
     engine = ScriptedEngine(tokenizer, lambda prompt: "ANSWER: 1")  # no tool call: one reply
     (result,) = validate_conversation_tasks(engine, tokenizer, params, SAMPLING, [1, 2, 3])
     assert all(s["assistant_turns"] == 1 for s in result.samples)
-    assert result.metrics["replies"] == 3 and result.metrics["valid_reply_ratio"] == 1.0
+    assert result.metrics["turns"] == 3 and result.metrics["valid_action_ratio"] == 1.0
     assert result.metrics["prompt_tokens_max"] == max(len(s["prompt_ids"])
                                                       for s in result.samples) > 0
+
+
+def test_a_task_whose_first_context_leaves_no_room_fails_both_gates(smollm2_tokenizer_dir):
+    """No reply was made, so no reply passed: the ratio is 0, not NaN (which would pass)."""
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_tokenizer_dir)
+    params = parse_params({"env": {"tasks": ["arithmetic"]},
+                           "rollout": {"protocol": "chat", "chat": {"max_tokens": 16}}})
+    engine = ScriptedEngine(tokenizer, lambda prompt: "ANSWER: 1")
+    (result,) = validate_conversation_tasks(engine, tokenizer, params, SAMPLING, [1, 2])
+    assert result.metrics["turns"] == 0 and result.metrics["valid_action_ratio"] == 0.0
+    failures = conversation_gate_failures([result], 0.5)
+    assert len(failures) == 2 and "leaves no room for a reply" in failures[0]
+    assert failures[1].endswith("valid-reply ratio 0.00 < validation.min_valid_action_ratio 0.50 "
+                                "(no reply was made)")

@@ -3,11 +3,11 @@ with the base model, tools and interaction, and check that the prompts fit and t
 
 Per task it measures: the first context's length against the token budget, replies per episode,
 tool calls per episode and how many of them ran (`tool_call_validity`), the share of replies all
-of whose tool calls ran (`valid_reply_ratio`: a reply without a call counts as valid; this is
-what the gate `validation.min_valid_action_ratio` reads with this protocol), success, why episodes
-ended, and the tokenization check of each episode (in `strict` a mismatch stops the stage with
-the first differing span). A task fails the gate when its first context does not leave room for
-a reply or when `valid_reply_ratio` is below the gate.
+of whose tool calls ran (`valid_action_ratio`, the training metric of the same name: a reply
+without a call counts as valid), success, why episodes ended, and the tokenization check of each
+episode (in `strict` a mismatch stops the stage with the first differing span). A task fails the
+gate when its first context does not leave room for a reply or when `valid_action_ratio` is below
+`validation.min_valid_action_ratio`, as with the action protocol.
 """
 
 from __future__ import annotations
@@ -25,17 +25,15 @@ from longturn.vision.encoder import IMAGE_PLACEHOLDER
 
 
 def task_metrics(samples: list[dict[str, Any]], budget: int) -> dict[str, Any]:
-    replies = [bool(r["action_valid"]) for s in samples for r in s["replies"]
-               if r["action_valid"] is not None]  # all its tool calls ran
     # what the model saw before its first reply (an episode with no reply: all of it)
     prompts = [len(s["prompt_ids"]) + (0 if s["replies"] else len(s["response_ids"]))
                for s in samples]
     m: dict[str, Any] = sample_metrics(samples)
+    if m["valid_action_ratio"] != m["valid_action_ratio"]:  # NaN: no reply, nothing passes
+        m["valid_action_ratio"] = 0.0
     m.update(samples=len(samples), prompt_tokens_max=max(prompts),
              prompt_tokens_mean=sum(prompts) / len(prompts), max_tokens=budget,
-             prompt_fits_budget=max(prompts) < budget,
-             valid_reply_ratio=sum(replies) / len(replies) if replies else 0.0,
-             replies=len(replies))
+             prompt_fits_budget=max(prompts) < budget)
     return m
 
 
@@ -64,15 +62,17 @@ def conversation_gate_failures(results: list[TaskValidation], min_ratio: float) 
             failures.append(f"task {r.task!r}: a first context of {m['prompt_tokens_max']} "
                             f"tokens leaves no room for a reply in rollout.chat.max_tokens "
                             f"{m['max_tokens']}")
-        if m["valid_reply_ratio"] < min_ratio:
-            failures.append(f"task {r.task!r}: valid-reply ratio {m['valid_reply_ratio']:.2f} < "
-                            f"validation.min_valid_action_ratio {min_ratio:.2f} "
-                            f"({m['tool_calls_per_episode']:.1f} tool calls per episode, "
-                            f"{m['tool_call_validity']:.0%} of them ran)")
+        if m["valid_action_ratio"] < min_ratio:
+            validity = m["tool_call_validity"]
+            why = ("no reply was made" if not m["turns"] else "no tool call was made"
+                   if validity != validity else f"{m['tool_calls_per_episode']:.1f} tool calls "
+                   f"per episode, {validity:.0%} of them ran")
+            failures.append(f"task {r.task!r}: valid-reply ratio {m['valid_action_ratio']:.2f} < "
+                            f"validation.min_valid_action_ratio {min_ratio:.2f} ({why})")
     return failures
 
 
-_COLUMNS = [("episodes", "samples", "{}"), ("valid replies", "valid_reply_ratio", "{:.2f}"),
+_COLUMNS = [("episodes", "samples", "{}"), ("valid replies", "valid_action_ratio", "{:.2f}"),
             ("tool calls / ep", "tool_calls_per_episode", "{:.2f}"),
             ("tool-call validity", "tool_call_validity", "{:.2f}"),
             ("replies / ep", "episode_length", "{:.2f}"),

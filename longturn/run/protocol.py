@@ -53,11 +53,10 @@ Rows = list[dict[str, Any]]
 
 @dataclass(frozen=True)
 class Validation:
-    """How validate_prompts checks a protocol's prompts: what it plays, the ratio its gate reads,
-    why the gate fails, the report and the samples file."""
+    """How validate_prompts checks a protocol's prompts: what it plays, why the gate (on each
+    task's `valid_action_ratio`) fails, the report and the samples file."""
 
     play: Callable[[Engine, Any, Params, Any, list[int]], list[Any]]
-    ratio: str
     gate_failures: Callable[[list[Any], float], list[str]]
     render_report: Callable[[list[Any], list[str], float, dict[str, Any], Any], str]
     write_samples: Callable[[Rows, Path, dict[str, Any]], Any]
@@ -114,7 +113,7 @@ PROTOCOLS = {
         "action", collector=_env_collector, to_samples=samples_from_turns,
         eval_plan=env_plan, check_names=check_env_tasks,
         validation=Validation(
-            _validate_envs, "valid_action_ratio", validation.gate_failures,
+            _validate_envs, validation.gate_failures,
             lambda results, failures, gate, settings, tokenizer:
                 render_report(results, failures, gate, settings),
             _write_rows)),
@@ -123,7 +122,7 @@ PROTOCOLS = {
         to_samples=samples_from_episodes, eval_plan=conversation_plan,
         check_names=check_conversation_plugins,
         validation=Validation(
-            conversation_validation.validate_conversation_tasks, "valid_reply_ratio",
+            conversation_validation.validate_conversation_tasks,
             conversation_validation.conversation_gate_failures,
             conversation_validation.render_conversation_report, write_samples)),
 }
