@@ -11,7 +11,7 @@ import torch
 from transformers import AutoTokenizer
 
 from longturn.algo.ppo import think_action_masks
-from longturn.algo.ppo_steps import _split_kl
+from longturn.algo.ppo_steps import split_kl
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def _kl(tokenizer, replies: list[str]) -> dict[str, float]:
     for row, r in enumerate(ids):
         valid[row, :len(r)] = True
     kl = torch.where(action, torch.tensor(0.5), torch.tensor(0.1))
-    return _split_kl(kl, valid, think, action)
+    return split_kl(kl, valid, think, action)
 
 
 def test_replies_with_an_action_tag_split_the_kl(tokenizer) -> None:

@@ -183,8 +183,8 @@ def _actor_backward(models: ModelSet, engine: Any, trunk: Any, packed: Any, mb: 
     return total
 
 
-def _split_kl(kl: torch.Tensor, valid: torch.Tensor, think: torch.Tensor,
-              action: torch.Tensor) -> dict[str, float]:
+def split_kl(kl: torch.Tensor, valid: torch.Tensor, think: torch.Tensor,
+             action: torch.Tensor) -> dict[str, float]:
     """KL over THINK and over ACTION tokens; NaN for both when no reply has an ACTION tag (chat
     replies, or a model that never wrote one): there is no split to compare, a 0 would read as no
     drift, and NaN is left out of the logged curves."""
@@ -206,7 +206,7 @@ def batch_stats(batch: TurnBatch, tokenizer: Any) -> dict[str, float]:
     returns = batch.flat("returns")
     out = {
         "kl_mean": float(masked_mean(kl, valid)),
-        **_split_kl(kl, valid, think, action),
+        **split_kl(kl, valid, think, action),
         "advantage_mean": float(batch.flat("advantages").mean()),
         "return_mean": float(returns.mean()),
         "n_turns": float(len(batch)),
