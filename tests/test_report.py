@@ -430,6 +430,22 @@ def test_one_eval_table_for_every_protocol(full_report: Path) -> None:
         in head
 
 
+def test_replies_per_episode_is_pooled_as_success_is(tmp_path: Path) -> None:
+    """Envs that start together end their short (successful) episodes first and hit the time
+    limit together, so per iteration the length swings 3 → 15 → 3 → 15 (a GPU run of
+    2026-11-28 read 3.17 → 15.45 while its evaluations went 15.0 → 14.2); weighted by the
+    episodes each iteration ended, both blocks say the same."""
+    live = write_live(tmp_path, "live", {
+        "train/episodes_ended": [1, 100, 1, 100], "train/successes": [1, 10, 1, 10],
+        "train/episode_length": [3.0, 15.0, 3.0, 15.0]})
+    text = build_report(tmp_path / "a", tmp_path / "b", live, tmp_path / "c",
+                        tmp_path / "report", {}).read_text()
+    pooled = (1 * 3.0 + 100 * 15.0) / 101
+    assert (f"- replies per episode, over the episodes ended in the first and last success "
+            f"blocks: {pooled:.2f} (iterations 0–1) → {pooled:.2f} (iterations 2–3).") in text
+    assert "3.00 → 15.00" not in text
+
+
 def test_a_chat_run_reads_as_replies_and_tool_calls_without_being_told(tmp_path: Path) -> None:
     """The report is not told the protocol: a run whose replies were never parsed into actions
     logged no action mix and no THINK / ACTION KL (NaN, left out), so it gets no such section,

@@ -195,7 +195,7 @@ def _training_sections(drawn: dict[str, bool], train: pd.DataFrame, blocks: list
         + _section("Where the time goes", drawn["timing.png"], "timing.png",
                    "seconds per phase per iteration", timing_reading(train),
                    f"none of {phases} was logged"))
-    body = replies_reading(train) or ["*No reply metrics were logged.*"]
+    body = replies_reading(train, blocks) or ["*No reply metrics were logged.*"]
     lines += ["## Replies", "", *body, ""]
     if drawn["actions.png"]:
         lines += _section("Action mix", True, "actions.png", "action mix per iteration",

@@ -5,23 +5,42 @@ a run has nothing to count for: tool calls without conversations)."""
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import pandas as pd
 
-from longturn.report.training import first_last, numeric
+from longturn.report.training import SuccessBlock, block_mean, first_last, numeric, span_text
 
 OUTCOMES_PREFIX = "tokenization/"
+PER_EPISODE = ("episode_length", "tool_calls_per_episode")  # pooled as success is
 
 
-def replies_reading(df: pd.DataFrame) -> list[str]:
-    """First vs last iteration of replies, tool calls and their validity, and the tokenization
+def _pooled(df: pd.DataFrame, key: str, blocks: Sequence[SuccessBlock]) -> str | None:
+    """"a (iterations i–j) → b (iterations k–l)" over the first and last blocks, or None."""
+    if len(blocks) < 2:
+        return None
+    first, last = block_mean(df, key, blocks[0]), block_mean(df, key, blocks[-1])
+    if first is None or last is None:
+        return None
+    return (f"{first:.2f} ({span_text(blocks[0])}) → {last:.2f} ({span_text(blocks[-1])})")
+
+
+def replies_reading(df: pd.DataFrame, blocks: Sequence[SuccessBlock] = ()) -> list[str]:
+    """Replies and tool calls per episode (pooled over the first and last success blocks when
+    there are two or more, else first vs last iteration), the validity of tool calls and the
+    share of the sequence the model wrote (first vs last iteration), and the tokenization
     check's outcomes over the whole run."""
     lines = []
     for key, label in (("episode_length", "replies per episode"),
                        ("tool_calls_per_episode", "tool calls per episode"),
                        ("tool_call_validity", "tool calls that ran"),
                        ("model_token_fraction", "share of the sequence the model wrote")):
+        pooled = _pooled(df, key, blocks) if key in PER_EPISODE else None
         fl = first_last(df, key)
-        if fl:
+        if pooled:
+            lines.append(f"- {label}, over the episodes ended in the first and last success "
+                         f"blocks: {pooled}.")
+        elif fl:
             lines.append(f"- {label}: {fl[0]:.2f} → {fl[1]:.2f} over {fl[2]} iteration(s).")
         elif key == "tool_call_validity" and "tool_calls_per_episode" in df.columns:
             lines.append("- tool calls that ran: no tool call was made.")

@@ -93,10 +93,26 @@ def pool_success_blocks(df: pd.DataFrame, target_blocks: int = 10,
     return [_block(counts.iloc[a:b]) for a, b in groups]
 
 
-def _block_text(b: SuccessBlock) -> str:
-    span = (f"iteration {b.first_iteration}" if b.first_iteration == b.last_iteration
+def block_mean(df: pd.DataFrame, key: str, block: SuccessBlock) -> float | None:
+    """`key`'s per-iteration values over the block's iterations, weighted by the episodes each
+    ended: a per-episode metric (episode length, tool calls) read the way success is pooled, so
+    the iterations that end only the short episodes (the first, in fixed-turn batches) do not
+    decide it. None when no iteration of the block logged it."""
+    counts = ended_counts(df)["episodes"]
+    values = numeric(df, key)
+    span = [i for i in counts.index if block.first_iteration <= i <= block.last_iteration
+            and i in values.index]
+    weight = float(sum(counts[i] for i in span))
+    return float(sum(values[i] * counts[i] for i in span)) / weight if weight else None
+
+
+def span_text(b: SuccessBlock) -> str:
+    return (f"iteration {b.first_iteration}" if b.first_iteration == b.last_iteration
             else f"iterations {b.first_iteration}–{b.last_iteration}")
-    return f"{span}: {b.successes}/{b.episodes} = {b.rate:.2f} [{b.low:.2f}, {b.high:.2f}]"
+
+
+def _block_text(b: SuccessBlock) -> str:
+    return f"{span_text(b)}: {b.successes}/{b.episodes} = {b.rate:.2f} [{b.low:.2f}, {b.high:.2f}]"
 
 
 def success_reading(blocks: list[SuccessBlock]) -> list[str]:
