@@ -16,7 +16,8 @@ PER_EPISODE = ("episode_length", "tool_calls_per_episode")  # pooled as success 
 
 
 def _pooled(df: pd.DataFrame, key: str, blocks: Sequence[SuccessBlock]) -> str | None:
-    """"a (iterations i–j) → b (iterations k–l)" over the first and last blocks, or None."""
+    """`key` over the first and over the last block, with their iterations; None with fewer
+    than two blocks or a block that did not log it."""
     if len(blocks) < 2:
         return None
     first, last = block_mean(df, key, blocks[0]), block_mean(df, key, blocks[-1])

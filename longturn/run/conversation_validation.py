@@ -63,10 +63,14 @@ def conversation_gate_failures(results: list[TaskValidation], min_ratio: float) 
                             f"tokens leaves no room for a reply in rollout.chat.max_tokens "
                             f"{m['max_tokens']}")
         if m["valid_action_ratio"] < min_ratio:
-            validity = m["tool_call_validity"]
-            why = ("no reply was made" if not m["turns"] else "no tool call was made"
-                   if validity != validity else f"{m['tool_calls_per_episode']:.1f} tool calls "
-                   f"per episode, {validity:.0%} of them ran")
+            validity = m["tool_call_validity"]  # NaN when no call was made
+            if not m["turns"]:
+                why = "no reply was made"
+            elif validity != validity:
+                why = "no tool call was made"
+            else:
+                why = (f"{m['tool_calls_per_episode']:.1f} tool calls per episode, "
+                       f"{validity:.0%} of them ran")
             failures.append(f"task {r.task!r}: valid-reply ratio {m['valid_action_ratio']:.2f} < "
                             f"validation.min_valid_action_ratio {min_ratio:.2f} ({why})")
     return failures
