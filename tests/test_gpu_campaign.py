@@ -376,3 +376,30 @@ def test_training_success_is_pooled_over_episodes_not_averaged_over_iterations(t
     text = summary.render(state, figures)
     assert "iterations 0–1: 11/101 = 0.11" in text and "iterations 2–3: 11/101 = 0.11" in text
     assert "0.55" not in text  # the mean of the four rates
+
+
+def _eval_samples(path: Path, calls: list[int], wins: list[bool]) -> None:
+    """An evaluation's turns.parquet as the chat protocol writes it, reduced to what the tool-use
+    figures read: the sample that ends each episode carries its tool counts."""
+    import pandas as pd
+
+    path.mkdir(parents=True)
+    rows = [{"task": "arithmetic", "episode_seed": 1000 + i, "tool_calls": c, "tool_errors": 0,
+             "replies": [{"success": False}, {"success": w}]}
+            for i, (c, w) in enumerate(zip(calls, wins))]
+    pd.DataFrame(rows).to_parquet(path / "turns.parquet")
+
+
+def test_tool_use_is_paired_on_seeds_for_the_chat_protocol_only(tmp_path):
+    _eval_samples(tmp_path / "data/eval/zero_shot", [0, 0, 1, 0], [False, False, True, False])
+    _eval_samples(tmp_path / "data/eval/final", [2, 1, 1, 0], [True, False, True, False])
+    commands = {"zero_shot_eval": "zs", "final_eval": "fin"}
+    assert campaign_results.tool_use(tmp_path, commands, "action") == {}
+    figures = campaign_results.tool_use(tmp_path, commands, "chat")
+    v = figures["value"]
+    assert v["zero_shot"]["with_tool_call"] == 1 and v["final"]["with_tool_call"] == 3
+    assert v["final"]["calls_per_episode"] == 1.0 and v["final"]["accuracy"] == 0.5
+    assert (v["used_tool_paired"]["lost"], v["used_tool_paired"]["gained"]) == (0, 2)
+    state = {"profile": "calculator", "parts": {}, "status": "finished", "command": "c",
+             "budget_s": 780}
+    assert "| episodes with a tool call | 1 | 3 |" in summary.render(state, {"tool_use": figures})
