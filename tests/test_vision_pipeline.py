@@ -34,6 +34,9 @@ def test_dvc_exp_run_of_the_vision_profile(tmp_path, smollm2_tokenizer_dir):
         metrics = json.loads((repo / f"data/eval/{side}/metrics.json").read_text())
         assert set(metrics["tasks"]) == {"babyai_goto_frames"}
         assert metrics["overall"]["episodes"] == 2
+        # frames counted by image_starts: the evaluation does not copy their bytes to Python
+        frames = pd.read_parquet(repo / f"data/eval/{side}/turns.parquet")["images"].map(len)
+        assert frames.sum() >= 2 and metrics["overall"]["images_per_episode"] == frames.sum() / 2
     part = repo / "data/train/trajectories/iteration=0000/part-00.parquet"
     assert audit_samples_file(part) < 1e-4
     for row in pd.read_parquet(part).itertuples():

@@ -6,7 +6,8 @@ Episodes are counted by the reply that ends them (its `termination`), by a sampl
 (`aborted_resets`). Success rate and episode length are over the episodes that were not aborted.
 Rewards, response tokens and validity are per reply; tokens, model tokens, images and tool calls
 per ended episode (with a history window the tokens are what the model was given, reply by
-reply, so `mean_tokens` is what an episode cost).
+reply, so `mean_tokens` is what an episode cost). Frames are counted by `image_starts`, one per
+frame, so a caller may leave the PNG bytes out of the samples it passes.
 
 A reply is valid (its `action_valid`) when it parsed into one of the env's actions (the action
 protocol) or when all its tool calls ran (a conversation; a reply without a call is valid):
@@ -122,7 +123,8 @@ def sample_totals(samples: list[Sample]) -> dict[str, tuple[float, float]]:
         "mean_user_turns": (float(sum(int(s["user_turns"] or 0) for s in held)), per_episode),
         "mean_tokens": (tokens, ended),
         "model_token_fraction": (float(sum(sum(s["loss_mask"]) for s in samples)), tokens),
-        "images_per_episode": (float(sum(len(s.get("images") or ()) for s in samples)), ended),
+        "images_per_episode": (float(sum(len(s.get("image_starts") or ()) for s in samples)),
+                               ended),
         "conversations_ended": (float(len(checks)), 1.0),
     }
     counted = count_endings(reasons)
