@@ -81,8 +81,7 @@ def _training(results: dict[str, Any]) -> list[str]:
         lines.append(f"- peak GPU memory (torch, any phase): "
                      f"{v['peak_gpu_memory_gib_max']:.2f} GiB")
     blocks = [SuccessBlock(**b) for b in v.get("success_halves", [])]
-    lines += [line.replace("- success", "- training success", 1)
-              for line in success_reading(blocks)]
+    lines += success_reading(blocks, label="training success")
     return lines + [""]
 
 

@@ -115,13 +115,14 @@ def _block_text(b: SuccessBlock) -> str:
     return f"{span_text(b)}: {b.successes}/{b.episodes} = {b.rate:.2f} [{b.low:.2f}, {b.high:.2f}]"
 
 
-def success_reading(blocks: list[SuccessBlock]) -> list[str]:
-    """First vs last block with Wilson intervals; overlapping intervals are not read as change."""
+def success_reading(blocks: list[SuccessBlock], label: str = "success") -> list[str]:
+    """First vs last block with Wilson intervals; overlapping intervals are not read as change.
+    `label` names the figure at the start of the line."""
     if not blocks:
         return []
     total = sum(b.episodes for b in blocks)
     if len(blocks) == 1:
-        return [f"- success (pooled): {_block_text(blocks[0])}; only one block "
+        return [f"- {label} (pooled): {_block_text(blocks[0])}; only one block "
                 f"({total} ended episodes), so no trend can be read."]
     first, last = blocks[0], blocks[-1]
     if first.low <= last.high and last.low <= first.high:
@@ -130,7 +131,7 @@ def success_reading(blocks: list[SuccessBlock]) -> list[str]:
         verdict = (f"the 95% intervals do not overlap: success went "
                    f"{'up' if last.rate > first.rate else 'down'}.")
     smallest = min(b.episodes for b in blocks)
-    return [f"- success, pooled into {len(blocks)} blocks ({total} ended episodes, at least "
+    return [f"- {label}, pooled into {len(blocks)} blocks ({total} ended episodes, at least "
             f"{smallest} per block): {_block_text(first)} → {_block_text(last)}; {verdict}"]
 
 

@@ -12,6 +12,7 @@ gate when its first context does not leave room for a reply or when `valid_actio
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -29,7 +30,7 @@ def task_metrics(samples: list[dict[str, Any]], budget: int) -> dict[str, Any]:
     prompts = [len(s["prompt_ids"]) + (0 if s["replies"] else len(s["response_ids"]))
                for s in samples]
     m: dict[str, Any] = sample_metrics(samples)
-    if m["valid_action_ratio"] != m["valid_action_ratio"]:  # NaN: no reply, nothing passes
+    if math.isnan(m["valid_action_ratio"]):  # no reply was made: none passed
         m["valid_action_ratio"] = 0.0
     m.update(samples=len(samples), prompt_tokens_max=max(prompts),
              prompt_tokens_mean=sum(prompts) / len(prompts), max_tokens=budget,
@@ -66,7 +67,7 @@ def conversation_gate_failures(results: list[TaskValidation], min_ratio: float) 
             validity = m["tool_call_validity"]  # NaN when no call was made
             if not m["turns"]:
                 why = "no reply was made"
-            elif validity != validity:
+            elif math.isnan(validity):
                 why = "no tool call was made"
             else:
                 why = (f"{m['tool_calls_per_episode']:.1f} tool calls per episode, "
