@@ -33,7 +33,7 @@ from longturn.tasks.arithmetic import DEMONSTRATION
 from longturn.run.training import run_training
 from reply_rows import reply_rows
 from test_pipeline_smoke import write_params
-from test_conversation_training import sequence_params
+from test_every_setting_combination import combination_params
 from test_training import paths, toy_params
 
 FLAKY = "flaky_envs:FlakyCorridor"
@@ -299,7 +299,7 @@ def test_conversation_training_survives_a_hostile_tool(tiny_model_dir, tmp_path,
                                                    monkeypatch):
     tools = tmp_path / "hostile_tools.yaml"
     tools.write_text(tools_yaml())
-    params = sequence_params(tiny_model_dir)
+    params = combination_params(tiny_model_dir, "chat", "episode", "gae")
     params.rollout.n_envs = 2
     params.rollout.chat.tools = str(tools)
     params.rollout.chat.max_tokens = 2048
