@@ -8,7 +8,7 @@ How: one rollout batch (rollout.n_envs slots × --turns lock-steps) is gathered 
 collector (`make_collector(...).collect`), so prompts, flags and bootstrap prompts are exactly
 the collector's. By default the engine is a stand-in that answers every prompt with a canned
 THINK/ACTION reply of --response-tokens tokens (no generation cost, fixed response length);
---generate samples with the real engine instead. The batch, as training samples (`to_samples`),
+--generate samples with the real engine instead. The batch (the collector's samples)
 is scored (`PPOTrainer.score`), written with `write_samples`, and `trainer.update([path])` is timed after --warmup untimed updates
 (the first one allocates the optimizer state; one untimed scoring call on a copy of the whole
 batch pays the other one-off costs: a slice of it could cut an episode, which scoring refuses).
@@ -71,7 +71,7 @@ from longturn.params.config import load_params  # noqa: E402
 from longturn.engines.base import Completion, SamplingParams  # noqa: E402
 from longturn.engines.registry import make_engine, sampling_from_params  # noqa: E402
 from longturn.run.models import load_tokenizer  # noqa: E402
-from longturn.run.wiring import (gae_params, make_collector, to_samples,  # noqa: E402
+from longturn.run.wiring import (gae_params, make_collector,  # noqa: E402
                                  trainer_settings)
 from longturn.trajectories import write_samples  # noqa: E402
 from cpu_threads import add_threads_arg, use_threads  # noqa: E402
@@ -119,7 +119,7 @@ class CannedEngine:
 
 
 def collect_batch(params, model_dir: str, tokenizer, args) -> list[dict]:
-    """One iteration of turn rows from the collector (canned or real engine)."""
+    """One iteration of samples from the collector (canned or real engine)."""
     n_tokens = args.response_tokens or params.engine.sampling.max_new_tokens
     engine = make_engine(model_dir, params) if args.generate else CannedEngine(tokenizer, n_tokens)
     collector = make_collector(params, 0, "bench")
@@ -229,14 +229,14 @@ def model_layers(model_dir: str) -> int:
     return int(config["num_hidden_layers"])
 
 
-def measure(settings: TrainerSettings, model_dir: str, rows: list[dict], params, tokenizer,
+def measure(settings: TrainerSettings, model_dir: str, samples: list[dict], params, tokenizer,
             path: Path, args) -> tuple[Timing, PPOTrainer]:
-    """Score + update timing for one setting on a copy of the rows, and the trainer."""
+    """Score + update timing for one setting on a copy of the samples, and the trainer."""
     trainer = PPOTrainer(model_dir, model_dir, settings, gae_params(params), tokenizer)
     # first calls pay one-off costs (allocator, kernel selection): not timed. The whole batch,
     # as a slice of it can cut an episode (no next turn, no bootstrap prompt: scoring refuses)
-    trainer.score(to_samples(params, copy.deepcopy(rows)))
-    fresh = to_samples(params, copy.deepcopy(rows))
+    trainer.score(copy.deepcopy(samples))
+    fresh = copy.deepcopy(samples)
     t0 = time.perf_counter()
     scored = trainer.score(fresh)
     score_seconds = time.perf_counter() - t0
@@ -301,7 +301,7 @@ def run(args: argparse.Namespace, model_dir: str, tmp: str) -> None:
         params.rollout.turns_per_env = args.turns
     use_threads(args.threads)
     tokenizer = load_tokenizer(model_dir)
-    rows = collect_batch(params, model_dir, tokenizer, args)
+    samples = collect_batch(params, model_dir, tokenizer, args)
     settings = settings_from(params, args)
     layers = model_layers(model_dir)
     if settings.lora and args.lora_layers >= layers:
@@ -313,27 +313,27 @@ def run(args: argparse.Namespace, model_dir: str, tmp: str) -> None:
     for name, setting in variants(settings, args.lora_layers, layers).items():
         if args.only_params and "params.yaml" not in name:
             continue
-        timing, trainer = measure(setting, model_dir, rows, params, tokenizer,
+        timing, trainer = measure(setting, model_dir, samples, params, tokenizer,
                                   Path(tmp) / f"{len(timings)}.parquet", args)
         timings[name] = timing
         if ("params.yaml" in name) if args.only_params else name.startswith("plain"):
             models = {"actor": flop_params(trainer.actor_module),
                       "critic": flop_params(trainer.critic_module)}
-            report(args, params, rows, name, setting, models,
+            report(args, params, samples, name, setting, models,
                    (timing.score_s, timing.update_s), peak, dtype)
         del trainer
-    print_side_by_side(timings, rows, layers)
+    print_side_by_side(timings, samples, layers)
     if not settings.lora and not args.only_params:
         print("  (ppo.lora is false: the LoRA-top and shared-trunk variants are skipped)")
 
 
-def print_side_by_side(timings: dict[str, Timing], rows: list[dict], layers: int) -> None:
+def print_side_by_side(timings: dict[str, Timing], samples: list[dict], layers: int) -> None:
     """Score + update seconds per setting, its trunk depth, and its speed-up over plain; then
     the shared trunk's speed-up (on vs off) for each LoRA variant timed both ways."""
     plain = next((t for name, t in timings.items() if name.startswith("plain")), None)
     if plain is None:
         return
-    tokens = sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows)
+    tokens = sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in samples)
     print("\nside by side (same batch, same run): score + update, speed-up vs plain")
     for name, t in timings.items():
         print(f"  {name:46s} trunk {t.depth}/{layers}  score {t.score_s:7.2f} s  update "
@@ -345,19 +345,19 @@ def print_side_by_side(timings: dict[str, Timing], rows: list[dict], layers: int
               f"{timings[on].depth} of {layers} layers)")
 
 
-def report(args, params, rows, name, setting, models, seconds, peak, dtype) -> None:
+def report(args, params, samples, name, setting, models, seconds, peak, dtype) -> None:
     """FLOP/s of one variant against the matmul peak. Tokens count every prompt token, so with a
     shared prefix or top-layer LoRA the figure is effective (the plain layout's work per second)."""
     score_s, update_s = seconds
     (_, n_actor), (_, n_critic) = models["actor"], models["critic"]
-    tokens = sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows)
+    tokens = sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in samples)
     update = 6 * (n_actor + n_critic) * tokens * setting.ppo_epochs
     lora_update = 4 * (n_actor + n_critic) * tokens * setting.ppo_epochs
     forwards = 2 * (2 * n_actor + n_critic) * tokens  # old + ref logprobs, values
-    prompt = statistics.mean(len(r["prompt_ids"]) for r in rows)
-    response = statistics.mean(len(r["response_ids"]) for r in rows)
+    prompt = statistics.mean(len(r["prompt_ids"]) for r in samples)
+    response = statistics.mean(len(r["response_ids"]) for r in samples)
     effective = setting.share_prefix or setting.lora_layers
-    print(f"PPO update ({name}): {len(rows)} turns ({params.rollout.n_envs} envs x "
+    print(f"PPO update ({name}): {len(samples)} turns ({params.rollout.n_envs} envs x "
           f"{params.rollout.turns_per_env}), prompt {prompt:.0f} + response {response:.0f} "
           f"tokens/turn, {'sampled' if args.generate else 'canned'} replies; ppo_epochs="
           f"{setting.ppo_epochs} mini={setting.mini_batch_size} micro={setting.micro_batch_size} "

@@ -44,9 +44,10 @@ def timed_play(engine, tokenizer, params, jobs, parallel: int) -> tuple[int, flo
     """Turns played and wall seconds for `jobs` with `parallel` envs in lock-step."""
     settings = AgentSettings.from_params(params)
     start = time.perf_counter()
-    turns, _ = play_episodes(engine, tokenizer, env_factory_from_params(params), jobs, parallel,
-                             sampling_from_params(params, seed=0), settings, progress=False)
-    return len(turns), time.perf_counter() - start
+    samples, _ = play_episodes(engine, tokenizer, env_factory_from_params(params), jobs,
+                               parallel, sampling_from_params(params, seed=0), settings,
+                               progress=False)
+    return len(samples), time.perf_counter() - start  # a sample per turn
 
 
 def with_workers(params: Params, workers: bool) -> Params:
@@ -80,11 +81,11 @@ def timed_collect(engine, tokenizer, params: Params, envs: int, turns: int,
         for slot in collector.player.slots:
             slot.prompt(tokenizer)  # first prompts rendered, workers answered: the slots are up
         started = time.perf_counter()
-        rows = collector.collect(engine, tokenizer, sampling_from_params(p, seed=0), 0,
+        samples = collector.collect(engine, tokenizer, sampling_from_params(p, seed=0), 0,
                                  progress=False)
     finally:
         collector.close()  # a slot whose env never starts must leave no worker behind
-    return len(rows), time.perf_counter() - started, started - start
+    return len(samples), time.perf_counter() - started, started - start
 
 
 def workers_lines(engine, tokenizer, params: Params, envs: int, turns: int, label: str) -> None:

@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from longturn.algo.trainer import PPOTrainer  # noqa: E402
 from longturn.params.config import load_params  # noqa: E402
 from longturn.run.models import load_tokenizer  # noqa: E402
-from longturn.run.wiring import gae_params, to_samples, trainer_settings  # noqa: E402
+from longturn.run.wiring import gae_params, trainer_settings  # noqa: E402
 from longturn.trajectories import read_table, write_samples  # noqa: E402
 from cpu_threads import add_threads_arg, use_threads  # noqa: E402
 from ppo_update import collect_batch  # noqa: E402
@@ -80,7 +80,7 @@ def samples_of(args: argparse.Namespace, params, model_dir: str, tokenizer) -> l
     """The part's samples, or one collected batch as samples."""
     if args.part:
         return read_table(args.part).to_pylist()
-    return to_samples(params, collect_batch(params, model_dir, tokenizer, args))
+    return collect_batch(params, model_dir, tokenizer, args)
 
 
 def timed(call: Callable[[], object]) -> tuple[float, float]:

@@ -10,7 +10,7 @@ which some of them test.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 import pandas as pd
 
@@ -30,3 +30,10 @@ def read_reply_rows(paths: Path | Iterable[Path]) -> pd.DataFrame:
     """The replies of one or more sample files, files in the order given."""
     paths = [paths] if isinstance(paths, Path) else list(paths)
     return reply_rows(pd.concat([pd.read_parquet(p) for p in paths], ignore_index=True))
+
+
+def replies_of(samples: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What a collector returned (samples in memory) as one dict per reply: its sample's columns
+    (all but `replies`) and the reply's fields, in order."""
+    return [{**{k: v for k, v in sample.items() if k != "replies"}, **reply}
+            for sample in samples for reply in sample["replies"] or ()]

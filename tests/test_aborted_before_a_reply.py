@@ -8,7 +8,7 @@ import json
 
 from longturn.rollout.sample_metrics import sample_metrics
 from longturn.rollout.samples import samples_from_episodes
-from longturn.run.conversation_evaluation import episode_row
+from longturn.rollout.conversation_episodes import episode_row
 from longturn.run.evaluation import summarise
 from longturn.run.training import _trains
 

@@ -101,7 +101,7 @@ def test_failing_agents_abort_their_own_episodes_and_the_slot_goes_on(smollm2_to
     for agent, replies in ((agents_for_tests.raises_after_a_call, 1), (lambda task, url: None, 0)):
         collector = AgentTurnCollector(run, agent, 30.0, ["arithmetic_plain"], 1, TURNS, seed=1)
         try:
-            records = collector.collect(engine, tokenizer, SAMPLING, 0, {})
+            records = collector.records(engine, tokenizer, SAMPLING, 0, {})
         finally:
             collector.close()
         assert [len(r["segment_starts"]) for r in records] == [replies] * TURNS
@@ -131,10 +131,10 @@ def test_agent_calls_in_fixed_turns_carry_episodes_across_an_update(tiny_model_d
     collector = AgentTurnCollector(run, three_calls, 4.0, ["arithmetic_plain"], N_ENVS, TURNS,
                                    seed=1, run_id="t")
     try:
-        first = collector.collect(engine, tokenizer, SAMPLING, 0, {"run_id": "t"})
+        first = collector.records(engine, tokenizer, SAMPLING, 0, {"run_id": "t"})
         time.sleep(4.5)  # "the update": longer than agent_timeout_s, but held time is not counted
         engine.load_weights({k: v + 0.01 for k, v in engine.inner.model.state_dict().items()})
-        second = collector.collect(engine, tokenizer, SAMPLING, 1, {"run_id": "t"})
+        second = collector.records(engine, tokenizer, SAMPLING, 1, {"run_id": "t"})
         futures = [slot.future for slot in collector.slots]
     finally:
         collector.close()

@@ -1,4 +1,5 @@
-"""Fixed-turn collection: exact batch size, episodes continuing across iterations, bootstrap rows."""
+"""Fixed-turn collection: exact batch size, episodes continuing across iterations, bootstrap
+prompts; what is collected is samples of one reply each, read here reply by reply."""
 
 from collections import defaultdict
 
@@ -10,6 +11,7 @@ from longturn.envs.babyai import BabyAITextEnv
 from longturn.envs.registry import EnvSpec
 from longturn.envs.workers import WorkerEnv
 from longturn.run.models import load_tokenizer
+from reply_rows import replies_of
 from settings_from_params import agent_settings, sampling_settings
 
 SAMPLING = sampling_settings(max_new_tokens=4, temperature=1.0, seed=7)
@@ -35,13 +37,18 @@ def make_collector(max_turns=3, workers=False, n_envs=3):
                            settings=settings, seed=11, run_id="t")
 
 
+def played(collector, engine, tokenizer, iteration):
+    """One collect, reply by reply."""
+    return replies_of(collector.collect(engine, tokenizer, SAMPLING, iteration, progress=False))
+
+
 KEYS = ("episode_id", "turn", "prompt_ids", "response_ids", "action", "reward", "termination")
 
 
 def test_fixed_turn_batches_continue_episodes(engine, tokenizer):
     collector = make_collector()
-    first = collector.collect(engine, tokenizer, SAMPLING, iteration=0, progress=False)
-    second = collector.collect(engine, tokenizer, SAMPLING, iteration=1, progress=False)
+    first = played(collector, engine, tokenizer, 0)
+    second = played(collector, engine, tokenizer, 1)
     assert len(first) == len(second) == 12
     crossing = 0
     by_slot = defaultdict(list)
@@ -61,7 +68,7 @@ def test_fixed_turn_batches_continue_episodes(engine, tokenizer):
         crossing += rows[3]["episode_id"] == rows[4]["episode_id"]
         for r in rows:
             wants = r["truncated"] or (r["segment_end"] and not r["terminated"])
-            assert ("bootstrap_prompt_ids" in r) == wants
+            assert (r["bootstrap_prompt_ids"] is not None) == wants
     assert crossing >= 1  # some episode continued from iteration 0 into iteration 1
     assert any(r["truncated"] for r in first + second)
     tasks = {r["env_index"]: r["task"] for r in first}
@@ -70,11 +77,11 @@ def test_fixed_turn_batches_continue_episodes(engine, tokenizer):
 
 def test_state_roundtrip_continues_identically(engine, tokenizer):
     a = make_collector()
-    a.collect(engine, tokenizer, SAMPLING, iteration=0, progress=False)
+    played(a, engine, tokenizer, 0)
     b = make_collector()
     b.load_state(a.state())
-    rows_a = a.collect(engine, tokenizer, SAMPLING, iteration=1, progress=False)
-    rows_b = b.collect(engine, tokenizer, SAMPLING, iteration=1, progress=False)
+    rows_a = played(a, engine, tokenizer, 1)
+    rows_b = played(b, engine, tokenizer, 1)
     assert [[r[k] for k in KEYS] for r in rows_a] == [[r[k] for k in KEYS] for r in rows_b]
 
 
@@ -84,16 +91,16 @@ def test_worker_envs_play_the_same_turns_and_resume_from_a_checkpoint(engine, to
     local, remote = make_collector(n_envs=2), make_collector(workers=True, n_envs=2)
     resumed = None
     try:
-        rows_l = local.collect(engine, tokenizer, SAMPLING, 0, progress=False)
-        rows_r = remote.collect(engine, tokenizer, SAMPLING, 0, progress=False)
+        rows_l = played(local, engine, tokenizer, 0)
+        rows_r = played(remote, engine, tokenizer, 0)
         assert [[r[k] for k in KEYS] for r in rows_l] == [[r[k] for k in KEYS] for r in rows_r]
         assert any(r["termination"] == "time_limit" for r in rows_r)
         resumed = make_collector(workers=True, n_envs=2)
         resumed.load_state(remote.state())
         pids = {slot.env.pid for slot in remote.player.slots}
         assert not pids & {slot.env.pid for slot in resumed.player.slots}
-        rows_r = remote.collect(engine, tokenizer, SAMPLING, iteration=1, progress=False)
-        rows_c = resumed.collect(engine, tokenizer, SAMPLING, iteration=1, progress=False)
+        rows_r = played(remote, engine, tokenizer, 1)
+        rows_c = played(resumed, engine, tokenizer, 1)
         assert [[r[k] for k in KEYS] for r in rows_r] == [[r[k] for k in KEYS] for r in rows_c]
     finally:
         for c in (local, remote, resumed):

@@ -22,6 +22,7 @@ from longturn.run.models import load_tokenizer
 from longturn.rollout.env_slots import AgentSettings, env_factory_from_params
 from longturn.algo.sample_scoring import audit_samples_file
 from longturn.trajectories import read_metadata
+from reply_rows import replies_of
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,7 +58,7 @@ def test_groups_start_from_one_seed_and_play_to_the_end(tiny_model_dir) -> None:
     finally:
         collector.close()
         engine.close()
-    rows = pd.DataFrame(first)
+    rows = pd.DataFrame(replies_of(first))
     assert rows["group_id"].nunique() == 2 and rows["episode_id"].nunique() == 4
     for _, group in rows.groupby("group_id"):
         assert group["episode_seed"].nunique() == 1 and group["episode_id"].nunique() == 2
@@ -68,7 +69,7 @@ def test_groups_start_from_one_seed_and_play_to_the_end(tiny_model_dir) -> None:
         assert not episode.iloc[:-1]["segment_end"].any()
         assert len(episode) <= 3  # env.max_turns
     assert rows["observation"].str.len().min() > 0
-    assert set(pd.DataFrame(second)["episode_seed"]).isdisjoint(set(rows["episode_seed"]))
+    assert {s["episode_seed"] for s in second}.isdisjoint(set(rows["episode_seed"]))
 
 
 def test_group_size_must_divide_the_slots(tiny_model_dir) -> None:
@@ -130,7 +131,6 @@ def test_group_advantages_reach_the_loss_unwhitened(tiny_model_dir, tmp_path, mo
     from longturn.algo import ppo_steps
     from longturn.algo.gae import GAEParams
     from longturn.algo.trainer import PPOTrainer
-    from longturn.rollout.samples import samples_from_turns
     from longturn.run.models import load_tokenizer
     from longturn.trajectories import write_samples
     from longturn.run.wiring import trainer_settings
@@ -138,15 +138,15 @@ def test_group_advantages_reach_the_loss_unwhitened(tiny_model_dir, tmp_path, mo
     params, tokenizer, engine, collector = _grpo_collector(tiny_model_dir, "w")
     settings = replace(trainer_settings(params), bf16=False)
     try:
-        rows = collector.collect(engine, tokenizer, sampling_from_params(params, seed=1), 0,
-                                 progress=False)
+        samples = collector.collect(engine, tokenizer, sampling_from_params(params, seed=1), 0,
+                                    progress=False)
     finally:
         collector.close()
         engine.close()
-    for row in rows:  # distinct returns: a random policy's are all alike
-        row["reward"] = float(row["env_index"])
+    for sample in samples:  # distinct returns: a random policy's are all alike
+        sample["replies"][0]["reward"] = float(sample["env_index"])
     trainer = PPOTrainer(tiny_model_dir, None, settings, GAEParams(0.5, 1.0), tokenizer)
-    samples = trainer.score(samples_from_turns(rows))
+    samples = trainer.score(samples)
     path = write_samples(samples, tmp_path / "samples.parquet")
     seen = []
     real = ppo_steps.policy_loss

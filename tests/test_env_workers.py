@@ -26,11 +26,10 @@ from longturn.envs.registry import EnvSpec
 from longturn.envs.workers import WorkerEnv
 from longturn.errors import UserError
 from longturn.run.evaluation import env_plan, evaluate, write_outputs
-from longturn.rollout.samples import samples_from_turns
 from longturn.rollout.sample_metrics import sample_metrics as rollout_metrics
 from longturn.run.models import load_tokenizer
 from longturn.run.training import run_training
-from reply_rows import reply_rows
+from reply_rows import replies_of, reply_rows
 from settings_from_params import agent_settings, sampling_settings
 from test_pipeline_smoke import write_params
 from test_training import paths, toy_params
@@ -146,13 +145,13 @@ def test_a_raising_step_aborts_its_episode_and_is_counted(tokenizer) -> None:
     """In process: slot 0's env raises on its 2nd step; slot 1 runs into max_turns."""
     envs = [FlakyCorridor(raise_on_step=2), FlakyCorridor()]
     c = collector(lambda task: envs.pop(0))
-    rows = c.collect(ScriptedEngine(tokenizer), tokenizer, sampling_settings(), iteration=0,
-                     progress=False)
-    slot0 = [r for r in rows if r["env_index"] == 0]
+    samples = c.collect(ScriptedEngine(tokenizer), tokenizer, sampling_settings(), iteration=0,
+                        progress=False)
+    slot0 = [r for r in replies_of(samples) if r["env_index"] == 0]
     assert [r["aborted"] for r in slot0] == [False, True, False, False]
     assert slot0[1]["termination"] == "env_error" and slot0[1]["reward"] == 0.0
     assert slot0[2]["turn"] == 0 and slot0[2]["episode_id"] != slot0[1]["episode_id"]
-    m = rollout_metrics(samples_from_turns(rows))
+    m = rollout_metrics(samples)
     assert m["episodes_aborted"] == 1 and m["termination/env_error"] == 1
     assert m["termination/time_limit"] == 1  # slot 1: three turns, then max_turns
     assert m["episodes_ended"] == 2 and m["success_rate"] == 0.0  # of the one completed episode
@@ -172,13 +171,14 @@ class ResetsFailAfterFirst(FlakyCorridor):
         return super().reset(seed)
 
 
-def test_failed_resets_are_counted_on_the_slots_row(tokenizer) -> None:
+def test_failed_resets_are_counted_on_the_slots_sample(tokenizer) -> None:
     c = collector(lambda task: ResetsFailAfterFirst(failing=2), n_envs=1)
-    rows = c.collect(ScriptedEngine(tokenizer), tokenizer, sampling_settings(), iteration=0,
-                     progress=False)
+    samples = c.collect(ScriptedEngine(tokenizer), tokenizer, sampling_settings(), iteration=0,
+                        progress=False)
+    rows = replies_of(samples)
     assert rows[2]["truncated"] and rows[2]["aborted_resets"] == ["env_error", "env_error"]
     assert rows[3]["turn"] == 0 and c.episode_counts == [4]  # two seeds lost, the third runs
-    m = rollout_metrics(samples_from_turns(rows))
+    m = rollout_metrics(samples)
     assert (m["episodes_ended"], m["episodes_aborted"], m["termination/env_error"]) == (3, 2, 2)
 
 

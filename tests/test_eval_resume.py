@@ -28,6 +28,7 @@ from longturn.run.protocol import evaluate, evaluate_model
 from longturn.run.models import load_tokenizer
 from longturn.rollout.env_episodes import play_episodes
 from longturn.rollout.env_slots import AgentSettings, env_factory_from_params
+from reply_rows import replies_of
 from settings_from_params import sampling_settings
 from test_faults import failing_parquet_writes
 from test_pipeline_smoke import ROOT, toy_params, write_params
@@ -72,8 +73,8 @@ def test_a_resumed_queue_plays_the_rest_in_the_same_slots_steps_and_draws(
                                     env_factory_from_params(params), jobs, parallel,
                                     sampling_settings(seed=7), AgentSettings.from_params(params),
                                     progress=False, finished=finished, on_episode=on_episode)
-        assert returned == []  # the rows went to on_episode only
-        by_step = pd.DataFrame(turns).sort_values(["step", "env_index"])
+        assert returned == []  # the samples went to on_episode only
+        by_step = pd.DataFrame(replies_of(turns)).sort_values(["step", "env_index"])
         return by_step.reset_index(drop=True), ended
 
     full, ended = play()

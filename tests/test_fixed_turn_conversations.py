@@ -13,7 +13,6 @@ from longturn.rollout.collection import FixedTurnBatches
 from longturn.rollout.conversation_player import conversation_fixed_turns
 from longturn.rollout.conversation_rollout import conversation_rollout
 from longturn.rollout.conversation_setup import ConversationRun
-from longturn.rollout.samples import samples_from_episodes
 from longturn.tasks.registry import load_task
 from settings_from_params import sampling_settings
 from test_conversation_rollout import call, settings, tokenizer  # noqa: F401 (fixture)
@@ -53,8 +52,8 @@ def collect(tokenizer, context: str, iterations: int = 2) -> list[list[dict]]:
     engine = CyclingEngine(tokenizer)
     sampling = sampling_settings(max_new_tokens=64, temperature=1.0, seed=0)
     try:
-        return [samples_from_episodes(collector.collect(engine, tokenizer, sampling, it,
-                                                        {"run_id": "t"}, progress=False))
+        return [collector.collect(engine, tokenizer, sampling, it, {"run_id": "t"},
+                                  progress=False)
                 for it in range(iterations)]
     finally:
         collector.close()
@@ -142,10 +141,10 @@ def test_an_episode_queued_at_a_batchs_end_is_kept_by_the_checkpoint(tokenizer):
         assert [s.episode_id for s in queued] == ["train-r0-e0-3", "train-r0-e1-3"]
         resumed.load_state(played.state())
         assert resumed.episode_counts == played.episode_counts == [4, 4]
-        records = resumed.collect(CyclingEngine(tokenizer), tokenizer, sampling, 4, {},
+        samples = resumed.collect(CyclingEngine(tokenizer), tokenizer, sampling, 4, {},
                                   progress=False)
-        assert {r["episode_id"] for r in records} == {s.episode_id for s in queued}
-        assert {r["episode_seed"] for r in records} == {s.seed for s in queued}
+        assert {r["episode_id"] for r in samples} == {s.episode_id for s in queued}
+        assert {r["episode_seed"] for r in samples} == {s.seed for s in queued}
     finally:
         played.close()
         resumed.close()

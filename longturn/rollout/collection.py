@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from longturn.engines.base import Engine, SamplingParams
 from longturn.errors import SettingError
 
-Rows = list[dict[str, Any]]
+Samples = list[dict[str, Any]]  # of the one sample schema (docs/design.md §4)
 
 
 def episode_seed(base_seed: int, rank: int, slot: int, count: int) -> int:
@@ -56,6 +56,15 @@ def task_of(tasks: list[str], slot: int, group_size: int | None = None) -> str:
 
 
 @dataclass(frozen=True)
+class EpisodeJob:
+    """One episode of a list fixed in advance (an evaluation's): which task, reset seed and id."""
+
+    task: str
+    seed: int
+    episode_id: str
+
+
+@dataclass(frozen=True)
 class EpisodeStart:
     """An episode for a slot to begin: which task, which reset seed, which id."""
 
@@ -67,8 +76,8 @@ class EpisodeStart:
 
 class SlotPlayer(Protocol):
     """What a protocol plays in n slots (rollout/env_player.py: env slots; rollout/
-    conversation_player.py: conversations). Rows are that protocol's records (turn rows or
-    conversation records); rollout/samples.py turns either into training samples."""
+    conversation_player.py: conversations). Each hands on what it played as samples: its own
+    record of a reply or an episode (a turn row, a conversation record) stays inside it."""
 
     n_slots: int
 
@@ -79,13 +88,13 @@ class SlotPlayer(Protocol):
         """Begin these episodes; those whose start failed (their slot stays idle)."""
 
     def lock_step(self, engine: Engine, tokenizer: Any, sampling: SamplingParams,
-                  iteration: int, step: int, closes_batch: bool) -> tuple[Rows, list[int]]:
-        """One reply for every running episode in one generation: the rows that are complete now
+                  iteration: int, step: int, closes_batch: bool) -> tuple[Samples, list[int]]:
+        """One reply for every running episode in one generation: the samples complete now
         (with `closes_batch`, those of every running episode, cut there) and the slots whose
         episode ended."""
 
     def play_out(self, engine: Engine, tokenizer: Any, sampling: SamplingParams,
-                 iteration: int, starts: list[EpisodeStart], progress: bool) -> Rows:
+                 iteration: int, starts: list[EpisodeStart], progress: bool) -> Samples:
         """Play these episodes, one per slot, from their start to their end."""
 
     def action_names(self) -> list[str]:
@@ -113,20 +122,20 @@ def next_start(counts: list[int], slot: int, tasks: list[str], seed: int, rank: 
 
 def play_in_lock_step(player: SlotPlayer, engine: Engine, tokenizer: Any,
                       sampling: SamplingParams, iteration: int, starts: list[EpisodeStart],
-                      progress: bool) -> Rows:
+                      progress: bool) -> Samples:
     """`SlotPlayer.play_out` by lock-steps: a start that fails is retried on the same seed (a
     slot's EnvGaveUp ends the stage), then every episode steps until the last one ended."""
     while starts:
         starts = player.start(starts)
-    rows: Rows = []
+    samples: Samples = []
     bar = tqdm(desc=f"rollout {iteration}", unit="step", disable=not progress, leave=False)
     step = 0
     while len(player.idle()) < player.n_slots:
-        rows += player.lock_step(engine, tokenizer, sampling, iteration, step, False)[0]
+        samples += player.lock_step(engine, tokenizer, sampling, iteration, step, False)[0]
         step += 1
         bar.update(1)
     bar.close()
-    return rows
+    return samples
 
 
 class FixedTurnBatches:
@@ -147,21 +156,21 @@ class FixedTurnBatches:
             slots = [s.slot for s in self.player.start(starts)]
 
     def collect(self, engine: Engine, tokenizer: Any, sampling: SamplingParams, iteration: int,
-                extra: dict[str, Any] | None = None, progress: bool = True) -> Rows:
-        """Play turns_per_env lock-steps; the rows complete in each, in order, with `extra`
+                extra: dict[str, Any] | None = None, progress: bool = True) -> Samples:
+        """Play turns_per_env lock-steps; the samples complete in each, in order, with `extra`
         (run_id, policy_version) and the iteration set."""
         self.start_idle()
-        rows: Rows = []
+        samples: Samples = []
         for step in tqdm(range(self.turns_per_env), desc=f"rollout {iteration}", unit="step",
                          disable=not progress):
             done, ended = self.player.lock_step(engine, tokenizer, sampling, iteration, step,
                                                 step == self.turns_per_env - 1)
-            rows += done
+            samples += done
             if ended:
                 self.start_idle()
-        for row in rows:
-            row.update(extra or {}, iteration=iteration, group_id=None)
-        return rows
+        for sample in samples:
+            sample.update(extra or {}, iteration=iteration, group_id=None)
+        return samples
 
     def action_names(self) -> list[str]:
         return self.player.action_names()
@@ -206,15 +215,16 @@ class EpisodeGroups:
         return starts, groups
 
     def collect(self, engine: Engine, tokenizer: Any, sampling: SamplingParams, iteration: int,
-                extra: dict[str, Any] | None = None, progress: bool = True) -> Rows:
-        """Play every slot's episode to its end; the rows with `extra`, the iteration and the
+                extra: dict[str, Any] | None = None, progress: bool = True) -> Samples:
+        """Play every slot's episode to its end; the samples with `extra`, the iteration and the
         group ids set."""
         starts, groups = self.starts(iteration)
         group_of = {s.episode_id: g for s, g in zip(starts, groups)}
-        rows = self.player.play_out(engine, tokenizer, sampling, iteration, starts, progress)
-        for row in rows:
-            row.update(extra or {}, iteration=iteration, group_id=group_of[row["episode_id"]])
-        return rows
+        samples = self.player.play_out(engine, tokenizer, sampling, iteration, starts, progress)
+        for sample in samples:
+            sample.update(extra or {}, iteration=iteration,
+                          group_id=group_of[sample["episode_id"]])
+        return samples
 
     def action_names(self) -> list[str]:
         return self.player.action_names()

@@ -1,4 +1,5 @@
-"""The chat protocol's `SlotPlayer` (rollout/collection.py): one conversation per slot.
+"""The chat protocol's `SlotPlayer` (rollout/collection.py): one conversation per slot, its
+replies handed on as samples (rollout/samples.py `samples_from_episodes`).
 
 - Fixed-turn batches (a critic and a history window, the built-in rollout): one reply per
   running episode and lock-step (rollout/conversation_rollout.py). An episode still running when
@@ -22,12 +23,13 @@ from typing import Any
 from longturn.engines.base import Engine, SamplingParams
 from longturn.errors import SettingError
 from longturn.rollout.chat_deltas import ChatDeltas
-from longturn.rollout.collection import (EpisodeGroups, EpisodeStart, FixedTurnBatches, Rows,
+from longturn.rollout.collection import (EpisodeGroups, EpisodeStart, FixedTurnBatches, Samples,
                                          slot_index)
 from longturn.rollout.conversation import Conversation
 from longturn.rollout.conversation_rollout import (chat_deltas, finish_all, lock_step,
                                                    release_all, start_episodes)
 from longturn.rollout.conversation_setup import ConversationRun
+from longturn.rollout.samples import samples_from_episodes
 
 # a record's lists with one entry per reply, and its columns that sum up the whole episode
 _PER_REPLY = ("segment_starts", "segment_ends", "segment_rewards", "reply_finish_reasons",
@@ -70,8 +72,8 @@ class ConversationPlayer:
             self.episodes[i], self.emitted[i] = ep, 0
 
     def lock_step(self, engine: Engine, tokenizer: Any, sampling: SamplingParams,
-                  iteration: int, step: int, closes_batch: bool) -> tuple[Rows, list[int]]:
-        """One reply per running episode; the records of the episodes that ended (and with
+                  iteration: int, step: int, closes_batch: bool) -> tuple[Samples, list[int]]:
+        """One reply per running episode; the samples of the episodes that ended (and with
         `closes_batch` the cut ones), in slot order, and the slots that ended."""
         if self.deltas is None or self.deltas.tokenizer is not tokenizer:
             self.deltas = chat_deltas(engine, tokenizer, self.run.settings)
@@ -84,9 +86,9 @@ class ConversationPlayer:
         if closes_batch:
             records += [self._part(i, ep.record(), cut=True) for i, ep in enumerate(self.episodes)
                         if ep is not None and len(ep.segments) > self.emitted[i]]
-        return records, ended
+        return samples_from_episodes(records), ended
 
-    def _finish(self, ended: list[int]) -> Rows:
+    def _finish(self, ended: list[int]) -> list[dict[str, Any]]:
         """The records of the episodes that ended (their replies not yet in a batch); their
         slots are emptied."""
         if not ended:
@@ -118,13 +120,13 @@ class ConversationPlayer:
         return record
 
     def play_out(self, engine: Engine, tokenizer: Any, sampling: SamplingParams,
-                 iteration: int, starts: list[EpisodeStart], progress: bool) -> Rows:
-        """The run's rollout function plays every episode (its records in slot order)."""
+                 iteration: int, starts: list[EpisodeStart], progress: bool) -> Samples:
+        """The run's rollout function plays every episode (their samples in slot order)."""
         seed = None if sampling.seed is None else sampling.seed + iteration * 1_000_003
         self.run.settings.progress = progress
-        return self.run.play(engine, tokenizer, dataclasses.replace(sampling, seed=seed),
-                             [self.run.record(s.task, s.seed) for s in starts],
-                             [s.episode_id for s in starts])
+        return samples_from_episodes(self.run.play(
+            engine, tokenizer, dataclasses.replace(sampling, seed=seed),
+            [self.run.record(s.task, s.seed) for s in starts], [s.episode_id for s in starts]))
 
     def action_names(self) -> list[str]:
         return []

@@ -10,7 +10,6 @@ task, and a rerun after a crash replays only what the journal lacks (run/eval_jo
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from tqdm.auto import tqdm
@@ -19,16 +18,9 @@ from longturn.engines.base import Engine, SamplingParams
 from longturn.engines.row_seeds import keyed_seed, row_seed
 from longturn.envs.base import TextEnv
 from longturn.envs.termination import reason_of
+from longturn.rollout.collection import EpisodeJob
 from longturn.rollout.env_slots import AgentSettings, EnvSlot, generate_turns
-
-
-@dataclass(frozen=True)
-class EpisodeJob:
-    """One episode to play: which task, which reset seed, which id."""
-
-    task: str
-    seed: int
-    episode_id: str
+from longturn.rollout.samples import sample_from_turn
 
 
 def summarise_episode(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -111,11 +103,11 @@ class _EpisodeQueue:
                            [])
                 free.append(index)
 
-    def ended(self, episode: dict[str, Any], turns: list[dict[str, Any]]) -> None:
+    def ended(self, episode: dict[str, Any], samples: list[dict[str, Any]]) -> None:
         self.episodes.append(episode)
         self.bar.update(1)
         if self.on_episode is not None:
-            self.on_episode(episode, turns)
+            self.on_episode(episode, samples)
 
     def tick(self) -> list[int]:
         """One lock-step of the finished jobs; the slots whose job ends with it."""
@@ -151,19 +143,20 @@ def play_episodes(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Play every job to its end with up to `parallel_envs` envs in lock-step.
 
-    Returns (turn rows, episode rows) of the jobs played here; an episode whose env failed is in
-    both, `aborted`. Each episode's sampling seeds depend only on the run's seed, its id and the
-    turn, so the same jobs, params and seed give the same episodes. Jobs in `finished` (episode
-    id → turns) are not played but keep their slot for as many lock-steps, so every other job
-    gets the slot and steps it gets in an uninterrupted run. `on_episode(episode, turns)` is
-    called as each episode ends (an evaluation's journal); the turn rows then go only there, not
-    into the returned list as well (an evaluation's rows need not be held twice).
+    Returns (samples, episode rows) of the jobs played here: a sample of one reply per turn
+    (`sample_from_turn`), in the order played; an episode whose env failed is an episode row,
+    `aborted`. Each episode's sampling seeds depend only on the run's seed, its id and the turn,
+    so the same jobs, params and seed give the same episodes. Jobs in `finished` (episode id →
+    turns) are not played but keep their slot for as many lock-steps, so every other job gets the
+    slot and steps it gets in an uninterrupted run. `on_episode(episode, samples)` is called as
+    each episode ends (an evaluation's journal); the samples then go only there, not into the
+    returned list as well (an evaluation's samples need not be held twice).
     """
     extra = extra or {}
     bar = tqdm(total=len(jobs), desc="episodes", unit="ep", disable=not progress)
     queue = _EpisodeQueue(env_factory, jobs, settings, extra, bar, finished or {}, on_episode)
-    episode_rows: dict[str, list[dict[str, Any]]] = {}
-    turns, step = [], 0
+    episode_rows: dict[str, list[dict[str, Any]]] = {}  # the turn rows of each running episode
+    samples, step = [], 0
     try:
         queue.assign(list(range(min(parallel_envs, len(jobs)))))
         while queue.active or queue.replayed:
@@ -176,11 +169,12 @@ def play_episodes(
                 done = row.pop("done")
                 row.update(extra, step=step, segment_end=None)  # no segments in evaluation
                 if on_episode is None:
-                    turns.append(row)
+                    samples.append(sample_from_turn(row))
                 episode_rows.setdefault(row["episode_id"], []).append(row)
                 if done:
                     played = episode_rows.pop(row["episode_id"])
-                    queue.ended(summarise_episode(played), played)
+                    queue.ended(summarise_episode(played),
+                                [] if on_episode is None else [sample_from_turn(r) for r in played])
                     del queue.active[index]
                     ended.append(index)
             queue.assign(sorted(ended + queue.tick()))
@@ -188,4 +182,4 @@ def play_episodes(
     finally:
         bar.close()
         queue.close()
-    return turns, queue.episodes
+    return samples, queue.episodes

@@ -1,13 +1,13 @@
 """The action protocol's `SlotPlayer` (rollout/collection.py): one env slot per slot
-(rollout/env_slots.py), every running slot's turn generated in one batch per lock-step, one turn
-row per reply.
+(rollout/env_slots.py), every running slot's turn generated in one batch per lock-step, one
+sample of one reply per turn (the slot's turn row, rollout/samples.py `sample_from_turn`).
 
-In fixed-turn batches a row's `segment_end` marks the batch's last lock-step, and a row that must
-be bootstrapped (the batch cut its episode, or a time limit truncated it) carries
+In fixed-turn batches a reply's `segment_end` marks the batch's last lock-step, and a sample that
+must be bootstrapped (the batch cut its episode, or a time limit truncated it) carries
 `bootstrap_prompt_ids`: the prompt of the next observation, which the critic scores later.
-Played whole, an episode's last row is its segment end and nothing is bootstrapped. A reset that
-failed has no row: its termination reason rides on the slot's row of that lock-step (or its next
-one) as `aborted_resets`, counted by the rollout metrics, not in Parquet.
+Played whole, an episode's last reply is its segment end and nothing is bootstrapped. A reset
+that failed has no sample: its termination reason rides on the slot's sample of that lock-step
+(or its next one) as `aborted_resets`, counted by the rollout metrics, not in Parquet.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from typing import Any, Callable
 from longturn.engines.base import Engine, SamplingParams
 from longturn.envs.base import TextEnv
 from longturn.errors import SettingError
-from longturn.rollout.collection import (EpisodeGroups, EpisodeStart, FixedTurnBatches, Rows,
+from longturn.rollout.collection import (EpisodeGroups, EpisodeStart, FixedTurnBatches, Samples,
                                          play_in_lock_step, slot_index, task_of)
 from longturn.rollout.env_slots import AgentSettings, EnvSlot, generate_turns
+from longturn.rollout.samples import sample_from_turn
 
 
 class EnvPlayer:
@@ -34,15 +35,15 @@ class EnvPlayer:
         self.slots = [EnvSlot(env, slot_index(rank, self.n_slots, i), settings)
                       for i, env in enumerate(envs)]
         self.running = [False] * self.n_slots
-        # reasons of episodes whose reset failed, not yet carried by a row
+        # reasons of episodes whose reset failed, not yet carried by a sample
         self.unreported: list[list[str]] = [[] for _ in self.slots]
-        self.step_rows: dict[int, dict[str, Any]] = {}  # slot → its row of the last lock-step
+        self.step_samples: dict[int, dict[str, Any]] = {}  # slot → its last lock-step's sample
 
     def idle(self) -> list[int]:
         return [i for i, running in enumerate(self.running) if not running]
 
     def start(self, starts: list[EpisodeStart]) -> list[EpisodeStart]:
-        """Reset these slots in parallel; a failed reset is counted on the slot's row (the env
+        """Reset these slots in parallel; a failed reset is counted on the slot's sample (the env
         was restarted; after env.max_retries failures in a row the slot's EnvGaveUp ends the
         stage)."""
         for s in starts:
@@ -53,23 +54,24 @@ class EnvPlayer:
             if failure is None:
                 self.running[s.slot] = True
                 continue
-            row = self.step_rows.get(s.slot)
-            if row is not None:
-                row.setdefault("aborted_resets", []).append(failure.reason)
+            sample = self.step_samples.get(s.slot)
+            if sample is not None:
+                sample.setdefault("aborted_resets", []).append(failure.reason)
             else:
                 self.unreported[s.slot].append(failure.reason)
             failed.append(s)
         return failed
 
     def lock_step(self, engine: Engine, tokenizer: Any, sampling: SamplingParams,
-                  iteration: int, step: int, closes_batch: bool) -> tuple[Rows, list[int]]:
-        """Every running slot's turn row, in slot order, and the slots whose episode ended."""
+                  iteration: int, step: int, closes_batch: bool) -> tuple[Samples, list[int]]:
+        """Every running slot's turn as a sample, in slot order, and the slots whose episode
+        ended."""
         active = [i for i, running in enumerate(self.running) if running]
         seed = None if sampling.seed is None else sampling.seed + iteration * 100_003 + step
         rows = generate_turns(engine, tokenizer, [self.slots[i] for i in active],
                               dataclasses.replace(sampling, seed=seed))
         ended = []
-        self.step_rows = {}
+        self.step_samples = {}
         for i, row in zip(active, rows):
             done = row.pop("done")
             row.update(step=step, segment_end=done if self.whole_episodes else closes_batch)
@@ -81,12 +83,12 @@ class EnvPlayer:
             if done:
                 self.running[i] = False
                 ended.append(i)
-            self.step_rows[i] = row
-        return rows, ended
+            self.step_samples[i] = sample_from_turn(row)
+        return list(self.step_samples.values()), ended
 
     def play_out(self, engine: Engine, tokenizer: Any, sampling: SamplingParams,
-                 iteration: int, starts: list[EpisodeStart], progress: bool) -> Rows:
-        self.step_rows = {}  # a reset failed now is carried by the slot's first row
+                 iteration: int, starts: list[EpisodeStart], progress: bool) -> Samples:
+        self.step_samples = {}  # a reset failed now is carried by the slot's first sample
         return play_in_lock_step(self, engine, tokenizer, sampling, iteration, starts, progress)
 
     def action_names(self) -> list[str]:
@@ -109,7 +111,7 @@ class EnvPlayer:
         self.close()
         self.slots = state["slots"]
         self.unreported = state.get("unreported") or [[] for _ in self.slots]
-        self.running, self.step_rows = [True] * self.n_slots, {}
+        self.running, self.step_samples = [True] * self.n_slots, {}
 
     def close(self) -> None:
         """Close every env (and stop its worker process)."""

@@ -122,13 +122,13 @@ class EvalJournal:
         return self.dir / f"part-{index:05d}.{kind}.parquet"
 
     def add(self, episode: dict[str, Any], turns: list[dict[str, Any]]) -> None:
-        """A finished episode and its turn rows; written once `flush_every` are waiting."""
+        """A finished episode and its samples; written once `flush_every` are waiting."""
         self.pending.append((episode, turns))
         if len(self.pending) >= self.flush_every:
             self.flush()
 
     def flush(self) -> None:
-        """Write the waiting episodes as the next part: turn rows first, episode rows last."""
+        """Write the waiting episodes as the next part: samples first, episode rows last."""
         if not self.pending:
             return
         turns = rows_table([t for _, rows in self.pending for t in rows], self.turn_schema)
@@ -144,7 +144,7 @@ class EvalJournal:
         return [self.finished[i] for i in order if i in self.finished]
 
     def turns(self) -> pa.Table:
-        """Every finished episode's turn rows, part after part."""
+        """Every finished episode's samples, part after part."""
         return pa.concat_tables(self.turn_tables) if self.turn_tables \
             else self.turn_schema.empty_table()
 

@@ -11,8 +11,8 @@ they were played.
 
 One driver (`evaluate`) serves both ways of reading replies, and summarises both the same way
 (episode rows, then what their samples say); a protocol brings an `EvalPlan`: how its episodes
-are played and ordered. The action protocol's plan is here (`env_plan`), the chat protocol's in
-conversation_evaluation.py.
+are played and ordered (`env_plan`, `conversation_plan`). Either plays in rollout/ and gets back
+samples and episode rows only (rollout/env_episodes.py, rollout/conversation_episodes.py).
 """
 
 from __future__ import annotations
@@ -33,13 +33,15 @@ from longturn.engines.base import Engine, SamplingParams
 from longturn.run.eval_journal import EvalJournal
 from longturn.run.eval_key import evaluation_key
 from longturn.envs.termination import reason_of
-from longturn.rollout.env_episodes import EpisodeJob, play_episodes
+from longturn.rollout.collection import EpisodeJob
+from longturn.rollout.conversation_episodes import play_conversations
+from longturn.rollout.conversation_setup import ConversationRun
+from longturn.rollout.env_episodes import play_episodes
 from longturn.rollout.env_slots import AgentSettings, env_factory_from_params
 from longturn.engines.registry import sampling_from_params
 from longturn.stats import standard_error, wilson_interval
 from longturn.rollout.sample_metrics import (TOKENIZATION_KEYS, count_endings, json_safe,
                                              sample_metrics)
-from longturn.rollout.samples import samples_from_turns
 from longturn.trajectories import (SAMPLE_SCHEMA, SCHEMA_VERSION, file_metadata, write_arrow,
                                    write_episodes, write_samples)
 
@@ -179,13 +181,34 @@ def env_plan(engine: Engine, tokenizer: Any, params: Params, sampling: SamplingP
         play_episodes(engine, tokenizer, env_factory_from_params(params), jobs,
                       params.eval.parallel_envs, sampling, AgentSettings.from_params(params),
                       extra=extra, progress=progress,
-                      on_episode=lambda episode, turns: journal.add(episode,
-                                                                    samples_from_turns(turns)),
+                      on_episode=journal.add,
                       finished={i: ep["length"] for i, ep in journal.finished.items()})
 
     return EvalPlan(meta={"env": params.env.model_dump(), "prompt": params.prompt.model_dump()},
                     flush_every=math.ceil(params.eval.parallel_envs / 8), play=play,
                     order=lambda samples, jobs: in_lock_step_order(samples))
+
+
+def conversation_plan(engine: Engine, tokenizer: Any, params: Params, sampling: SamplingParams,
+                      extra: dict[str, Any], progress: bool) -> EvalPlan:
+    """The chat protocol: the rollout function plays `eval.parallel_envs` episodes at a time,
+    each chunk a call of its own, and the journal is written after each."""
+    run = ConversationRun.from_params(params, list(params.eval.tasks or params.env.tasks),
+                                      progress)
+    width = params.eval.parallel_envs
+
+    def play(jobs: list[EpisodeJob], journal: EvalJournal) -> None:
+        play_conversations(run, engine, tokenizer, sampling, jobs, width, extra,
+                           set(journal.finished), journal.add, journal.flush)
+
+    def order(samples: pa.Table, jobs: list[EpisodeJob]) -> pa.Table:
+        position = {job.episode_id: i for i, job in enumerate(jobs)}
+        played = samples["episode_id"].to_pylist()
+        return samples.take(sorted(range(samples.num_rows), key=lambda r: position[played[r]]))
+
+    return EvalPlan(meta={"chat": params.rollout.chat.model_dump(),
+                          "context": params.rollout.context},
+                    flush_every=width, play=play, order=order)
 
 
 def in_lock_step_order(samples: pa.Table) -> pa.Table:

@@ -33,10 +33,8 @@ from longturn.rollout.conversation_player import conversation_episodes, conversa
 from longturn.rollout.conversation_setup import ConversationRun
 from longturn.rollout.env_player import env_fixed_turns, env_groups
 from longturn.rollout.env_slots import AgentSettings, env_factory_from_params
-from longturn.rollout.samples import samples_from_episodes, samples_from_turns
 from longturn.run import conversation_validation, validation
-from longturn.run.conversation_evaluation import conversation_plan
-from longturn.run.evaluation import PlanFactory, env_plan
+from longturn.run.evaluation import PlanFactory, conversation_plan, env_plan
 from longturn.run.evaluation import evaluate as evaluate_with
 from longturn.run.models import load_tokenizer
 from longturn.run.names import check_conversation_plugins, check_env_tasks
@@ -67,8 +65,7 @@ class Protocol:
     """What differs between the two ways of reading replies; everything else is shared."""
 
     name: str
-    collector: Callable[[Params, int, str], Collector]
-    to_samples: Callable[[Rows], Rows]  # what a collector played, as training samples
+    collector: Callable[[Params, int, str], Collector]  # collects samples (the one schema)
     eval_plan: PlanFactory  # how an evaluation plays, orders, summarises and logs
     check_names: Callable[[Params], None]  # the names params gives resolve (preflight)
     validation: Validation
@@ -110,7 +107,7 @@ def _write_rows(rows: Rows, path: Path, meta: dict[str, Any]) -> Any:
 
 PROTOCOLS = {
     "action": Protocol(
-        "action", collector=_env_collector, to_samples=samples_from_turns,
+        "action", collector=_env_collector,
         eval_plan=env_plan, check_names=check_env_tasks,
         validation=Validation(
             _validate_envs, validation.gate_failures,
@@ -118,8 +115,7 @@ PROTOCOLS = {
                 render_report(results, failures, gate, settings),
             _write_rows)),
     "chat": Protocol(
-        "chat", collector=_conversation_collector,
-        to_samples=samples_from_episodes, eval_plan=conversation_plan,
+        "chat", collector=_conversation_collector, eval_plan=conversation_plan,
         check_names=check_conversation_plugins,
         validation=Validation(
             conversation_validation.validate_conversation_tasks,

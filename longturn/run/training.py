@@ -32,8 +32,8 @@ from longturn.run.models import load_tokenizer
 from longturn.run.protocol import protocol
 from longturn.profiling import IterationProfiler
 from longturn.run.wiring import (batch_metrics, close_collector, critic_dir, file_metadata,
-                             gae_params, make_collector, run_fingerprint, score_and_write,
-                             to_samples, trainer_settings)
+                                 gae_params, make_collector, run_fingerprint, score_and_write,
+                                 trainer_settings)
 
 if TYPE_CHECKING:
     from longturn.run.protocol import Collector
@@ -224,10 +224,9 @@ def _iteration(params: Params, paths: TrainPaths, trainer: PPOTrainer,
     sampling = sampling_from_params(params, seed=params.seed)
     extra = {"run_id": run_id, "policy_version": f"iteration-{iteration}"}
     with clock.phase("rollout"):
-        rows = collector.collect(engine, tokenizer, sampling, iteration, extra, progress)
+        samples = collector.collect(engine, tokenizer, sampling, iteration, extra, progress)
     with clock.phase("scoring"):  # includes writing the iteration's Parquet part
         part = iteration_dir(paths.trajectories, iteration) / f"part-{rank:02d}.parquet"
-        samples = to_samples(params, rows)
         score_and_write(trainer, samples, part, file_metadata(params, iteration))
         barrier()
     metrics = batch_metrics(samples, collector)

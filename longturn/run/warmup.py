@@ -30,7 +30,7 @@ from longturn.run.models import load_tokenizer
 from longturn.trajectories import write_samples
 from longturn.run.checkpoints import iteration_dir
 from longturn.run.wiring import (close_collector, file_metadata, gae_params,
-                                 make_collector, to_samples, trainer_settings)
+                                 make_collector, trainer_settings)
 
 log = logging.getLogger(__name__)
 
@@ -40,24 +40,23 @@ class WarmupDidNotConverge(UserError):
 
 
 def collect_frozen(params: Params, base: Path, rank: int, progress: bool) -> list[dict]:
-    """warmup.batches batches from the base policy (fixed-turn batches of env slots, or
-    conversations)."""
+    """warmup.batches batches of samples from the base policy, collected as training would."""
     tokenizer = load_tokenizer(base)
     engine = make_engine(str(base), params)
     try:  # both closed on any exit: a failed batch must not leave env workers or the engine up
         collector = make_collector(params, rank, "warmup")
         try:
             sampling = sampling_from_params(params, seed=params.seed + 7919)
-            rows: list[dict] = []
+            samples: list[dict] = []
             for batch in range(params.warmup.batches):
-                rows += collector.collect(engine, tokenizer, sampling, batch,
+                samples += collector.collect(engine, tokenizer, sampling, batch,
                                           {"run_id": "warmup", "policy_version": "base"},
                                           progress)
         finally:
             close_collector(collector)
     finally:
         engine.close()
-    return rows
+    return samples
 
 
 def run_critic_warmup(params: Params, base: Path, out: Path, live_dir: Path, work_dir: Path,
@@ -68,7 +67,7 @@ def run_critic_warmup(params: Params, base: Path, out: Path, live_dir: Path, wor
         shutil.rmtree(out, ignore_errors=True)
     if not params.algo.estimator.has_critic:
         return write_no_critic_note(params, out, work_dir, live_dir)
-    samples = to_samples(params, collect_frozen(params, base, rank, progress))
+    samples = collect_frozen(params, base, rank, progress)
     trainer = PPOTrainer(base, base, trainer_settings(params), gae_params(params),
                          load_tokenizer(base), progress=progress)
     w = params.warmup

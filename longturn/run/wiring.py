@@ -83,11 +83,6 @@ def run_fingerprint(params: Params) -> str:
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def to_samples(params: Params, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """What the collector played, as training samples (docs/design.md §4)."""
-    return protocol(params).to_samples(rows)
-
-
 def score_and_write(trainer: PPOTrainer, samples: list[dict[str, Any]], path: Path,
                     metadata: dict[str, Any], reuse_logprobs: bool = False) -> Path:
     """Fill the training columns of a batch of samples and write it as the update's Parquet

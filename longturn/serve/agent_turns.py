@@ -30,6 +30,7 @@ from longturn.params.config import Params
 from longturn.rollout.conversation import AGENT_TIMEOUT
 from longturn.rollout.conversation_setup import ConversationRun
 from longturn.rollout.collection import next_start, restored_counters, slot_index
+from longturn.rollout.samples import samples_from_episodes
 from longturn.serve.agent_rollout import Agent, Outcome, _outcome, _record, quiet_http_clients
 from longturn.serve.server import OpenAIServer
 from longturn.tasks.plugins import import_class
@@ -109,7 +110,12 @@ class AgentTurnCollector:
 
     def collect(self, engine: Engine, tokenizer: Any, sampling: SamplingParams, iteration: int,
                 extra: dict[str, Any], progress: bool = True) -> list[dict[str, Any]]:
-        """turns_per_env calls of every slot; one record per episode portion."""
+        """turns_per_env calls of every slot, as samples (one per call: its window)."""
+        return samples_from_episodes(self.records(engine, tokenizer, sampling, iteration, extra))
+
+    def records(self, engine: Engine, tokenizer: Any, sampling: SamplingParams, iteration: int,
+                extra: dict[str, Any]) -> list[dict[str, Any]]:
+        """turns_per_env calls of every slot: one record per episode portion, by slot and step."""
         server = self._serve(engine, tokenizer, sampling)
         made = [0] * self.n_envs  # calls of each slot this iteration
         for i, slot in enumerate(self.slots):
