@@ -1,6 +1,7 @@
-"""A list of conversations played to their end: evaluation's jobs (task, seed, id) for the chat
-protocol, handed on as samples and one episode row each, as rollout/env_episodes.py hands on an
-env's episodes, so an evaluation reads neither protocol's record.
+"""Conversations played to their end outside the train loop: evaluation's jobs (task, seed, id),
+handed on as samples and one episode row each as rollout/env_episodes.py hands on an env's
+episodes, and prompt validation's whole conversations as packed samples. So evaluation and
+validation read neither protocol's record.
 
 The run's rollout function plays `width` jobs at a time, each chunk a call of its own: a chunk's
 draws depend on its episodes only, so a rerun after a crash plays only the chunks its journal
@@ -16,7 +17,7 @@ from typing import Any, Callable
 from longturn.engines.base import Engine, SamplingParams
 from longturn.rollout.conversation_setup import ConversationRun
 from longturn.rollout.collection import EpisodeJob
-from longturn.rollout.samples import samples_from_episodes
+from longturn.rollout.samples import sample_from_episode, samples_from_episodes
 
 
 def episode_row(record: dict[str, Any]) -> dict[str, Any]:
@@ -50,3 +51,13 @@ def play_conversations(run: ConversationRun, engine: Engine, tokenizer: Any,
             record.update(extra, env_index=slot)
             on_episode(episode_row(record), samples_from_episodes([record]))
         on_chunk()
+
+
+def packed_samples(run: ConversationRun, engine: Engine, tokenizer: Any,
+                   sampling: SamplingParams, task: str, seeds: list[int],
+                   id_prefix: str) -> list[dict[str, Any]]:
+    """One call of the rollout function on `seeds` of `task`: one packed sample per episode
+    whatever the context, for a reader of whole conversations (prompt validation)."""
+    return [sample_from_episode(record) for record in run.play(
+        engine, tokenizer, sampling, [run.record(task, s) for s in seeds],
+        [f"{id_prefix}-{task}-{s}" for s in seeds])]

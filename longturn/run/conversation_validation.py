@@ -18,7 +18,7 @@ from typing import Any
 
 from longturn.params.config import Params
 from longturn.engines.base import Engine, SamplingParams
-from longturn.rollout.samples import sample_from_episode
+from longturn.rollout.conversation_episodes import packed_samples
 from longturn.rollout.sample_metrics import ending, sample_metrics
 from longturn.rollout.conversation_setup import ConversationRun
 from longturn.run.validation import TaskValidation
@@ -44,10 +44,7 @@ def validate_conversation_tasks(engine: Engine, tokenizer: Any, params: Params,
     run = ConversationRun.from_params(params, list(params.eval.tasks or params.env.tasks))
     results = []
     for task in run.tasks:
-        # one packed sample per episode whatever the context: validation reads conversations
-        samples = [sample_from_episode(record) for record in run.play(
-            engine, tokenizer, sampling, [run.record(task, s) for s in seeds],
-            [f"validation-{task}-{s}" for s in seeds])]
+        samples = packed_samples(run, engine, tokenizer, sampling, task, seeds, "validation")
         result = TaskValidation(task, samples,
                                 task_metrics(samples, params.rollout.chat.max_tokens))
         results.append(result)
