@@ -86,8 +86,10 @@ def _stage(script: str, params: Path, *args: str) -> subprocess.CompletedProcess
                            *args], cwd=ROOT, capture_output=True, text=True, timeout=900)
 
 
-@pytest.mark.parametrize("advantage", ["grpo", "gigpo"])
-def test_warmup_and_train_without_a_critic(tmp_path, tiny_model_dir, advantage) -> None:
+def test_warmup_and_train_without_a_critic(tmp_path, tiny_model_dir) -> None:
+    """The stages' no-critic path, once: it does not depend on which critic-free estimator
+    (tests/test_every_setting_combination.py trains each of them with either protocol)."""
+    advantage = "grpo"
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(_params(tiny_model_dir, advantage)))
     warm, batches = tmp_path / "critic/warm", tmp_path / "critic/batches"
