@@ -1,5 +1,6 @@
 """The house drawn from the imports: no circle among longturn's modules, algo/ builds only on the
-layers below it, and the light stages load neither torch nor the trainer."""
+layers below it, a protocol's record is read only where it is played, and the light stages load
+neither torch nor the trainer."""
 
 from __future__ import annotations
 
@@ -100,6 +101,24 @@ def test_algo_imports_only_the_layers_below_it() -> None:
     upward = {f"{m} -> {t}" for m, targets in graph.items() if m.startswith("longturn.algo")
               for t in targets if not t.startswith(ALGO_MAY_IMPORT)}
     assert not upward
+
+
+# what turns a protocol's own record (an env slot's turn row, a conversation record) into samples
+RECORD_READERS = {"sample_from_turn", "samples_from_turns", "sample_from_episode",
+                  "samples_from_episodes", "samples_from_window"}
+# where records are played, so converted: rollout/, and the agent's own collector in serve/
+MAY_READ_RECORDS = ("longturn.rollout.", "longturn.serve.agent_turns")
+
+
+def test_only_the_rollout_converts_a_protocol_s_record() -> None:
+    """Collectors, evaluation and validation hand on samples: nothing above rollout/ sees a turn
+    row or a conversation record (one sample schema from there up)."""
+    readers = set()
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "longturn.rollout.samples":
+                readers |= {f"{name}: {a.name}" for a in node.names if a.name in RECORD_READERS}
+    assert readers and all(r.startswith(MAY_READ_RECORDS) for r in readers), sorted(readers)
 
 
 @pytest.mark.parametrize("stage", ["report", "prepare_model"])
