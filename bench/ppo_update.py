@@ -8,10 +8,11 @@ How: one rollout batch (rollout.n_envs slots × --turns lock-steps) is gathered 
 collector (`make_collector(...).collect`), so prompts, flags and bootstrap prompts are exactly
 the collector's. By default the engine is a stand-in that answers every prompt with a canned
 THINK/ACTION reply of --response-tokens tokens (no generation cost, fixed response length);
---generate samples with the real engine instead. The batch (the collector's samples)
-is scored (`PPOTrainer.score`), written with `write_samples`, and `trainer.update([path])` is timed after --warmup untimed updates
-(the first one allocates the optimizer state; one untimed scoring call on a copy of the whole
-batch pays the other one-off costs: a slice of it could cut an episode, which scoring refuses).
+--generate samples with the real engine instead. The batch (the collector's samples) is scored
+(`PPOTrainer.score`), written with `write_samples`, and `trainer.update([path])` is timed after
+--warmup untimed updates (the first one allocates the optimizer state; one untimed scoring call
+on a copy of the whole batch pays the other one-off costs: a slice of it could cut an episode,
+which scoring refuses).
 Scoring (old/ref logprobs, values) is timed separately: update() itself runs no extra forward.
 
 Side by side, on the same batch in the same run, it then times score + update for the plain
