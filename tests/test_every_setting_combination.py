@@ -95,6 +95,7 @@ def test_the_combination_trains_and_its_samples_read_everywhere(tmp_path, tiny_m
     fixed_turns = critic and not packed  # Verlog's fixed-turn batches, episodes continue
     files = sorted((tmp_path / "trajectories").glob("iteration=*/part-*.parquet"))
     assert len(files) == ITERATIONS
+    shown: list[tuple[int, int]] = []  # action protocol: (turn, "Observation:" lines it was given)
     for it, part in enumerate(files):
         meta = read_metadata(part)
         assert meta["schema_version"] == SCHEMA_VERSION
@@ -123,6 +124,14 @@ def test_the_combination_trains_and_its_samples_read_everywhere(tmp_path, tiny_m
             assert frame["env_name"].eq("babyai").all()
             actions = [r["action"] for replies in frame["replies"] for r in replies]
             assert all(isinstance(a, str) and a for a in actions)
+            shown += [(replies[0]["turn"], text.count("\nObservation:"))
+                      for replies, text in zip(frame["replies"], frame["prompt_text"])]
+    if protocol == "action":  # what a reply was given: the last history_turns turns, or all
+        base = {count for turn, count in shown if turn == 0}  # the worked example's own
+        assert len(base) == 1 and max(turn for turn, _ in shown) > params.prompt.history_turns
+        window = params.history_window
+        assert all(count - min(base) == (turn if window is None else min(turn, window))
+                   for turn, count in shown)
 
     # every audit subcommand reads the run (plain text and JSON)
     run = str(tmp_path / "trajectories")
