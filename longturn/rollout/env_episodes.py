@@ -70,6 +70,7 @@ class _EpisodeQueue:
         self.active: dict[int, EnvSlot] = {}
         self.replayed: dict[int, int] = {}  # slot → lock-steps left of a finished job
         self.episodes: list[dict[str, Any]] = []
+        self.samples: list[dict[str, Any]] = []  # of the ended episodes, when no on_episode
 
     def assign(self, free: list[int]) -> None:
         """The next jobs into these free slots; a job whose reset fails is recorded as an aborted
@@ -108,6 +109,8 @@ class _EpisodeQueue:
         self.bar.update(1)
         if self.on_episode is not None:
             self.on_episode(episode, samples)
+        else:
+            self.samples += samples
 
     def tick(self) -> list[int]:
         """One lock-step of the finished jobs; the slots whose job ends with it."""
@@ -144,11 +147,11 @@ def play_episodes(
     """Play every job to its end with up to `parallel_envs` envs in lock-step.
 
     Returns (samples, episode rows) of the jobs played here: a sample of one reply per turn
-    (`sample_from_turn`), in the order played; an episode whose env failed is an episode row,
-    `aborted`. Each episode's sampling seeds depend only on the run's seed, its id and the turn,
-    so the same jobs, params and seed give the same episodes. Jobs in `finished` (episode id →
-    turns) are not played but keep their slot for as many lock-steps, so every other job gets the
-    slot and steps it gets in an uninterrupted run. `on_episode(episode, samples)` is called as
+    (`sample_from_turn`), episode after episode as they ended; an episode whose env failed is an
+    episode row, `aborted`. Each episode's sampling seeds depend only on the run's seed, its id
+    and the turn, so the same jobs, params and seed give the same episodes. Jobs in `finished`
+    (episode id → turns) are not played but keep their slot for as many lock-steps, so every
+    other job gets the slot and steps it gets in an uninterrupted run. `on_episode(episode, samples)` is called as
     each episode ends (an evaluation's journal); the samples then go only there, not into the
     returned list as well (an evaluation's samples need not be held twice).
     """
@@ -156,7 +159,7 @@ def play_episodes(
     bar = tqdm(total=len(jobs), desc="episodes", unit="ep", disable=not progress)
     queue = _EpisodeQueue(env_factory, jobs, settings, extra, bar, finished or {}, on_episode)
     episode_rows: dict[str, list[dict[str, Any]]] = {}  # the turn rows of each running episode
-    samples, step = [], 0
+    step = 0
     try:
         queue.assign(list(range(min(parallel_envs, len(jobs)))))
         while queue.active or queue.replayed:
@@ -168,13 +171,10 @@ def play_episodes(
             for index, row in zip(order, rows):
                 done = row.pop("done")
                 row.update(extra, step=step, segment_end=None)  # no segments in evaluation
-                if on_episode is None:
-                    samples.append(sample_from_turn(row))
                 episode_rows.setdefault(row["episode_id"], []).append(row)
                 if done:
                     played = episode_rows.pop(row["episode_id"])
-                    queue.ended(summarise_episode(played),
-                                [] if on_episode is None else [sample_from_turn(r) for r in played])
+                    queue.ended(summarise_episode(played), [sample_from_turn(r) for r in played])
                     del queue.active[index]
                     ended.append(index)
             queue.assign(sorted(ended + queue.tick()))
@@ -182,4 +182,4 @@ def play_episodes(
     finally:
         bar.close()
         queue.close()
-    return samples, queue.episodes
+    return queue.samples, queue.episodes
