@@ -16,14 +16,11 @@ import pandas as pd
 
 
 def reply_rows(samples: pd.DataFrame) -> pd.DataFrame:
-    """One row per reply: its sample's columns (all but `replies`), the reply's fields, and
-    `sample` / `reply` (the sample's row number and the reply's index in it)."""
-    rows = []
-    for i, sample in enumerate(samples.to_dict("records")):
-        replies = sample.pop("replies")
-        for k, reply in enumerate(replies if replies is not None else ()):
-            rows.append({**sample, **reply, "sample": i, "reply": k})
-    return pd.DataFrame(rows)
+    """One row per reply (`replies_of`), with `sample` / `reply`: the sample's row number and the
+    reply's index in it."""
+    return pd.DataFrame([{**row, "sample": i, "reply": k}
+                         for i, sample in enumerate(samples.to_dict("records"))
+                         for k, row in enumerate(replies_of([sample]))])
 
 
 def read_reply_rows(paths: Path | Iterable[Path]) -> pd.DataFrame:
@@ -36,4 +33,5 @@ def replies_of(samples: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """What a collector returned (samples in memory) as one dict per reply: its sample's columns
     (all but `replies`) and the reply's fields, in order."""
     return [{**{k: v for k, v in sample.items() if k != "replies"}, **reply}
-            for sample in samples for reply in sample["replies"] or ()]
+            for sample in samples
+            for reply in (sample["replies"] if sample["replies"] is not None else ())]
