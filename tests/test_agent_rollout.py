@@ -91,6 +91,23 @@ def test_the_react_example_plays_each_call_as_a_sample_of_what_it_sent(tokenizer
                                                       "content": f"ANSWER: {answer}"}
 
 
+def test_an_agents_failed_tool_calls_count_by_the_rule_of_the_built_in_rollout(tokenizer):
+    """The react agent runs its calculator itself: a call it refuses (`Error: division by
+    zero`) is a failed call in `tool_errors` and makes its reply invalid, as the built-in
+    rollout counts the calculator's own refusals, so tool-call validity and reply validity
+    agree."""
+    run = _run("examples.react_calculator_agent:agent")
+    task = run.record("arithmetic_plain", 4)
+    divide = CALL.replace("6*7", "1/0")
+    engine = ScriptedEngine(tokenizer, lambda prompt: (
+        "ANSWER: 3" if "division by zero" in tokenizer.decode(prompt) else f"Try.\n{divide}"))
+    [record] = run.play(engine, tokenizer, SAMPLING, [task], ["e0"])
+    assert (record["tool_calls"], record["tool_errors"]) == (1, 1)
+    assert record["reply_valid"] == [False, True]
+    m = sample_metrics(samples_from_episodes([record]))
+    assert (m["tool_call_validity"], m["valid_action_ratio"]) == (0.0, 0.5)
+
+
 def _calculator() -> dict:
     from examples.react_calculator_agent import CALCULATOR
     return CALCULATOR

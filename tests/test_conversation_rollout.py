@@ -108,10 +108,10 @@ def test_malformed_tool_call_gives_an_error_result_and_the_episode_goes_on(token
     messages = json.loads(rec["messages"])
     assert messages[3]["role"] == "tool" and "not valid JSON" in messages[3]["content"]
     assert "exponents above 64" in messages[5]["content"]
-    assert (rec["termination"], rec["reward"], rec["tool_errors"]) == ("done", 1.0, 1)
+    # both calls failed, by one rule: the malformed one, and the one the calculator refused
+    # (its own `Error:` result); a reply with a failed call is invalid, and its messages say so
+    assert (rec["termination"], rec["reward"], rec["tool_errors"]) == ("done", 1.0, 2)
     assert rec["tokenization_check"] == "identical"
-    # a reply is invalid when a call of it failed: the malformed one, and the one the
-    # calculator refused (its own `Error:` result); its messages say the same
     assert rec["reply_valid"] == [False, False, True] == replies_valid(messages, 3)
     [sample] = samples_from_episodes([rec])
     assert [r["action_valid"] for r in sample["replies"]] == [False, False, True]

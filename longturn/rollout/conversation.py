@@ -28,6 +28,7 @@ import numpy as np
 
 from longturn.rollout.chat_deltas import ChatDeltas
 from longturn.rollout.history_window import WindowPrompt, frame_owners
+from longturn.tasks.tools import is_error_text
 from longturn.vision.frames import to_png
 
 # Why an episode ended. All but `done` cut it short: truncated, bootstrapped where a critic exists.
@@ -190,7 +191,7 @@ class Conversation:
 
 def replies_valid(messages: list[dict[str, Any]], made: int) -> list[bool]:
     """Whether each of the last `made` replies of `messages` was valid (no tool message answering
-    it starts with `Error:`), for a record whose rollout did not say (`reply_valid`): an agent's,
+    it reads as an error: tasks/tools.py `is_error_text`), for a record whose rollout did not say (`reply_valid`): an agent's,
     slime's or a rollout function's. The task's first messages may hold a worked example's
     replies, which are not the model's; a reply the messages do not show on its own (a slime
     function's replies are one message) had no failed tool result."""
@@ -198,6 +199,6 @@ def replies_valid(messages: list[dict[str, Any]], made: int) -> list[bool]:
     for message in messages:
         if message["role"] == "assistant":
             shown.append(True)
-        elif message["role"] == "tool" and shown and str(message["content"]).startswith("Error:"):
+        elif message["role"] == "tool" and shown and is_error_text(message["content"]):
             shown[-1] = False
     return shown[max(0, len(shown) - made):] + [True] * (made - len(shown))

@@ -109,8 +109,8 @@ def _tool_turn(ep: Conversation, results: list[ToolResult], limit: int
     out, images = [], []
     for result in results:
         ep.tool_calls += 1
-        ep.tool_errors += result.error is not None
-        if result.error is not None or result.text.startswith("Error:"):  # a tool's own too
+        if result.failed:
+            ep.tool_errors += 1
             ep.reply_valid[-1] = False
         ep.reward(result.reward, result.metrics)
         text = result.text if len(result.text) <= limit else result.text[:limit] + " …(cut)"

@@ -10,8 +10,10 @@ reply, so `mean_tokens` is what an episode cost). Frames are counted by `image_s
 frame, so a caller may leave the PNG bytes out of the samples it passes.
 
 A reply is valid (its `action_valid`) when it parsed into one of the env's actions (the action
-protocol) or when all its tool calls ran (a conversation; a reply without a call is valid):
-`valid_action_ratio`, over the replies whose validity the rollout recorded. A ratio with nothing
+protocol) or when none of its tool calls failed (a conversation; a reply without a call is
+valid): `valid_action_ratio`, over the replies whose validity the rollout recorded. A call failed
+when its result reads as an error (tasks/tools.py `is_error_text`), the one rule behind both that
+ratio and `tool_call_validity`. A ratio with nothing
 to count is NaN, left out of the curves: the tool-call keys when no sample holds a conversation
 (the action protocol), `tool_call_validity` when no call was made. Counts are
 `termination/<reason>` (every reason of envs/termination.py and rollout/conversation.py, zeros

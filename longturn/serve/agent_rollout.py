@@ -37,6 +37,7 @@ from longturn.rollout.conversation import AGENT_ERROR, AGENT_TIMEOUT as TIMEOUT,
 from longturn.serve.episode_reward import RewardFn, given_reward, task_reward
 from longturn.serve.recording import CallRecord
 from longturn.serve.server import serve
+from longturn.tasks.tools import is_error_text
 
 log = logging.getLogger(__name__)
 
@@ -126,14 +127,26 @@ def _digest(ids: list[int]) -> str:
     return "prompt " + hashlib.sha256(repr(list(ids)).encode()).hexdigest()[:24]
 
 
-def _user_turns(task: dict[str, Any], messages: list[dict[str, Any]]) -> int:
-    """The user messages of the agent's conversation that are not among the task's own first
-    messages (its feedback between calls): the task's question, and a worked example's, are no
-    user turn of the episode."""
-    own = Counter(str(m.get("content")) for m in task.get("messages") or []
-                  if m.get("role") == "user")
-    sent = Counter(str(m.get("content")) for m in messages if m.get("role") == "user")
+def _own_count(task: dict[str, Any], messages: list[dict[str, Any]],
+               counts: Callable[[dict[str, Any]], bool]) -> int:
+    """How many messages of the agent's conversation `counts` takes that are not among the
+    task's own first messages: the task's question, and a worked example's turns, are not the
+    episode's."""
+    own = Counter(str(m.get("content")) for m in task.get("messages") or [] if counts(m))
+    sent = Counter(str(m.get("content")) for m in messages if counts(m))
     return sum((sent - own).values())
+
+
+def _user_turns(task: dict[str, Any], messages: list[dict[str, Any]]) -> int:
+    """The user messages the episode added (its feedback between calls)."""
+    return _own_count(task, messages, lambda m: m.get("role") == "user")
+
+
+def _tool_errors(task: dict[str, Any], messages: list[dict[str, Any]]) -> int:
+    """The agent's failed tool calls: its tool messages that read as an error, by the rule the
+    built-in rollout counts with (tasks/tools.py `is_error_text`)."""
+    return _own_count(task, messages,
+                      lambda m: m.get("role") == "tool" and is_error_text(m.get("content")))
 
 
 def _record(task: dict[str, Any], calls: list[CallRecord], outcome: Outcome,
@@ -174,7 +187,8 @@ def _record(task: dict[str, Any], calls: list[CallRecord], outcome: Outcome,
         "termination": None if bootstrap is not None else outcome.aborted or "done",
         "truncated": False, "aborted": outcome.aborted is not None, "assistant_turns": whole,
         "user_turns": _user_turns(task, messages), "tool_calls": tool_calls,
-        "tool_errors": 0, "tokenization_check": "skipped", "messages": json.dumps(messages),
+        "tool_errors": _tool_errors(task, messages), "tokenization_check": "skipped",
+        "messages": json.dumps(messages),
         "metrics": json.dumps({}), "images": [], "image_starts": [],
         "reply_steps": list(range(step, step + n)), "first_turn": first,
         "window_prompts": [list(c.prompt_ids) for c in calls],

@@ -80,6 +80,19 @@ class ToolResult:
     error: str | None = None
     images: list[np.ndarray] = field(default_factory=list)  # a ToolResponse's, as frames
 
+    @property
+    def failed(self) -> bool:
+        """The one rule of a failed call: it could not run, or its text reads as an error."""
+        return self.error is not None or is_error_text(self.text)
+
+
+def is_error_text(content: Any) -> bool:
+    """Whether a tool message tells the model its call failed: the tool box writes every call
+    it could not run as `Error: …`, and a tool says its own refusals the same way (the
+    calculator's `Error: division by zero`). Read from the text alone, so a collector that only
+    sees messages (an agent's, a rollout function's) counts failed calls as the rollout does."""
+    return str(content).startswith("Error:")
+
 
 def _check_schema(schema: Any, where: str) -> dict[str, Any]:
     function = schema.get("function") if isinstance(schema, dict) else None
