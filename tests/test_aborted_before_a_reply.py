@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import json
 
-from longturn.rollout.sample_metrics import sample_metrics
+from longturn.rollout.sample_metrics import episode_row, sample_metrics
 from longturn.rollout.samples import samples_from_episodes
-from longturn.rollout.conversation_episodes import episode_row
 from longturn.run.evaluation import summarise
 from longturn.run.training import _trains
 
@@ -41,7 +40,7 @@ def test_an_agent_error_before_any_call_is_an_aborted_ending_that_trains_nothing
     m = sample_metrics(samples)
     assert m["termination/agent_error"] == 1 and m["termination/token_budget"] == 0
     assert m["episodes_ended"] == 2 and m["episodes_aborted"] == 1 and m["success_rate"] == 0.0
-    s = summarise([episode_row(r) for r in records], samples)  # as an evaluation sums it up
+    s = summarise([episode_row([sample]) for sample in samples], samples)  # as an evaluation sums it up
     assert s["aborted_episodes"] == 1 and s["completed_episodes"] == 1
     assert s["termination/agent_error"] == 1 and s["mean_length"] == 2
 

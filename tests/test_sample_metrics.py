@@ -167,3 +167,21 @@ def test_one_key_set_for_every_protocol() -> None:
                                               "mean_user_turns"))
     no_calls = batch.sample_metrics(samples_from_episodes([_conversation("b", [])]))
     assert math.isnan(no_calls["tool_call_validity"]) and no_calls["tool_calls_per_episode"] == 0
+
+
+def test_an_env_episodes_row_is_read_from_its_samples() -> None:
+    """An episode of three turns (one invalid, then a success): its episodes.parquet row from
+    its samples alone; the env's reward apart from the penalised return."""
+    rows = [{**_row(0, reward=0.0), "env_name": "babyai", "task": "goto", "episode_id": "e1",
+             "episode_seed": 7},
+            {**_row(1, valid=False, reward=-0.1), "env_name": "babyai", "task": "goto",
+             "episode_id": "e1", "episode_seed": 7},
+            {**_row(2, success=True, ended=True, reward=0.9), "env_name": "babyai",
+             "task": "goto", "episode_id": "e1", "episode_seed": 7, "termination": "success"}]
+    row = batch.episode_row(samples_from_turns(rows))
+    assert (row["env_name"], row["task"], row["episode_id"], row["episode_seed"]) == (
+        "babyai", "goto", "e1", 7)
+    assert (row["length"], row["valid_actions"], row["valid_action_ratio"]) == (3, 2, 2 / 3)
+    assert math.isclose(row["return"], 0.8) and math.isclose(row["env_return"], 0.9)
+    assert row["success"] and row["terminated"] and not row["truncated"]
+    assert (row["aborted"], row["termination"]) == (False, "success")

@@ -5,9 +5,8 @@ validation read neither protocol's record.
 
 The run's rollout function plays `width` jobs at a time, each chunk a call of its own: a chunk's
 draws depend on its episodes only, so a rerun after a crash plays only the chunks its journal
-lacks (run/eval_journal.py). In an episode row, a conversation's length is its number of replies
-and its valid actions are its valid replies: those whose tool calls all ran (a reply without a
-call is valid).
+lacks (run/eval_journal.py). An episode's row is read from its samples, as an env episode's is
+(rollout/sample_metrics.py `episode_row`).
 """
 
 from __future__ import annotations
@@ -17,20 +16,8 @@ from typing import Any, Callable
 from longturn.engines.base import Engine, SamplingParams
 from longturn.rollout.conversation_setup import ConversationRun
 from longturn.rollout.collection import EpisodeJob
+from longturn.rollout.sample_metrics import episode_row
 from longturn.rollout.samples import sample_from_episode, samples_from_episodes
-
-
-def episode_row(record: dict[str, Any]) -> dict[str, Any]:
-    """One conversation in the episode schema (an env evaluation's episodes.parquet)."""
-    valid = [bool(v) for v in record["reply_valid"]]  # ConversationRun.play sees it is there
-    return {"run_id": record.get("run_id"), "policy_version": record.get("policy_version"),
-            "env_name": "chat", "task": record["task"], "episode_id": record["episode_id"],
-            "episode_seed": record["episode_seed"], "success": bool(record["success"]),
-            "return": float(record["reward"]), "env_return": float(record["reward"]),
-            "length": int(record["assistant_turns"]), "valid_actions": sum(valid),
-            "valid_action_ratio": sum(valid) / len(valid) if valid else 1.0,
-            "terminated": record["termination"] == "done", "truncated": bool(record["truncated"]),
-            "aborted": bool(record.get("aborted")), "termination": record["termination"]}
 
 
 def play_conversations(run: ConversationRun, engine: Engine, tokenizer: Any,
@@ -49,7 +36,8 @@ def play_conversations(run: ConversationRun, engine: Engine, tokenizer: Any,
                           [job.episode_id for job in chunk])
         for slot, record in enumerate(played, start):  # slots unique over the chunks
             record.update(extra, env_index=slot)
-            on_episode(episode_row(record), samples_from_episodes([record]))
+            samples = samples_from_episodes([record])
+            on_episode(episode_row(samples), samples)
         on_chunk()
 
 

@@ -17,26 +17,10 @@ from tqdm.auto import tqdm
 from longturn.engines.base import Engine, SamplingParams
 from longturn.engines.row_seeds import keyed_seed, row_seed
 from longturn.envs.base import TextEnv
-from longturn.envs.termination import reason_of
 from longturn.rollout.collection import EpisodeJob
 from longturn.rollout.env_slots import AgentSettings, EnvSlot, generate_turns
+from longturn.rollout.sample_metrics import episode_row
 from longturn.rollout.samples import sample_from_turn
-
-
-def summarise_episode(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """One episodes.parquet row from the turn rows of one finished episode."""
-    first, last = rows[0], rows[-1]
-    valid = sum(bool(r["action_valid"]) for r in rows)
-    return {
-        "run_id": first.get("run_id"), "policy_version": first.get("policy_version"),
-        "env_name": first["env_name"], "task": first["task"], "episode_id": first["episode_id"],
-        "episode_seed": first["episode_seed"], "success": any(r["success"] for r in rows),
-        "return": float(sum(r["reward"] for r in rows)),
-        "env_return": float(sum(r["env_reward"] for r in rows)),
-        "length": len(rows), "valid_actions": valid, "valid_action_ratio": valid / len(rows),
-        "terminated": bool(last["terminated"]), "truncated": bool(last["truncated"]),
-        "aborted": bool(last["aborted"]), "termination": reason_of(last),
-    }
 
 
 def unstarted_episode(slot: EnvSlot, job: EpisodeJob, reason: str,
@@ -158,7 +142,7 @@ def play_episodes(
     extra = extra or {}
     bar = tqdm(total=len(jobs), desc="episodes", unit="ep", disable=not progress)
     queue = _EpisodeQueue(env_factory, jobs, settings, extra, bar, finished or {}, on_episode)
-    episode_rows: dict[str, list[dict[str, Any]]] = {}  # the turn rows of each running episode
+    running: dict[str, list[dict[str, Any]]] = {}  # the samples of each running episode
     step = 0
     try:
         queue.assign(list(range(min(parallel_envs, len(jobs)))))
@@ -171,10 +155,10 @@ def play_episodes(
             for index, row in zip(order, rows):
                 done = row.pop("done")
                 row.update(extra, step=step, segment_end=None)  # no segments in evaluation
-                episode_rows.setdefault(row["episode_id"], []).append(row)
+                running.setdefault(row["episode_id"], []).append(sample_from_turn(row))
                 if done:
-                    played = episode_rows.pop(row["episode_id"])
-                    queue.ended(summarise_episode(played), [sample_from_turn(r) for r in played])
+                    played = running.pop(row["episode_id"])
+                    queue.ended(episode_row(played), played)
                     del queue.active[index]
                     ended.append(index)
             queue.assign(sorted(ended + queue.tick()))

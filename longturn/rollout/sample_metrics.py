@@ -1,5 +1,6 @@
 """What a batch of samples (docs/design.md §4, §5e) says, whatever played it: one metric set for
-every protocol and context, summed over ranks before dividing.
+every protocol and context, summed over ranks before dividing, and one episodes.parquet row per
+ended episode.
 
 Episodes are counted by the reply that ends them (its `termination`), by a sample with no reply
 (a conversation whose first messages filled the token budget) and by an env reset that failed
@@ -76,6 +77,31 @@ def _reasons(samples: list[Sample]) -> list[str]:
     out = [env_endings.reason_of(r) or "" for r in _replies(samples) if _ended(r)]
     out += [chat_endings.TOKEN_BUDGET for s in samples if not s["replies"]]
     return out + [a for s in samples for a in s.get("aborted_resets") or ()]
+
+
+def episode_row(samples: list[Sample]) -> dict[str, Any]:
+    """One episodes.parquet row from the samples of one ended episode, whichever protocol
+    played it and whatever its context. Its length is its replies (a conversation's own count
+    where it has one: an agent that failed before its first call has a reply of no token), its
+    return the sum of their rewards (the env's alone in `env_return`, where an env gave it)."""
+    first, replies = samples[0], _replies(samples)
+    last = replies[-1] if replies else {}
+    valid = [bool(v) for v in _known(r["action_valid"] for r in replies)]
+    env_rewards = _known(r["env_reward"] for r in replies)
+    total = float(sum(r["reward"] or 0.0 for r in replies))
+    turns = samples[-1].get("assistant_turns")
+    return {
+        "run_id": first.get("run_id"), "policy_version": first.get("policy_version"),
+        "env_name": first.get("env_name") or "chat", "task": first["task"],
+        "episode_id": first["episode_id"], "episode_seed": first["episode_seed"],
+        "success": any(bool(r["success"]) for r in replies), "return": total,
+        "env_return": float(sum(env_rewards)) if env_rewards else total,
+        "length": len(replies) if turns is None else int(turns),
+        "valid_actions": sum(valid), "valid_action_ratio": sum(valid) / len(valid) if valid else 1.0,
+        "terminated": bool(last.get("terminated")) and not last.get("aborted"),
+        "truncated": bool(last.get("truncated")) if replies else True,
+        "aborted": bool(last.get("aborted")), "termination": ending(samples[-1]),
+    }
 
 
 def count_endings(reasons: Iterable[str | None]) -> dict[str, int]:
