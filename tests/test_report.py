@@ -460,7 +460,7 @@ def test_a_chat_run_reads_as_replies_and_tool_calls_without_being_told(tmp_path:
                         tmp_path / "report", {}).read_text()
     assert "- replies per episode: 3.00 → 2.00 over 2 iteration(s)." in text
     assert "- tool calls per episode: 2.00 → 1.50" in text
-    assert "- tool calls that ran: 0.50" in text
+    assert "- tool calls that did not fail: 0.50" in text
     assert "- tokenization check over the run's episodes: identical 8" in text
     assert "## Action mix" not in text and "THINK" not in text
     kl = "## KL to the reference\n\n- KL(π‖π_ref) per sampled token: 0.0010 → 0.0040"

@@ -18,7 +18,7 @@ from longturn.stats import PairedOutcome, paired_outcomes, wilson_interval
 
 SIDES = ("zero_shot", "final")
 # the table's two per-episode columns, mean_length and valid_action_ratio: a reply is valid when
-# it parsed into one of the env's actions, or when all its tool calls ran
+# it parsed into one of the env's actions, or when none of its tool calls failed
 EVAL_LABELS = ("replies per episode", "valid replies")
 EPISODE_COLUMNS = ("task", "episode_seed", "success")
 # why episodes end: env episodes (envs/termination.py), then conversations (rollout/conversation.py)

@@ -34,7 +34,7 @@ def replies_reading(df: pd.DataFrame, blocks: Sequence[SuccessBlock] = ()) -> li
     lines = []
     for key, label in (("episode_length", "replies per episode"),
                        ("tool_calls_per_episode", "tool calls per episode"),
-                       ("tool_call_validity", "tool calls that ran"),
+                       ("tool_call_validity", "tool calls that did not fail"),
                        ("model_token_fraction", "share of the sequence the model wrote")):
         pooled = _pooled(df, key, blocks) if key in PER_EPISODE else None
         fl = first_last(df, key)
@@ -44,7 +44,7 @@ def replies_reading(df: pd.DataFrame, blocks: Sequence[SuccessBlock] = ()) -> li
         elif fl:
             lines.append(f"- {label}: {fl[0]:.2f} → {fl[1]:.2f} over {fl[2]} iteration(s).")
         elif key == "tool_call_validity" and "tool_calls_per_episode" in df.columns:
-            lines.append("- tool calls that ran: no tool call was made.")
+            lines.append("- tool calls that did not fail: no tool call was made.")
     outcomes = {c[len(OUTCOMES_PREFIX):]: int(round(numeric(df, c).sum()))
                 for c in df.columns if str(c).startswith(OUTCOMES_PREFIX)}
     if outcomes:

@@ -58,7 +58,7 @@ class Conversation:
     segments: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of sampled ids
     segment_rewards: list[float] = field(default_factory=list)
     finish_reasons: list[str | None] = field(default_factory=list)  # per reply: stop | length
-    reply_valid: list[bool] = field(default_factory=list)  # per reply: all its tool calls ran
+    reply_valid: list[bool] = field(default_factory=list)  # per reply: no tool call of it failed
     assistant_turns: int = 0
     user_turns: int = 0
     tool_calls: int = 0

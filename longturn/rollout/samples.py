@@ -93,7 +93,7 @@ def _episode_replies(record: Row, ids: list[int], starts: list[int], ends: list[
     rewards = list(record.get("segment_rewards") or [0.0] * len(starts))
     # why each reply stopped (stop or length), where the rollout recorded it
     finish_reasons = list(record.get("reply_finish_reasons") or [None] * len(starts))
-    # whether each reply's tool calls all ran (None: the record does not say)
+    # whether none of each reply's tool calls failed (None: the record does not say)
     valid = list(record.get("reply_valid") or [None] * len(starts))
     cut = bool(record.get("cut"))
     replies = []

@@ -2,9 +2,9 @@
 with the base model, tools and interaction, and check that the prompts fit and the replies work.
 
 Per task it measures: the first context's length against the token budget, replies per episode,
-tool calls per episode and how many of them ran (`tool_call_validity`), the share of replies all
-of whose tool calls ran (`valid_action_ratio`, the training metric of the same name: a reply
-without a call counts as valid), success, why episodes ended, and the tokenization check of each
+tool calls per episode and how many of them did not fail (`tool_call_validity`), the share of
+replies none of whose tool calls failed (`valid_action_ratio`, the training metric of the same
+name: a reply without a call counts as valid), success, why episodes ended, and the tokenization check of each
 episode (in `strict` a mismatch stops the stage with the first differing span). A task fails the
 gate when its first context does not leave room for a reply or when `valid_action_ratio` is below
 `validation.min_valid_action_ratio`, as with the action protocol.
@@ -68,7 +68,7 @@ def conversation_gate_failures(results: list[TaskValidation], min_ratio: float) 
                 why = "no tool call was made"
             else:
                 why = (f"{m['tool_calls_per_episode']:.1f} tool calls per episode, "
-                       f"{validity:.0%} of them ran")
+                       f"{validity:.0%} of them did not fail")
             failures.append(f"task {r.task!r}: valid-reply ratio {m['valid_action_ratio']:.2f} < "
                             f"validation.min_valid_action_ratio {min_ratio:.2f} ({why})")
     return failures

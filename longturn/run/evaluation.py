@@ -112,7 +112,7 @@ def metrics_by_task(episodes: list[dict[str, Any]], tasks: list[str],
 
 def describe(metrics: dict[str, Any], samples: int) -> str:
     """An evaluation's log line: success, how many episodes completed, replies per episode and,
-    when a conversation made any, tool calls and how many of them ran."""
+    when a conversation made any, tool calls and how many of them did not fail."""
     o = metrics["overall"]
     line = (f"success {o['success_rate']:.3f} ({o['completed_episodes']} of {o['episodes']} "
             f"episodes completed, {o['aborted_episodes']} aborted; {samples} samples), "
