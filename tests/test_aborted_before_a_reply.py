@@ -40,7 +40,8 @@ def test_an_agent_error_before_any_call_is_an_aborted_ending_that_trains_nothing
     m = sample_metrics(samples)
     assert m["termination/agent_error"] == 1 and m["termination/token_budget"] == 0
     assert m["episodes_ended"] == 2 and m["episodes_aborted"] == 1 and m["success_rate"] == 0.0
-    s = summarise([episode_row([sample]) for sample in samples], samples)  # as an evaluation sums it up
+    # as an evaluation sums it up: one episode row from each episode's samples
+    s = summarise([episode_row([sample]) for sample in samples], samples)
     assert s["aborted_episodes"] == 1 and s["completed_episodes"] == 1
     assert s["termination/agent_error"] == 1 and s["mean_length"] == 2
 

@@ -190,11 +190,11 @@ class Conversation:
 
 
 def replies_valid(messages: list[dict[str, Any]], made: int) -> list[bool]:
-    """Whether each of the last `made` replies of `messages` was valid (no tool message answering
-    it reads as an error: tasks/tools.py `is_error_text`), for a record whose rollout did not say (`reply_valid`): an agent's,
-    slime's or a rollout function's. The task's first messages may hold a worked example's
-    replies, which are not the model's; a reply the messages do not show on its own (a slime
-    function's replies are one message) had no failed tool result."""
+    """Whether each of the last `made` replies of `messages` was valid (no tool message answering it
+    reads as an error: tasks/tools.py `is_error_text`), for a record whose rollout did not say
+    (`reply_valid`): an agent's, slime's or a rollout function's. The task's first messages may hold
+    a worked example's replies, which are not the model's; a reply the messages do not show on its
+    own (a slime function's replies are one message) had no failed tool result."""
     shown: list[bool] = []
     for message in messages:
         if message["role"] == "assistant":

@@ -132,10 +132,10 @@ def play_episodes(
 
     Returns (samples, episode rows) of the jobs played here: a sample of one reply per turn
     (`sample_from_turn`), episode after episode as they ended; an episode whose env failed is an
-    episode row, `aborted`. Each episode's sampling seeds depend only on the run's seed, its id
-    and the turn, so the same jobs, params and seed give the same episodes. Jobs in `finished`
-    (episode id → turns) are not played but keep their slot for as many lock-steps, so every
-    other job gets the slot and steps it gets in an uninterrupted run. `on_episode(episode, samples)` is called as
+    episode row, `aborted`. Each episode's sampling seeds depend only on the run's seed, its id and
+    the turn, so the same jobs, params and seed give the same episodes. Jobs in `finished` (episode
+    id → turns) are not played but keep their slot for as many lock-steps, so every other job gets
+    the slot and steps it gets in an uninterrupted run. `on_episode(episode, samples)` is called as
     each episode ends (an evaluation's journal); the samples then go only there, not into the
     returned list as well (an evaluation's samples need not be held twice).
     """

@@ -14,9 +14,9 @@ A reply is valid (its `action_valid`) when it parsed into one of the env's actio
 protocol) or when none of its tool calls failed (a conversation; a reply without a call is
 valid): `valid_action_ratio`, over the replies whose validity the rollout recorded. A call failed
 when its result reads as an error (tasks/tools.py `is_error_text`), the one rule behind both that
-ratio and `tool_call_validity`. A ratio with nothing
-to count is NaN, left out of the curves: the tool-call keys when no sample holds a conversation
-(the action protocol), `tool_call_validity` when no call was made. Counts are
+ratio and `tool_call_validity`. A ratio with nothing to count is NaN, left out of the curves: the
+tool-call keys when no sample holds a conversation (the action protocol), `tool_call_validity`
+when no call was made. Counts are
 `termination/<reason>` (every reason of envs/termination.py and rollout/conversation.py, zeros
 included) and, when samples hold conversations, `tokenization/<outcome>`.
 """
@@ -97,7 +97,8 @@ def episode_row(samples: list[Sample]) -> dict[str, Any]:
         "success": any(bool(r["success"]) for r in replies), "return": total,
         "env_return": float(sum(env_rewards)) if env_rewards else total,
         "length": len(replies) if turns is None else int(turns),
-        "valid_actions": sum(valid), "valid_action_ratio": sum(valid) / len(valid) if valid else 1.0,
+        "valid_actions": sum(valid),
+        "valid_action_ratio": sum(valid) / len(valid) if valid else 1.0,
         "terminated": bool(last.get("terminated")) and not last.get("aborted"),
         "truncated": bool(last.get("truncated")) if replies else True,
         "aborted": bool(last.get("aborted")), "termination": ending(samples[-1]),

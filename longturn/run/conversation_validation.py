@@ -1,10 +1,10 @@
 """Prompt validation with the chat protocol: before training, play a few whole episodes per task
 with the base model, tools and interaction, and check that the prompts fit and the replies work.
 
-Per task it measures: the first context's length against the token budget, replies per episode,
-tool calls per episode and how many of them did not fail (`tool_call_validity`), the share of
-replies none of whose tool calls failed (`valid_action_ratio`, the training metric of the same
-name: a reply without a call counts as valid), success, why episodes ended, and the tokenization check of each
+Per task it measures: the first context's length against the token budget, replies per episode, tool
+calls per episode and how many of them did not fail (`tool_call_validity`), the share of replies
+none of whose tool calls failed (`valid_action_ratio`, the training metric of the same name: a reply
+without a call counts as valid), success, why episodes ended, and the tokenization check of each
 episode (in `strict` a mismatch stops the stage with the first differing span). A task fails the
 gate when its first context does not leave room for a reply or when `valid_action_ratio` is below
 `validation.min_valid_action_ratio`, as with the action protocol.
