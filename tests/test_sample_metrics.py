@@ -172,12 +172,9 @@ def test_one_key_set_for_every_protocol() -> None:
 def test_an_env_episodes_row_is_read_from_its_samples() -> None:
     """An episode of three turns (one invalid, then a success): its episodes.parquet row from
     its samples alone; the env's reward apart from the penalised return."""
-    rows = [{**_row(0, reward=0.0), "env_name": "babyai", "task": "goto", "episode_id": "e1",
-             "episode_seed": 7},
-            {**_row(1, valid=False, reward=-0.1), "env_name": "babyai", "task": "goto",
-             "episode_id": "e1", "episode_seed": 7},
-            {**_row(2, success=True, ended=True, reward=0.9), "env_name": "babyai",
-             "task": "goto", "episode_id": "e1", "episode_seed": 7, "termination": "success"}]
+    episode = {"env_name": "babyai", "task": "goto", "episode_id": "e1", "episode_seed": 7}
+    rows = [{**_row(0), **episode}, {**_row(1, valid=False, reward=-0.1), **episode},
+            {**_row(2, success=True, ended=True, reward=0.9), **episode, "termination": "success"}]
     row = batch.episode_row(samples_from_turns(rows))
     assert (row["env_name"], row["task"], row["episode_id"], row["episode_seed"]) == (
         "babyai", "goto", "e1", 7)
