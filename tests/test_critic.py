@@ -3,6 +3,7 @@ LoRA on the critic and the actor's merged save."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,17 @@ def test_save_load_round_trip(critic: ValueModel, tmp_path: Path, smollm2_tokeni
         before, _ = response_values(critic, PROMPTS, RESPONSES, PAD)
         after, _ = response_values(again, PROMPTS, RESPONSES, PAD)
     assert torch.equal(before, after)
+
+
+def test_lora_is_applied_without_a_deprecation_warning(tiny_model_dir: str) -> None:
+    """peft 0.21 reads an alias transformers 5 deprecates: every train stage logged the warning."""
+    from transformers import AutoModelForCausalLM
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        apply_lora(AutoModelForCausalLM.from_pretrained(tiny_model_dir))
+        apply_lora(ValueModel.from_pretrained(tiny_model_dir))
+    assert [str(w.message) for w in caught if issubclass(w.category, FutureWarning)] == []
 
 
 def test_lora_critic_trains_only_adapters_and_head(critic_dir: str, tmp_path: Path) -> None:

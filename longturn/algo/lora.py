@@ -7,6 +7,7 @@ Saved checkpoints are always plain HF dirs with the LoRA update merged in, so in
 from __future__ import annotations
 
 import copy
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ def apply_lora(
     ``top_layers=N`` puts adapters on the last N transformer layers only. Nothing below them
     needs a gradient then, so backward stops at layer L-N: on CPU that is most of its cost.
     """
-    from peft import LoraConfig, TaskType, get_peft_model
+    from peft import LoraConfig, TaskType
 
     is_critic = isinstance(getattr(model, "backbone", None), nn.Module)  # a ValueModel
     base = model.backbone if is_critic else model
@@ -48,11 +49,22 @@ def apply_lora(
         layers_pattern="layers" if layers is not None else None,
     )
     if not is_critic:
-        return get_peft_model(model, config)
-    model.backbone = get_peft_model(model.backbone, config)
+        return _peft_model(model, config)
+    model.backbone = _peft_model(model.backbone, config)
     for param in model.value_head.parameters():
         param.requires_grad_(True)
     return model
+
+
+def _peft_model(model: nn.Module, config: Any) -> nn.Module:
+    """`get_peft_model`, without the FutureWarning every train stage printed: peft 0.21 reads
+    `is_gradient_checkpointing`, an alias transformers 5 deprecates (nothing of ours to change)."""
+    from peft import get_peft_model
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
+                                category=FutureWarning)
+        return get_peft_model(model, config)
 
 
 def _linear_names(model: nn.Module) -> list[str]:
