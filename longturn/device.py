@@ -76,8 +76,9 @@ def pin_accelerator(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
         return
+    # said, not left to DeepSpeed's detection, which warns in every stage that it found no GPU
+    os.environ["DS_ACCELERATOR"] = "cpu"
     if torch.cuda.is_available():  # a CPU run on a GPU machine: DeepSpeed must not pick CUDA
-        os.environ["DS_ACCELERATOR"] = "cpu"
         from deepspeed.accelerator import get_accelerator, set_accelerator
 
         if get_accelerator().device_name() != "cpu":

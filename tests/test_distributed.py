@@ -90,6 +90,26 @@ def test_a_stage_destroys_its_process_group_before_it_exits(tmp_path):
     assert list(tmp_path.glob("longturn-dist-*")) == []
 
 
+def test_a_cpu_stage_tells_deepspeed_its_accelerator():
+    """Left to detect it, DeepSpeed warned in every CPU stage's log that it found no GPU."""
+    import subprocess
+    import sys
+
+    code = """if True:
+        import torch
+        from longturn.device import pin_accelerator
+        pin_accelerator(torch.device("cpu"))
+        from deepspeed.accelerator import get_accelerator
+        print("accelerator", get_accelerator().device_name())
+    """
+    env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "accelerator cpu" in out.stdout
+    assert "unable to detect" not in out.stdout + out.stderr, out.stdout + out.stderr
+
+
 def test_rendezvous_dir_of_a_sigkilled_process_is_swept_by_the_next_one(tmp_path):
     """atexit never runs after SIGKILL; the next plain process removes the dir it left."""
     import signal
