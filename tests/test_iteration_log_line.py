@@ -28,9 +28,10 @@ def test_without_a_critic_the_line_has_no_value_loss() -> None:
 
 
 def test_what_was_not_counted_is_left_out() -> None:
-    """The action protocol has no tool calls (NaN); an iteration that ended no episode has no
-    episode length."""
+    """The action protocol has no tool calls (NaN); an iteration that completed no episode (the
+    first fixed-turn batch of goto: 8 lock-steps, a 16-turn limit) has no length or success."""
     line = describe_iteration(0, {**METRICS, "tool_calls_per_episode": math.nan,
                                   "episode_length": math.nan, "success_rate": math.nan})
     assert "tool calls" not in line and "replies/episode" not in line, line
-    assert line.startswith("iteration 0: success nan reward 0.250 valid 0.90 kl "), line
+    assert line.startswith("iteration 0: success n/a (no episode completed) reward 0.250 valid "
+                           "0.90 kl "), line

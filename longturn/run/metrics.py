@@ -42,7 +42,9 @@ def describe_iteration(iteration: int, m: dict[str, float]) -> str:
     was not measured is left out: the valid-action ratio when no reply is parsed into an action,
     tool calls when no sample holds a conversation, the value loss when no critic trained (a
     made-up 0 would read as a critic that learned nothing)."""
-    parts = [f"iteration {iteration}: success {m.get('success_rate', float('nan')):.3f} "
+    success = (f"{m['success_rate']:.3f}" if _shown(m, "success_rate")
+               else "n/a (no episode completed)")  # a fixed-turn batch may end none
+    parts = [f"iteration {iteration}: success {success} "
              f"reward {m.get('mean_reward', float('nan')):.3f}"]
     for key, label, fmt in (("valid_action_ratio", "valid", "{:.2f}"),
                             ("episode_length", "replies/episode", "{:.2f}"),
