@@ -169,6 +169,17 @@ def test_one_key_set_for_every_protocol() -> None:
     assert math.isnan(no_calls["tool_call_validity"]) and no_calls["tool_calls_per_episode"] == 0
 
 
+def test_a_record_that_did_not_count_its_calls_gives_no_tool_figures() -> None:
+    """A slime Sample cannot say which inserted tokens were tool results or failed calls: its
+    record leaves the counts out, and the tool-call keys stay NaN instead of a made-up 1.0."""
+    record = {**_conversation("s", [True, True], success=True),
+              "tool_calls": None, "tool_errors": None, "user_turns": None}
+    m = batch.sample_metrics(samples_from_episodes([record]))
+    assert m["turns"] == 2 and m["episodes_ended"] == 1 and m["success_rate"] == 1.0
+    assert all(math.isnan(m[k]) for k in ("tool_calls_per_episode", "tool_call_validity",
+                                          "mean_user_turns"))
+
+
 def test_an_env_episodes_row_is_read_from_its_samples() -> None:
     """An episode of three turns (one invalid, then a success): its episodes.parquet row from
     its samples alone; the env's reward apart from the penalised return."""

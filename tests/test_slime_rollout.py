@@ -122,6 +122,9 @@ def test_the_shipped_example_nudges_calls_the_calculator_and_answers(tokenizer):
     outputs = {tuple(c.token_ids) for _, c in engine.completions()}
     for record in records:
         assert record["termination"] == "done" and record["reward"] == 1.0
+        # one inserted run is a user turn, one a tool result: nothing in a Sample tells them
+        # apart, so the record counts neither (replies - 1 would say 2 calls)
+        assert (record["tool_calls"], record["tool_errors"], record["user_turns"]) == (None,) * 3
         [sample] = samples_from_episodes([record])
         ids = sample["prompt_ids"] + sample["response_ids"]
         mask = [0] * len(sample["prompt_ids"]) + sample["loss_mask"]

@@ -63,6 +63,14 @@ def _header(episode: pd.DataFrame, every: list[dict[str, Any]], kept: pd.Series 
     }
 
 
+def _calls(h: dict[str, Any]) -> str:
+    """The episode's tool calls and failed ones; `-` where its record did not count them (one
+    still running, or a slime Sample's)."""
+    if h["tool_calls"] is None:
+        return "-"
+    return f"{h['tool_calls']} ({h['tool_errors'] or 0} error(s))"
+
+
 def _head_lines(h: dict[str, Any], replies: int, stored: bool) -> list[str]:
     iterations = h["iterations"]
     span = (f"iterations {iterations[0]}..{iterations[-1]}" if len(iterations) > 1
@@ -74,7 +82,7 @@ def _head_lines(h: dict[str, Any], replies: int, stored: bool) -> list[str]:
         + f" · reward {number(h['reward'])} · success {'yes' if h['success'] else 'no'} · "
         f"{replies} replies"
         + (f" in {h['samples']} samples (one per reply)" if h["samples"] > 1 else ""),
-        f"tool calls {h['tool_calls'] or 0} ({h['tool_errors'] or 0} error(s)) · "
+        f"tool calls {_calls(h)} · "
         f"tokenization check {h['tokenization_check'] or '-'} · {h['prompt_tokens']} prompt "
         f"tokens · {h['sampled_tokens']} sampled"
         + ("" if h["bootstrap_value"] is None else

@@ -15,8 +15,8 @@ protocol) or when none of its tool calls failed (a conversation; a reply without
 valid): `valid_action_ratio`, over the replies whose validity the rollout recorded. A call failed
 when its result reads as an error (tasks/tools.py `is_error_text`), the one rule behind both that
 ratio and `tool_call_validity`. A ratio with nothing to count is NaN, left out of the curves: the
-tool-call keys when no sample holds a conversation (the action protocol), `tool_call_validity`
-when no call was made. Counts are `termination/<reason>` (every reason of envs/termination.py and
+tool-call keys when no sample holds a conversation that counted its calls (the action
+protocol; slime's records cannot count them), `tool_call_validity` when no call was made. Counts are `termination/<reason>` (every reason of envs/termination.py and
 rollout/conversation.py, zeros included) and, when samples hold conversations,
 `tokenization/<outcome>`.
 """
@@ -133,11 +133,13 @@ def sample_totals(samples: list[Sample]) -> dict[str, tuple[float, float]]:
     env_rewards = _known(r["env_reward"] for r in replies)
     finishes = _known(r["finish_reason"] for r in replies)
     held = [s for s in samples if s.get("assistant_turns") is not None]  # conversations
-    calls = float(sum(int(s["tool_calls"] or 0) for s in held))
+    # those that counted their calls (a slime Sample cannot: serve/slime_rollout.py)
+    counted = [s for s in held if s.get("tool_calls") is not None]
+    calls = float(sum(int(s["tool_calls"]) for s in counted))
     tokens = float(sum(len(s["prompt_ids"]) + len(s["response_ids"]) for s in samples))
     checks = [s.get("tokenization_check") for s in samples
               if ends_episode(s) and s.get("assistant_turns") is not None]
-    per_episode = ended if held else 0.0  # conversation counts: NaN without a conversation
+    per_episode = ended if counted else 0.0  # conversation counts: NaN where none counted
     totals = {
         "turns": (n, 1.0), "episodes_ended": (ended, 1.0), "episodes_aborted": (aborted, 1.0),
         "successes": (wins, 1.0), "success_rate": (wins, float(len(completed))),
@@ -148,8 +150,8 @@ def sample_totals(samples: list[Sample]) -> dict[str, tuple[float, float]]:
         "response_tokens": (float(sum(r["end"] - r["start"] for r in replies)), n),
         "finish_length_ratio": (float(finishes.count("length")), float(len(finishes))),
         "tool_calls_per_episode": (calls, per_episode),
-        "tool_call_validity": (calls - sum(int(s["tool_errors"] or 0) for s in held), calls),
-        "mean_user_turns": (float(sum(int(s["user_turns"] or 0) for s in held)), per_episode),
+        "tool_call_validity": (calls - sum(int(s["tool_errors"] or 0) for s in counted), calls),
+        "mean_user_turns": (float(sum(int(s["user_turns"] or 0) for s in counted)), per_episode),
         "mean_tokens": (tokens, ended),
         "model_token_fraction": (float(sum(sum(s["loss_mask"]) for s in samples)), tokens),
         "images_per_episode": (float(sum(len(s.get("image_starts") or ()) for s in samples)),

@@ -121,9 +121,10 @@ def render_conversation_report(results: list[TaskValidation], failures: list[str
                   ""]
         for sample in r.samples[:examples]:
             reward = sum(reply["reward"] or 0.0 for reply in sample["replies"])
+            calls = ("" if sample["tool_calls"] is None else  # a slime Sample's: not counted
+                     f", {sample['tool_calls']} tool call(s), {sample['tool_errors']} failed")
             lines += [f"Seed {sample['episode_seed']}: {ending(sample)}, reward "
-                      f"{reward:.2f}, {sample['tool_calls']} tool call(s), "
-                      f"{sample['tool_errors']} failed", ""]
+                      f"{reward:.2f}{calls}", ""]
             ids = [*sample["prompt_ids"], *sample["response_ids"]]
             lines += _fence(_fold_images(tokenizer.decode(ids))) + [""]
     return "\n".join(lines)

@@ -223,7 +223,9 @@ def _record(task: dict[str, Any], sample: Sample | None, aborted: str | None,
         "reward": float(reward or 0.0),
         "termination": aborted or (TOKEN_BUDGET if truncated else DONE),
         "truncated": truncated, "aborted": aborted is not None, "assistant_turns": nreplies,
-        "user_turns": 0, "tool_calls": max(0, nreplies - 1), "tool_errors": 0,
+        # not known: a Sample's inserted tokens do not say which were tool results, user turns
+        # or failed calls, and a guess would read as measured (tool_call_validity 1.0)
+        "user_turns": None, "tool_calls": None, "tool_errors": None,
         "tokenization_check": "skipped", "messages": json.dumps(messages),
         "metrics": json.dumps({"engine_calls": len(calls)}), "images": [], "image_starts": [],
     }
