@@ -96,10 +96,12 @@ def test_lora_is_applied_without_a_deprecation_warning(tiny_model_dir: str) -> N
     """peft 0.21 reads an alias transformers 5 deprecates: every train stage logged the warning."""
     from transformers import AutoModelForCausalLM
 
+    actor = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    critic = ValueModel.from_pretrained(tiny_model_dir)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        apply_lora(AutoModelForCausalLM.from_pretrained(tiny_model_dir))
-        apply_lora(ValueModel.from_pretrained(tiny_model_dir))
+        apply_lora(actor)
+        apply_lora(critic)
     assert [str(w.message) for w in caught if issubclass(w.category, FutureWarning)] == []
 
 

@@ -15,10 +15,10 @@ protocol) or when none of its tool calls failed (a conversation; a reply without
 valid): `valid_action_ratio`, over the replies whose validity the rollout recorded. A call failed
 when its result reads as an error (tasks/tools.py `is_error_text`), the one rule behind both that
 ratio and `tool_call_validity`. A ratio with nothing to count is NaN, left out of the curves: the
-tool-call keys when no sample holds a conversation that counted its calls (the action
-protocol; slime's records cannot count them), `tool_call_validity` when no call was made. Counts are `termination/<reason>` (every reason of envs/termination.py and
-rollout/conversation.py, zeros included) and, when samples hold conversations,
-`tokenization/<outcome>`.
+tool-call keys when no sample holds a conversation that counted its calls (the action protocol;
+slime's records cannot count them), `tool_call_validity` when no call was made. Counts are
+`termination/<reason>` (every reason of envs/termination.py and rollout/conversation.py, zeros
+included) and, when samples hold conversations, `tokenization/<outcome>`.
 """
 
 from __future__ import annotations
