@@ -10,6 +10,7 @@ from longturn.engines.base import SamplingParams
 from longturn.params.config import parse_params
 from longturn.run.conversation_validation import (conversation_gate_failures,
                                                 validate_conversation_tasks)
+from longturn.run.validation import TaskValidation
 
 SAMPLING = SamplingParams(max_new_tokens=48, temperature=1.0, top_p=1.0, top_k=0, seed=3)
 
@@ -37,3 +38,16 @@ def test_a_task_whose_first_context_leaves_no_room_fails_both_gates(smollm2_toke
     assert len(failures) == 2 and "leaves no room for a reply" in failures[0]
     assert failures[1].endswith("valid-reply ratio 0.00 < validation.min_valid_action_ratio 0.50 "
                                 "(no reply was made)")
+
+
+def test_the_gate_says_when_the_rollout_did_not_count_tool_calls():
+    """A slime Sample's record leaves its calls uncounted (NaN figures): the gate's reason must
+    not read as a model that made no call."""
+    nan = float("nan")
+    metrics = {"prompt_fits_budget": True, "valid_action_ratio": 0.25, "turns": 4,
+               "tool_calls_per_episode": nan, "tool_call_validity": nan}
+    (failure,) = conversation_gate_failures([TaskValidation("calc", metrics=metrics)], 0.5)
+    assert failure.endswith("(the rollout does not count tool calls)"), failure
+    counted = {**metrics, "tool_calls_per_episode": 0.0}
+    (failure,) = conversation_gate_failures([TaskValidation("calc", metrics=counted)], 0.5)
+    assert failure.endswith("(no tool call was made)"), failure

@@ -64,6 +64,8 @@ def conversation_gate_failures(results: list[TaskValidation], min_ratio: float) 
             validity = m["tool_call_validity"]  # NaN when no call was made
             if not m["turns"]:
                 why = "no reply was made"
+            elif math.isnan(m["tool_calls_per_episode"]):  # a slime Sample's: not counted
+                why = "the rollout does not count tool calls"
             elif math.isnan(validity):
                 why = "no tool call was made"
             else:
