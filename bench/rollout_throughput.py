@@ -31,7 +31,7 @@ from longturn.engines.base import Completion  # noqa: E402
 from longturn.engines.registry import make_engine, sampling_from_params  # noqa: E402
 from longturn.run.evaluation import eval_jobs  # noqa: E402
 from longturn.run.models import load_tokenizer  # noqa: E402
-from longturn.rollout.env_episodes import play_episodes  # noqa: E402
+from longturn.rollout.env_player import play_episodes  # noqa: E402
 from longturn.rollout.env_slots import AgentSettings, env_factory_from_params  # noqa: E402
 from cpu_threads import add_threads_arg, use_threads  # noqa: E402
 from tiny_model import add_tiny_args, fill_defaults, resolve_model_dir  # noqa: E402

@@ -26,7 +26,7 @@ from longturn.run.eval_journal import PARTIAL
 from longturn.run.evaluation import eval_jobs
 from longturn.run.protocol import evaluate, evaluate_model
 from longturn.run.models import load_tokenizer
-from longturn.rollout.env_episodes import play_episodes
+from longturn.rollout.env_player import play_episodes
 from longturn.rollout.env_slots import AgentSettings, env_factory_from_params
 from reply_rows import replies_of
 from settings_from_params import sampling_settings

@@ -1,5 +1,5 @@
 """Conversations played to their end outside the train loop: evaluation's jobs (task, seed, id),
-handed on as samples and one episode row each as rollout/env_episodes.py hands on an env's
+handed on as samples and one episode row each as rollout/env_player.py hands on an env's
 episodes, and prompt validation's whole conversations as packed samples. So evaluation and
 validation read neither protocol's record.
 

@@ -8,6 +8,10 @@ must be bootstrapped (the batch cut its episode, or a time limit truncated it) c
 Played whole, an episode's last reply is its segment end and nothing is bootstrapped. A reset
 that failed has no sample: its termination reason rides on the slot's sample of that lock-step
 (or its next one) as `aborted_resets`, counted by the rollout metrics, not in Parquet.
+
+An evaluation's list of episodes (`play_episodes`) is played by the same slots through
+`play_jobs`: each reply samples from seeds of its episode alone, and a slot gets a new env only
+when its next episode is of another task.
 """
 
 from __future__ import annotations
@@ -17,11 +21,14 @@ import pickle
 from typing import Any, Callable
 
 from longturn.engines.base import Engine, SamplingParams
+from longturn.engines.row_seeds import keyed_seed, row_seed
 from longturn.envs.base import TextEnv
 from longturn.errors import SettingError
-from longturn.rollout.collection import (EpisodeGroups, EpisodeStart, FixedTurnBatches, Samples,
-                                         play_in_lock_step, slot_index, task_of)
+from longturn.rollout.collection import (EpisodeGroups, EpisodeJob, EpisodeStart,
+                                         FixedTurnBatches, Samples, play_in_lock_step, play_jobs,
+                                         slot_index, task_of)
 from longturn.rollout.env_slots import AgentSettings, EnvSlot, generate_turns
+from longturn.rollout.sample_metrics import episode_row
 from longturn.rollout.samples import sample_from_turn
 
 
@@ -29,8 +36,14 @@ class EnvPlayer:
     """n env slots, each on its own env of its task (slot i plays `tasks_by_slot[i]`)."""
 
     def __init__(self, env_factory: Callable[[str], TextEnv], tasks_by_slot: list[str],
-                 settings: AgentSettings, whole_episodes: bool, rank: int = 0):
+                 settings: AgentSettings, whole_episodes: bool, rank: int = 0,
+                 keyed_seeds: bool = False):
+        """`keyed_seeds`: each reply samples from a seed of its episode's id and turn alone (an
+        evaluation's), not of the iteration and lock-step, so an episode plays the same
+        whatever shares its lock-steps."""
         self.n_slots, self.whole_episodes = len(tasks_by_slot), whole_episodes
+        self.env_factory, self.settings, self.rank = env_factory, settings, rank
+        self.keyed_seeds = keyed_seeds
         envs = [env_factory(task) for task in tasks_by_slot]  # worker processes start together
         self.slots = [EnvSlot(env, slot_index(rank, self.n_slots, i), settings)
                       for i, env in enumerate(envs)]
@@ -45,7 +58,13 @@ class EnvPlayer:
     def start(self, starts: list[EpisodeStart]) -> list[EpisodeStart]:
         """Reset these slots in parallel; a failed reset is counted on the slot's sample (the env
         was restarted; after env.max_retries failures in a row the slot's EnvGaveUp ends the
-        stage)."""
+        stage). A slot whose env is of another task gets a new env first (new ones start
+        together)."""
+        fresh = {s.slot: self.env_factory(s.task) for s in starts
+                 if self.slots[s.slot].env.task != s.task}
+        for i, env in fresh.items():
+            self.slots[i].env.close()
+            self.slots[i] = EnvSlot(env, slot_index(self.rank, self.n_slots, i), self.settings)
         for s in starts:
             self.slots[s.slot].begin_start(s.seed, s.episode_id)
         failed = []
@@ -59,7 +78,7 @@ class EnvPlayer:
                 sample.setdefault("aborted_resets", []).append(failure.reason)
             else:
                 self.unreported[s.slot].append(failure.reason)
-            failed.append(s)
+            failed.append(dataclasses.replace(s, failure=failure.reason))
         return failed
 
     def lock_step(self, engine: Engine, tokenizer: Any, sampling: SamplingParams,
@@ -67,9 +86,13 @@ class EnvPlayer:
         """Every running slot's turn as a sample, in slot order, and the slots whose episode
         ended."""
         active = [i for i, running in enumerate(self.running) if running]
-        seed = None if sampling.seed is None else sampling.seed + iteration * 100_003 + step
-        rows = generate_turns(engine, tokenizer, [self.slots[i] for i in active],
-                              dataclasses.replace(sampling, seed=seed))
+        slots = [self.slots[i] for i in active]
+        if self.keyed_seeds:
+            sampling = episode_sampling(sampling, slots)
+        elif sampling.seed is not None:
+            sampling = dataclasses.replace(sampling,
+                                           seed=sampling.seed + iteration * 100_003 + step)
+        rows = generate_turns(engine, tokenizer, slots, sampling) if slots else []
         ended = []
         self.step_samples = {}
         for i, row in zip(active, rows):
@@ -140,3 +163,61 @@ def env_groups(env_factory: Callable[[str], TextEnv], tasks: list[str], n_envs: 
         return f"{run_id}-r{rank}-e{slot_index(rank, n_envs, slot)}-{iteration}"
 
     return EpisodeGroups(player, tasks, group_size, seed, name, rank=rank, run_id=run_id)
+
+
+def episode_sampling(sampling: SamplingParams, slots: list[EnvSlot]) -> SamplingParams:
+    """One seed per prompt, from the run's seed, the slot's episode id and its turn: an episode
+    samples the same whichever episodes share its lock-step, so a resumed evaluation replays
+    exactly what an uninterrupted one would have played."""
+    if sampling.seed is None:
+        return sampling
+    seeds = tuple(row_seed(keyed_seed(int(sampling.seed), slot.episode_id), slot.turn)
+                  for slot in slots)
+    return dataclasses.replace(sampling, seed=seeds)
+
+
+def play_episodes(
+    engine: Engine, tokenizer: Any, env_factory: Callable[[str], TextEnv], jobs: list[EpisodeJob],
+    parallel_envs: int, sampling: SamplingParams, settings: AgentSettings,
+    extra: dict[str, Any] | None = None, progress: bool = True,
+    finished: dict[str, int] | None = None,
+    on_episode: Callable[[dict[str, Any], list[dict[str, Any]]], None] | None = None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Play every job (an evaluation's) to its end in up to `parallel_envs` env slots
+    (`play_jobs`), each episode sampling from its own seeds (`episode_sampling`).
+
+    Returns (samples, episode rows) of the jobs played here, episode after episode as they
+    ended; a job whose reset failed is an episode row, `aborted`, of no reply. Jobs in `finished`
+    (episode id → replies) are not played but keep their slot for as many lock-steps.
+    `on_episode(episode, samples)` is called as each episode ends (an evaluation's journal); the
+    samples then go only there, not into the returned list as well.
+    """
+    extra = extra or {}
+    finished = finished or {}
+    player = EnvPlayer(env_factory, [job.task for job in jobs[:parallel_envs]], settings,
+                       whole_episodes=True, keyed_seeds=True)  # slot i's first job is job i
+    episodes: list[dict[str, Any]] = []
+    kept: list[dict[str, Any]] = []
+
+    def ended(episode: dict[str, Any], samples: list[dict[str, Any]]) -> None:
+        episodes.append(episode)
+        if on_episode is not None:
+            on_episode(episode, samples)
+        else:
+            kept.extend(samples)
+
+    def played(samples: Samples) -> None:
+        for sample in samples:
+            sample.update(extra)
+        ended(episode_row(samples), samples)
+
+    def unstarted(slot: int, job: EpisodeJob, reason: str) -> None:
+        ended({"run_id": extra.get("run_id"), "policy_version": extra.get("policy_version"),
+               "env_name": player.slots[slot].env.name, "task": job.task,
+               "episode_id": job.episode_id, "episode_seed": job.seed, "success": False,
+               "return": 0.0, "env_return": 0.0, "length": 0, "valid_actions": 0,
+               "valid_action_ratio": 0.0, "terminated": False, "truncated": False,
+               "aborted": True, "termination": reason}, [])
+
+    play_jobs(player, engine, tokenizer, sampling, jobs, finished, played, unstarted, progress)
+    return kept, episodes

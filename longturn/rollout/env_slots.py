@@ -3,7 +3,7 @@
 `EnvSlot` owns one environment and the agent's view of its current episode (history window, turn
 counter, episode id); it renders the next prompt and applies a completion, producing one turn row of
 the Parquet contract. `generate_turns` is one lock-step of many slots; rollout/env_player.py plays
-slots in the train loop's batches, rollout/env_episodes.py a list of episodes (evaluation).
+slots in the train loop's batches and in an evaluation's list of episodes.
 
 Env calls are split into submit and wait (`longturn/envs/local.py`, `workers.py`): a lock-step sends
 every slot's action first, then reads the results in slot order and renders each slot's next

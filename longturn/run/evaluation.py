@@ -12,7 +12,7 @@ they were played.
 One driver (`evaluate`) serves both ways of reading replies, and summarises both the same way
 (episode rows, then what their samples say); a protocol brings an `EvalPlan`: how its episodes
 are played and ordered (`env_plan`, `conversation_plan`). Either plays in rollout/ and gets back
-samples and episode rows only (rollout/env_episodes.py, rollout/conversation_episodes.py).
+samples and episode rows only (rollout/env_player.py, rollout/conversation_episodes.py).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from longturn.envs.termination import reason_of
 from longturn.rollout.collection import EpisodeJob
 from longturn.rollout.conversation_episodes import play_conversations
 from longturn.rollout.conversation_setup import ConversationRun
-from longturn.rollout.env_episodes import play_episodes
+from longturn.rollout.env_player import play_episodes
 from longturn.rollout.env_slots import AgentSettings, env_factory_from_params
 from longturn.engines.registry import sampling_from_params
 from longturn.stats import standard_error, wilson_interval
