@@ -94,6 +94,35 @@ def test_a_resumed_queue_plays_the_rest_in_the_same_slots_steps_and_draws(
         full.sort_values(by_episode)["action"].tolist()
 
 
+def test_a_slot_gets_a_new_env_only_when_its_next_episode_is_of_another_task(
+        smollm2_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_tokenizer_dir)
+    params = parse_params({"env": {"name": f"{FlakyCorridor.__module__}:FlakyCorridor",
+                                   "tasks": ["a"], "max_turns": 2, "workers": False,
+                                   "step_timeout_s": None, "kwargs": {"length": 4}}})
+    built = []
+
+    def factory(task):
+        built.append(task)
+        return env_factory_from_params(params)(task)
+
+    def play(tasks):
+        samples, episodes = play_episodes(
+            SeededEngine(tokenizer), tokenizer, factory, eval_jobs(tasks, 2, 1000), 2,
+            sampling_settings(seed=7), AgentSettings.from_params(params), progress=False)
+        return replies_of(samples), episodes
+
+    replies, episodes = play(["a"])
+    assert built == ["a", "a"] and len(episodes) == 2  # two slots, each kept its env
+    built.clear()
+    replies, episodes = play(["a", "b"])  # a, a, then b, b in the same two slots
+    assert built == ["a", "a", "b", "b"]
+    assert [e["task"] for e in episodes] == ["a", "a", "b", "b"]
+    assert {r["episode_id"].split("-")[1]: r["task"] for r in replies} == {"a": "a", "b": "b"}
+
+
 def outputs(out: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
     assert sorted(p.name for p in out.iterdir()) == sorted(OUTPUTS)  # the journal is gone
     return (json.loads((out / "metrics.json").read_text()),

@@ -44,6 +44,7 @@ class EnvPlayer:
         self.n_slots, self.whole_episodes = len(tasks_by_slot), whole_episodes
         self.env_factory, self.settings, self.rank = env_factory, settings, rank
         self.keyed_seeds = keyed_seeds
+        self.tasks = list(tasks_by_slot)  # the task of each slot's env
         envs = [env_factory(task) for task in tasks_by_slot]  # worker processes start together
         self.slots = [EnvSlot(env, slot_index(rank, self.n_slots, i), settings)
                       for i, env in enumerate(envs)]
@@ -60,11 +61,13 @@ class EnvPlayer:
         was restarted; after env.max_retries failures in a row the slot's EnvGaveUp ends the
         stage). A slot whose env is of another task gets a new env first (new ones start
         together)."""
-        fresh = {s.slot: self.env_factory(s.task) for s in starts
-                 if self.slots[s.slot].env.task != s.task}
-        for i, env in fresh.items():
-            self.slots[i].env.close()
-            self.slots[i] = EnvSlot(env, slot_index(self.rank, self.n_slots, i), self.settings)
+        fresh = {s.slot: self.env_factory(s.task) for s in starts if self.tasks[s.slot] != s.task}
+        for s in starts:
+            if s.slot in fresh:
+                self.slots[s.slot].env.close()
+                self.slots[s.slot] = EnvSlot(fresh[s.slot], slot_index(self.rank, self.n_slots,
+                                                                       s.slot), self.settings)
+                self.tasks[s.slot] = s.task
         for s in starts:
             self.slots[s.slot].begin_start(s.seed, s.episode_id)
         failed = []
