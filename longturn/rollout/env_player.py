@@ -17,7 +17,6 @@ when its next episode is of another task.
 from __future__ import annotations
 
 import dataclasses
-import pickle
 from typing import Any, Callable
 
 from longturn.engines.base import Engine, SamplingParams

@@ -29,7 +29,6 @@ from longturn.run.dvc_remote import push_training_outputs
 from longturn.engines.registry import make_engine, sampling_from_params
 from longturn.run.metrics import MetricsLog, PhaseClock, describe_iteration
 from longturn.run.models import load_tokenizer
-from longturn.run.protocol import protocol
 from longturn.profiling import IterationProfiler
 from longturn.run.wiring import (batch_metrics, close_collector, critic_dir, file_metadata,
                                  gae_params, make_collector, run_fingerprint, score_and_write,
