@@ -26,7 +26,8 @@ typical calculator call: no model runs while playing), so its messages, tool res
 are the rollout's own; what is timed is the actor's forward over each reply's sample (the scoring
 pass): what the reply was given and the reply, the whole sequence before it or its window.
 Printed: prompt tokens and the median time of --repeats forwards per reply and context, and the
-ratios.
+ratios; then what tokenizing the late reply's window costs through the prompt token cache
+(agent/token_cache.py, as the rollout does) and with the tokenizer on the whole text.
 
     .venv/bin/python bench/turn_cost.py [--fast-forward] [--turns 400] [--model-dir DIR]
         [--tiny [--tiny-dir DIR]]
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import statistics
 import sys
 import tempfile
@@ -54,7 +56,10 @@ from longturn.params.profiles import resolve_profile  # noqa: E402
 from longturn.engines.base import Completion  # noqa: E402
 from longturn.engines.logprobs import (pack_prompt_response, response_logits,  # noqa: E402
                                        token_logprobs)
-from longturn.rollout.conversation_rollout import conversation_rollout  # noqa: E402
+from longturn.agent.token_cache import PieceTokenizer  # noqa: E402
+from longturn.rollout.chat_deltas import ChatDeltas  # noqa: E402
+from longturn.rollout.conversation_rollout import chat_deltas, conversation_rollout  # noqa: E402
+from longturn.rollout.history_window import window_messages  # noqa: E402
 from longturn.rollout.conversation_setup import ConversationRun  # noqa: E402
 from longturn.engines.registry import make_engine, sampling_from_params  # noqa: E402
 from longturn.envs.babyai import BabyAITextEnv  # noqa: E402
@@ -127,10 +132,12 @@ class CannedCalls:
         return out
 
 
-def long_tool_episode(tokenizer, replies: int, max_tokens: int) -> tuple[dict, int]:
+def long_tool_episode(tokenizer, replies: int, max_tokens: int
+                      ) -> tuple[dict, int, ChatDeltas, int]:
     """One arithmetic episode of `replies` calculator calls, played by the rollout with the
     calculator_window profile's settings (its record keeps the whole sequence and each reply's
-    window); the window's turns."""
+    window); the window's turns, the template deltas the rollout rendered with, and how many
+    of the episode's messages the task gave (its head)."""
     profile = resolve_profile(WINDOW_PROFILE)
     chat = profile["rollout"]["chat"]
     chat.update(tools=str(ROOT / chat["tools"]), interactions=None,
@@ -140,12 +147,42 @@ def long_tool_episode(tokenizer, replies: int, max_tokens: int) -> tuple[dict, i
     settings = dataclasses.replace(run.settings, max_assistant_turns=replies,
                                    max_tokens=max_tokens, tokenization_check="off")
     sampling = sampling_from_params(params, seed=0)
-    [record] = conversation_rollout(CannedCalls(tokenizer), tokenizer, sampling,
-                                [run.record("arithmetic", 0)], settings)
+    task = run.record("arithmetic", 0)
+    [record] = conversation_rollout(CannedCalls(tokenizer), tokenizer, sampling, [task], settings)
     if len(record["segment_starts"]) < replies:
         sys.exit(f"the episode ended after {len(record['segment_starts'])} replies "
                  f"({record['termination']}): raise the model's context or lower --replies")
-    return record, settings.history_turns
+    deltas = chat_deltas(CannedCalls(tokenizer), tokenizer, settings)
+    return record, settings.history_turns, deltas, len(deltas.prepare(task["messages"]))
+
+
+def window_tokenize_ms(deltas: ChatDeltas, messages: list[dict], head: int, turns: int, k: int,
+                       repeats: int) -> tuple[int, float, float]:
+    """Reply k's window (the task's `head` messages and the last `turns` turns before it): its
+    tokens, and the median ms of tokenizing its text through a piece cache that tokenized the
+    episode's earlier windows first, as the rollout's does (only the newest turns' pieces are
+    new), and with the tokenizer on the whole text. The cache is past its first calls' check
+    against whole-text ids, as in a run after its first 32 prompts."""
+    replies = [i for i in range(head, len(messages)) if messages[i]["role"] == "assistant"]
+    texts = []
+    for j in range(k + 1):
+        before = messages[:replies[j]]
+        texts.append(deltas.render([before[i] for i in window_messages(before, head, turns)],
+                                   add_generation_prompt=True))
+    cached, whole = [], []
+    for _ in range(repeats):
+        pieces = PieceTokenizer(deltas.tokenizer)
+        pieces.verify_left = 0
+        for text in texts[:-1]:
+            pieces(text)
+        t0 = time.perf_counter()
+        ids = pieces(texts[-1])
+        cached.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        reference = deltas.tokenizer.encode(texts[-1], add_special_tokens=False)
+        whole.append(time.perf_counter() - t0)
+        assert reference == ids
+    return len(ids), statistics.median(cached) * 1e3, statistics.median(whole) * 1e3
 
 
 def forward_ms(model, samples: list[tuple[list[int], list[int]]], pad: int,
@@ -173,7 +210,7 @@ def run_conversation(args: argparse.Namespace, model_dir: str) -> None:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     context = int(model.config.max_position_embeddings)
     t0 = time.perf_counter()
-    record, turns = long_tool_episode(tokenizer, late + 1, context)
+    record, turns, deltas, head = long_tool_episode(tokenizer, late + 1, context)
     ids, starts, ends = record["input_ids"], record["segment_starts"], record["segment_ends"]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     samples = []  # per reply: the whole sequence before it, then its window; and the reply
@@ -195,6 +232,14 @@ def run_conversation(args: argparse.Namespace, model_dir: str) -> None:
           f"{pl / pe:.2f}x   window time {ul / ue:.2f}x prompt {wl / we:.2f}x")
     print(f"  ratio whole episode / window at reply {late}: time {tl / ul:.2f}x prompt "
           f"{pl / wl:.2f}x")
+    tokens, cached, whole = window_tokenize_ms(deltas, json.loads(record["messages"]), head,
+                                               turns, late, 20 * args.repeats)
+    if tokens != len(record["window_prompts"][late]):
+        sys.exit(f"reply {late}'s window rendered here has {tokens} tokens, the rollout's "
+                 f"{len(record['window_prompts'][late])}: the bench no longer renders it the "
+                 "rollout's way")
+    print(f"  reply {late}'s window ({tokens} tok) tokenized: piece cache {cached:.3f} ms, "
+          f"whole text {whole:.3f} ms; ratio whole text / piece cache {whole / cached:.2f}x")
 
 
 def parse_args() -> argparse.Namespace:

@@ -59,3 +59,43 @@ def test_a_tokenizer_that_splits_differently_turns_the_cache_off(caplog) -> None
     assert ids == fake("a<|sep|>b")["input_ids"]
     assert "prompt token cache off" in caplog.text
     assert token_ids(fake, "c<|sep|>d") == fake("c<|sep|>d")["input_ids"]
+
+
+def test_chat_windows_are_tokenized_through_the_cache(tokenizer) -> None:
+    """A conversation's window renders the task's messages again for every reply: their pieces
+    come from the cache, and the ids are the tokenizer's own."""
+    from longturn.rollout.chat_deltas import ChatDeltas
+
+    deltas = ChatDeltas(tokenizer)
+    task = [{"role": "system", "content": "You add numbers. " * 40},
+            {"role": "user", "content": "What is 12 + 30?"}]
+    for turn in range(3):
+        window = task + [{"role": "assistant", "content": f"Try {turn}."},
+                         {"role": "user", "content": f"Not {turn}, again."}]
+        text = deltas.render(window, add_generation_prompt=True)
+        assert deltas.start(window) == list(tokenizer.encode(text, add_special_tokens=False))
+    cached = token_cache._BY_TOKENIZER[tokenizer].pieces
+    assert any("You add numbers." in piece for piece in cached)
+
+
+def test_the_tokenization_check_compares_with_the_tokenizer_not_the_cache(tokenizer) -> None:
+    """The check's reference is an independent tokenization: a wrong cached piece must not make
+    wrong delta ids look identical."""
+    from longturn.rollout.chat_deltas import ChatDeltas
+    from longturn.rollout.tokenization_check import compare
+
+    deltas = ChatDeltas(tokenizer)
+    messages = [{"role": "user", "content": "a question"},
+                {"role": "assistant", "content": "an answer"}]
+    text = deltas.render(messages, add_generation_prompt=False)
+    right = list(tokenizer.encode(text, add_special_tokens=False))
+    assert compare(deltas, messages, right).outcome == "identical"
+    deltas.encode(text)
+    pieces = token_cache._BY_TOKENIZER[tokenizer]
+    pieces.verify_left = 0
+    answer = next(piece for piece in pieces.pieces if "an answer" in piece)
+    pieces.pieces[answer] = [0]  # a poisoned piece
+    poisoned = deltas.encode(text)
+    assert poisoned != right
+    assert compare(deltas, messages, poisoned).outcome != "identical"
+    pieces.pieces.clear()

@@ -152,3 +152,5 @@ def test_turn_cost_compares_a_late_reply_with_an_early_one_in_both_contexts():
     whole, window = map(float, ratios.groups())
     assert whole > 1.5 and window == 1.0  # the window's prompt does not grow with the episode
     assert re.search(r"ratio whole episode / window at reply 12: time [\d.]+x", done.stdout)
+    assert re.search(r"reply 12's window \(\d+ tok\) tokenized: .* ratio whole text / piece "
+                     r"cache [\d.]+x", done.stdout)

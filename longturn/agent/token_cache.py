@@ -9,12 +9,17 @@ them tokenize independently and the ids of a piece can be reused whenever it rec
 That independence is a property of the tokenizer, so it is checked rather than assumed: the first
 `VERIFY_CALLS` texts of each tokenizer are also tokenized whole, and any difference switches the
 cache off for that tokenizer (with a warning) instead of changing a single id.
+
+Both protocols tokenize through it: env slots' prompts, and every chat template text
+(`ChatDeltas.encode`: windows, deltas, the OpenAI endpoint's renders on its own thread, hence
+the lock).
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import threading
 import weakref
 from collections import OrderedDict
 from typing import Any
@@ -34,8 +39,13 @@ class PieceTokenizer:
         self.pieces: OrderedDict[str, list[int]] = OrderedDict()
         self.verify_left = VERIFY_CALLS
         self.enabled = self.split is not None
+        self.lock = threading.Lock()
 
     def __call__(self, text: str) -> list[int]:
+        with self.lock:
+            return self._ids(text)
+
+    def _ids(self, text: str) -> list[int]:
         if not self.enabled:
             return self._whole(text)
         ids = [t for piece in self.split.split(text) if piece for t in self._piece(piece)]

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from longturn.agent.token_cache import token_ids
 from longturn.errors import UserError
 from longturn.rollout.template_drift import render_difference, unstable_template_message
 
@@ -100,10 +101,14 @@ class ChatDeltas:
         return self._render(messages, add_generation_prompt,
                             self.tools if self.native_tools else None)
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, cached: bool = True) -> list[int]:
         """Token ids of template text; each image token expanded to its feature positions, as a
-        LLaVA processor does, so deltas and the full re-tokenization agree."""
-        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        LLaVA processor does, so deltas and the full re-tokenization agree. Through the piece
+        cache (agent/token_cache.py): a window renders the task's messages again for every
+        reply, and their pieces are tokenized once. `cached=False`: the tokenizer on the whole
+        text (the tokenization check's independent reference)."""
+        ids = (token_ids(self.tokenizer, text) if cached
+               else list(self.tokenizer.encode(text, add_special_tokens=False)))
         if self.image_token is None:
             return ids
         image_id, width = self.image_token

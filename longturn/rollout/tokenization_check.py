@@ -66,7 +66,7 @@ def compare(deltas: ChatDeltas, messages: list[dict[str, Any]], ids: list[int],
             ) -> CheckResult:
     """Classify how the accumulated `ids` differ from the template's rendering of `messages`."""
     full_text = deltas.render(messages, add_generation_prompt)
-    if deltas.encode(full_text) == list(ids):
+    if deltas.encode(full_text, cached=False) == list(ids):
         return CheckResult("identical")
     ours = deltas.decode(list(ids))
     if ours == full_text:

@@ -249,7 +249,6 @@ class ToolBox:
             schema["function"].get("parameters") or {"type": "object", "properties": {}})
             for name, schema in self._schemas.items()}
         self._ids: dict[tuple[str, str], str] = {}  # (tool, episode) → the tool's instance id
-        self._create_kwargs: dict[tuple[str, str], dict[str, Any]] = {}
 
     @property
     def schemas(self) -> list[dict[str, Any]]:
