@@ -387,6 +387,25 @@ def test_an_evaluation_dir(eval_run, capsys):
     assert code == 2 and "turns.parquet" in err and "gamma_step" in err
 
 
+def test_an_evaluation_episode_whose_reset_failed_is_counted(eval_run, tmp_path, capsys):
+    """It has no reply, so no sample: summary and episodes read it from episodes.parquet, as
+    the evaluation's metrics count it."""
+    out = tmp_path / "eval"
+    shutil.copytree(eval_run, out)
+    episodes = pd.read_parquet(out / "episodes.parquet")
+    never = {**episodes.iloc[0].to_dict(), "episode_id": "eval-goto-9", "length": 0,
+             "success": False, "aborted": True, "termination": "env_error"}
+    pd.concat([episodes, pd.DataFrame([never])]).to_parquet(out / "episodes.parquet")
+    data = audit_json(capsys, "summary", str(out))
+    assert data["unstarted"] == {"env_error": 1} and data["overall"]["episodes"] == 3
+    code, text, _ = audit(capsys, "summary", str(out))
+    assert "1 more never started (reset failed: env_error 1)" in text
+    listed = audit_json(capsys, "episodes", str(out))
+    assert [(e["length"], e["ended_by"]) for e in listed if e["episode_id"] == "eval-goto-9"] \
+        == [(0, "env_error")]
+    assert audit_json(capsys, "summary", str(eval_run))["unstarted"] == {}
+
+
 def test_show_writes_each_turns_frames(tmp_path, capsys):
     """Window samples with image observations: each turn's prompt holds the frames of its
     history window, written as `<episode>-t<turn>-<k>.png`, the bytes as stored."""

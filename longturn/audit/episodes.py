@@ -1,6 +1,7 @@
 """`episodes RUN_DIR`: one row per episode, filtered by task, outcome, length or iteration. An
 episode's replies are its turns, whether each sat in its own sample (a history window) or all in
-one packed sample."""
+one packed sample. An evaluation's episode whose reset failed has no reply: it is listed from
+the evaluation's episodes.parquet, of length 0, ended by its reason."""
 
 from __future__ import annotations
 
@@ -55,7 +56,22 @@ def episode_table(run: Run) -> pd.DataFrame:
             "valid_action_ratio": _mean(turns["action_valid"]),
             "success": bool(ended and last["success"]), "ended_by": last["reason"],
         })
+    for _, episode in unstarted_episodes(run).iterrows():
+        rows.append({"episode_id": episode["episode_id"], "task": episode["task"], "rank": 0,
+                     "first_iteration": 0, "last_iteration": 0, "length": 0, "return": 0.0,
+                     "env_return": float("nan"), "valid_action_ratio": float("nan"),
+                     "success": False, "ended_by": episode["termination"]})
     return pd.DataFrame(rows)
+
+
+def unstarted_episodes(run: Run) -> pd.DataFrame:
+    """An evaluation's episodes that never had a reply (their env's reset failed): only its
+    episodes.parquet holds them, since they have no sample."""
+    if run.episodes_file is None:
+        return pd.DataFrame(columns=["episode_id", "task", "length", "termination"])
+    rows = pd.read_parquet(run.episodes_file,
+                           columns=["episode_id", "task", "length", "termination"])
+    return rows[rows["length"] == 0].reset_index(drop=True)
 
 
 def select(episodes: pd.DataFrame, which: EpisodeFilter) -> pd.DataFrame:

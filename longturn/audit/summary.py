@@ -1,7 +1,8 @@
 """`summary RUN_DIR`: what a run holds and how its episodes ended, overall, per rank, per task and
 per iteration. One reading for every sample: counts are of replies ("turns"), samples and
 episodes; a packed whole episode ends on its last reply like a window episode on its last turn.
-Tool calls and the tokenization check are shown where the samples carry them."""
+Tool calls and the tokenization check are shown where the samples carry them. An evaluation's
+episodes whose reset failed have no reply: the evaluation's episodes.parquet counts them."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import math
 
 import pandas as pd
 
+from longturn.audit.episodes import unstarted_episodes
 from longturn.audit.output import Output, table
 from longturn.audit.reasons import FLAG_COLUMNS, reason_counts, turn_reasons
 from longturn.audit.replies import read_replies
@@ -86,6 +88,8 @@ def summarise(run: Run) -> Output:
             "tasks": sorted(str(t) for t in frame["task"].unique()), "overall": overall,
             "tokenization_check": tokenization,
             "per_rank": by_rank, "per_iteration": by_iteration, "per_task": by_task}
+    unstarted = unstarted_episodes(run)["termination"].value_counts().sort_index()
+    data["unstarted"] = {str(k): int(v) for k, v in unstarted.items()}
     span = f" ({iterations[0]}..{iterations[-1]})" if iterations else ""
     decided = int(_decided(frame).sum())
     reasons = " · ".join(f"{r} {n}" for r, n in reason_counts(frame["reason"]).items())
@@ -95,7 +99,10 @@ def summarise(run: Run) -> Output:
         f"tasks: {', '.join(data['tasks'])}",
         f"turns (replies): {overall['turns']} in {overall['samples']} sample(s)   episodes: "
         f"{overall['episodes']} ({overall['ended']} ended, "
-        f"{overall['episodes'] - overall['ended']} still running)",
+        f"{overall['episodes'] - overall['ended']} still running)"
+        + (f"; {int(unstarted.sum())} more never started (reset failed: "
+           + ", ".join(f"{k} {v}" for k, v in data["unstarted"].items()) + ")"
+           if len(unstarted) else ""),
         f"success: {overall['successes']}/{decided} episodes that ended on their own"
         + (f" ({overall['successes'] / decided:.3f})" if decided else ""),
         f"valid-action ratio: {_number(overall['valid_action_ratio'])}   "
