@@ -11,8 +11,8 @@
   (the episodes of a group differ only by sampling, which is what a group baseline compares).
 
 Seeds and ids follow from (seed, rank, slot, count) or (seed, rank, group, iteration) alone, so
-a resumed run plays what the uninterrupted one would have. Outside the train loop, `play_jobs`
-plays an evaluation's list of episodes, fixed in advance, in a player's slots.
+a resumed run plays what the uninterrupted one would have. Outside the train loop,
+rollout/episode_jobs.py plays an evaluation's list of episodes in a player's slots.
 """
 
 from __future__ import annotations
@@ -54,15 +54,6 @@ def slot_index(rank: int, n_slots: int, slot: int) -> int:
 def task_of(tasks: list[str], slot: int, group_size: int | None = None) -> str:
     """The task a slot plays: slots (or groups of slots) cycle through the tasks."""
     return tasks[(slot // (group_size or 1)) % len(tasks)]
-
-
-@dataclass(frozen=True)
-class EpisodeJob:
-    """One episode of a list fixed in advance (an evaluation's): which task, reset seed and id."""
-
-    task: str
-    seed: int
-    episode_id: str
 
 
 @dataclass(frozen=True)
@@ -139,70 +130,6 @@ def play_in_lock_step(player: SlotPlayer, engine: Engine, tokenizer: Any,
         bar.update(1)
     bar.close()
     return samples
-
-
-def play_jobs(player: SlotPlayer, engine: Engine, tokenizer: Any, sampling: SamplingParams,
-              jobs: list[EpisodeJob], finished: dict[str, int],
-              on_episode: Callable[[Samples], None],
-              on_unstarted: Callable[[int, EpisodeJob, str], None],
-              progress: bool = True) -> None:
-    """Play a list of episodes fixed in advance (an evaluation's) to their end in the player's
-    slots, each slot taking the next job as its episode ends; `on_episode(samples)` as each ends.
-
-    A job whose start failed goes to `on_unstarted(slot, job, reason)`, and its slot takes the
-    job after it. A job already played (`finished`: episode id → its number of replies, from an
-    evaluation's journal) holds its slot for that many lock-steps without an episode, so the jobs
-    still to play start in the slot and at the lock-step they would have had in one run. An
-    evaluation has no segments: every reply's `segment_end` is None."""
-    pending = list(reversed(jobs))
-    playing: dict[int, str] = {}  # slot → the id of the episode it plays
-    held: dict[int, int] = {}  # slot → lock-steps left of a finished job
-    running: dict[str, Samples] = {}  # the samples of each running episode
-    bar = tqdm(total=len(jobs), desc="episodes", unit="ep", disable=not progress)
-
-    def assign(free: list[int]) -> None:
-        while free and pending:
-            batch = [(slot, pending.pop()) for slot in free[:len(pending)]]
-            failed = {s.slot: s for s in player.start([
-                EpisodeStart(slot, job.task, job.seed, job.episode_id)
-                for slot, job in batch if job.episode_id not in finished])}
-            playing.update((slot, job.episode_id) for slot, job in batch)
-            free = []
-            for slot, job in batch:  # in batch order: the order free slots take new jobs
-                if job.episode_id in finished:
-                    bar.update(1)
-                    if finished[job.episode_id] > 0:
-                        held[slot] = finished[job.episode_id]
-                    else:
-                        free.append(slot)
-                elif slot in failed:
-                    on_unstarted(slot, job, failed[slot].failure or "")
-                    bar.update(1)
-                    free.append(slot)
-
-    try:
-        assign(list(range(min(player.n_slots, len(jobs)))))
-        step = 0
-        while held or len(player.idle()) < player.n_slots:
-            samples, ended = player.lock_step(engine, tokenizer, sampling, 0, step, False)
-            for sample in samples:  # copies: a player may count a later failed start on
-                # a sample it handed on; here that start is an episode of its own
-                kept = {k: v for k, v in sample.items() if k != "aborted_resets"}
-                kept["replies"] = [{**r, "segment_end": None} for r in sample["replies"]]
-                running.setdefault(kept["episode_id"], []).append(kept)
-            for slot in ended:
-                on_episode(running.pop(playing[slot]))
-                bar.update(1)
-            for slot in held:
-                held[slot] -= 1
-            done = [slot for slot, left in held.items() if left == 0]
-            for slot in done:
-                del held[slot]
-            assign(sorted(ended + done))
-            step += 1
-    finally:
-        bar.close()
-        player.close()
 
 
 class FixedTurnBatches:

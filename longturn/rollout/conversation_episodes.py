@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from longturn.engines.base import Engine, SamplingParams
 from longturn.rollout.conversation_setup import ConversationRun
-from longturn.rollout.collection import EpisodeJob
+from longturn.rollout.episode_jobs import EpisodeJob
 from longturn.rollout.sample_metrics import episode_row
 from longturn.rollout.samples import sample_from_episode, samples_from_episodes
 

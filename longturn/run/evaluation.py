@@ -33,7 +33,7 @@ from longturn.engines.base import Engine, SamplingParams
 from longturn.run.eval_journal import EvalJournal
 from longturn.run.eval_key import evaluation_key
 from longturn.envs.termination import reason_of
-from longturn.rollout.collection import EpisodeJob
+from longturn.rollout.episode_jobs import EpisodeJob
 from longturn.rollout.conversation_episodes import play_conversations
 from longturn.rollout.conversation_setup import ConversationRun
 from longturn.rollout.env_player import play_episodes
