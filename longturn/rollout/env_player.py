@@ -221,5 +221,9 @@ def play_episodes(
                "valid_action_ratio": 0.0, "terminated": False, "truncated": False,
                "aborted": True, "termination": reason}, [])
 
-    play_jobs(player, engine, tokenizer, sampling, jobs, finished, played, unstarted, progress)
+    try:
+        play_jobs(player, engine, tokenizer, sampling, jobs, finished, played, unstarted,
+                  progress)
+    finally:
+        player.close()
     return kept, episodes

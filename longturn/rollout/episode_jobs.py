@@ -65,7 +65,7 @@ def play_jobs(player: SlotPlayer, engine: Engine, tokenizer: Any, sampling: Samp
                     bar.update(1)
                     free.append(slot)
 
-    try:
+    try:  # the caller closes the player
         assign(list(range(min(player.n_slots, len(jobs)))))
         step = 0
         while held or len(player.idle()) < player.n_slots:
@@ -87,4 +87,3 @@ def play_jobs(player: SlotPlayer, engine: Engine, tokenizer: Any, sampling: Samp
             step += 1
     finally:
         bar.close()
-        player.close()
