@@ -106,3 +106,25 @@ def test_worker_envs_play_the_same_turns_and_resume_from_a_checkpoint(engine, to
         for c in (local, remote, resumed):
             if c is not None:
                 c.close()
+
+
+class _NoPlayer:
+    """Slots enough for a collector that only loads a checkpoint."""
+
+    n_slots = 2
+
+    def load_state(self, state) -> None:
+        del state
+
+
+def test_a_checkpoint_written_by_other_code_is_one_line() -> None:
+    """Running episodes are pickled with their classes: a class this code lacks is named, with
+    what to do, instead of an unpickling traceback."""
+    from longturn.errors import SettingError
+    from longturn.rollout.collection import FixedTurnBatches
+
+    batches = FixedTurnBatches(_NoPlayer(), ["goto"], 2, seed=0)
+    with pytest.raises(SettingError, match="ModuleNotFoundError.*another version of longturn"):
+        batches.load_state(b"clongturn.no_such_module\nSlot\n.")
+    batches.load_state(b"")  # no checkpoint: nothing to restore
+    assert batches.episode_counts == [0, 0]

@@ -45,6 +45,19 @@ def restored_counters(state: dict[str, Any], counts: list[int]) -> list[int]:
     return list(saved)
 
 
+def saved_state(blob: bytes) -> dict[str, Any]:
+    """A checkpoint's collector state ({} for none). Running episodes are pickled with the
+    classes that play them, so a checkpoint written by another version of longturn may not load:
+    one line says so instead of an unpickling traceback."""
+    try:
+        return pickle.loads(blob) if blob else {}
+    except (AttributeError, ImportError, pickle.UnpicklingError, EOFError) as err:
+        raise SettingError(
+            f"the checkpoint's rollout state cannot be read by this code ({type(err).__name__}: "
+            f"{err}); another version of longturn wrote it: resume with that version, or remove "
+            "the train stage's checkpoints to start over") from err
+
+
 def slot_index(rank: int, n_slots: int, slot: int) -> int:
     """A slot's index over every rank: what names its episodes and chains its replies in the
     turn grid."""
@@ -174,7 +187,7 @@ class FixedTurnBatches:
         return pickle.dumps({"episode_counts": self.episode_counts, **self.player.state()})
 
     def load_state(self, blob: bytes) -> None:
-        state = pickle.loads(blob) if blob else {}
+        state = saved_state(blob)
         self.player.load_state(state)  # checks its slots (and closes a mismatch's envs) first
         self.episode_counts = restored_counters(state, self.episode_counts)
 

@@ -29,7 +29,7 @@ from longturn.engines.base import Engine, SamplingParams
 from longturn.params.config import Params
 from longturn.rollout.conversation import AGENT_TIMEOUT
 from longturn.rollout.conversation_setup import ConversationRun
-from longturn.rollout.collection import next_start, restored_counters, slot_index
+from longturn.rollout.collection import next_start, restored_counters, saved_state, slot_index
 from longturn.rollout.samples import samples_from_episodes
 from longturn.serve.agent_rollout import Agent, Outcome, _outcome, _record, quiet_http_clients
 from longturn.serve.server import OpenAIServer
@@ -183,8 +183,7 @@ class AgentTurnCollector:
         return pickle.dumps({"episode_counts": self.episode_counts})
 
     def load_state(self, blob: bytes) -> None:
-        self.episode_counts = restored_counters(pickle.loads(blob) if blob else {},
-                                                self.episode_counts)
+        self.episode_counts = restored_counters(saved_state(blob), self.episode_counts)
 
     def close(self) -> None:
         """Stop the endpoint (held and running calls are refused, so agents return) and leave
