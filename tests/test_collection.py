@@ -5,6 +5,8 @@ test_critic_free.py and test_fixed_turn_conversations.py."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from longturn.errors import SettingError
@@ -31,7 +33,7 @@ class ScriptedPlayer:
             if s not in failed:
                 self.running[s.slot] = [s, 0]
                 self.started.append(s)
-        return failed
+        return [dataclasses.replace(s, failure="env_error") for s in failed]
 
     def lock_step(self, engine, tokenizer, sampling, iteration, step, closes_batch):
         rows, ended = [], []
@@ -86,6 +88,7 @@ def test_a_failed_start_takes_the_slots_next_seed_and_a_resume_keeps_the_counter
     batches = FixedTurnBatches(player, ["goto"], turns_per_env=2, seed=7, run_id="t")
     rows = batches.collect(None, None, SAMPLING, 0, progress=False)
     assert {r["episode_id"] for r in rows} == {"t-r0-e0-1"} and batches.episode_counts == [2]
+    assert [r.get("aborted_resets") for r in rows] == [None, ["env_error"]]  # counted in it
     resumed = FixedTurnBatches(ScriptedPlayer(1, 5), ["goto"], 2, seed=7, run_id="t")
     resumed.load_state(batches.state())
     assert resumed.episode_counts == [2] and resumed.player.running == player.running
@@ -104,6 +107,11 @@ def test_groups_share_a_task_and_a_seed_and_play_to_the_end():
     assert starts[0].seed == starts[1].seed == episode_seed(7, 0, 0, 5) != starts[2].seed
     assert {r["group_id"] for r in rows if r["episode_id"] == "t-5-3"} == {"t-r0-i5-g1"}
     assert groups.state() == b""  # seeds follow from the iteration alone
+    retried = EpisodeGroups(ScriptedPlayer(2, 2, fail=("r-1",)), ["goto"], None, seed=7,
+                            name=lambda slot, it: f"r-{slot}")
+    rows = retried.collect(None, None, SAMPLING, 0, progress=False)
+    assert [(r["episode_id"], r.get("aborted_resets")) for r in rows] == [
+        ("r-0", None), ("r-1", None), ("r-0", None), ("r-1", ["env_error"])]  # same seed again
     single = EpisodeGroups(ScriptedPlayer(2, 1), ["goto"], None, seed=7,
                            name=lambda slot, it: f"s-{slot}")
     assert single.starts(0)[1] == [None, None]

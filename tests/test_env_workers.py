@@ -171,12 +171,13 @@ class ResetsFailAfterFirst(FlakyCorridor):
         return super().reset(seed)
 
 
-def test_failed_resets_are_counted_on_the_slots_sample(tokenizer) -> None:
+def test_failed_resets_are_counted_in_their_batch(tokenizer) -> None:
     c = collector(lambda task: ResetsFailAfterFirst(failing=2), n_envs=1)
     samples = c.collect(ScriptedEngine(tokenizer), tokenizer, sampling_settings(), iteration=0,
                         progress=False)
     rows = replies_of(samples)
-    assert rows[2]["truncated"] and rows[2]["aborted_resets"] == ["env_error", "env_error"]
+    assert rows[2]["truncated"] and rows[3]["aborted_resets"] == ["env_error", "env_error"]
+    assert [r.get("aborted_resets") for r in rows[:3]] == [None] * 3
     assert rows[3]["turn"] == 0 and c.episode_counts == [4]  # two seeds lost, the third runs
     m = rollout_metrics(samples)
     assert (m["episodes_ended"], m["episodes_aborted"], m["termination/env_error"]) == (3, 2, 2)

@@ -94,12 +94,13 @@ def test_action_mix_fractions_other_and_ranks() -> None:
 
 def test_termination_reasons_counted_and_aborted_apart() -> None:
     """An aborted episode ends (counted by reason) but is neither a success nor a failure; an
-    episode whose reset failed rides on a row as `aborted_resets`, and on its sample."""
+    episode whose reset failed rides on a sample of its batch as `aborted_resets`."""
     rows = [_row(3, success=True, ended=True), _row(7, ended=True),
             {**_row(2), "aborted": True, "termination": "timeout", "reward": 0.0},
-            {**_row(4), "terminated": True, "success": False},
-            {**_row(0), "aborted_resets": ["env_error", "env_error"]}]
-    m = rollout_metrics(rows)
+            {**_row(4), "terminated": True, "success": False}, _row(0)]
+    samples = samples_from_turns(rows)
+    samples[-1]["aborted_resets"] = ["env_error", "env_error"]
+    m = batch.sample_metrics(samples)
     assert {k: m[f"termination/{k}"] for k in ("success", "failure", "time_limit", "env_error",
                                                "timeout")} == \
         {"success": 1, "failure": 1, "time_limit": 1, "env_error": 2, "timeout": 1}

@@ -127,13 +127,24 @@ def next_start(counts: list[int], slot: int, tasks: list[str], seed: int, rank: 
                         f"{run_id}-r{rank}-e{slot_index(rank, len(counts), slot)}-{count}")
 
 
+def count_failed_starts(samples: Samples, reasons: list[str]) -> Samples:
+    """The batch with the reasons of the starts that failed while it was played on its last
+    sample, as `aborted_resets`: counted by the batch metrics as ended, aborted episodes (they
+    have no reply of their own); not a Parquet column."""
+    if reasons and samples:
+        samples[-1]["aborted_resets"] = [*samples[-1].get("aborted_resets", ()), *reasons]
+    return samples
+
+
 def play_in_lock_step(player: SlotPlayer, engine: Engine, tokenizer: Any,
                       sampling: SamplingParams, iteration: int, starts: list[EpisodeStart],
                       progress: bool) -> Samples:
     """`SlotPlayer.play_out` by lock-steps: a start that fails is retried on the same seed (a
     slot's EnvGaveUp ends the stage), then every episode steps until the last one ended."""
+    failures = []
     while starts:
         starts = player.start(starts)
+        failures += [s.failure or "" for s in starts]
     samples: Samples = []
     bar = tqdm(desc=f"rollout {iteration}", unit="step", disable=not progress, leave=False)
     step = 0
@@ -142,7 +153,7 @@ def play_in_lock_step(player: SlotPlayer, engine: Engine, tokenizer: Any,
         step += 1
         bar.update(1)
     bar.close()
-    return samples
+    return count_failed_starts(samples, failures)
 
 
 class FixedTurnBatches:
@@ -154,19 +165,23 @@ class FixedTurnBatches:
         self.seed, self.rank, self.run_id = seed, rank, run_id
         self.episode_counts = [0] * player.n_slots
 
-    def start_idle(self) -> None:
-        """A new episode in every idle slot; a slot whose start failed tries its next seed."""
-        slots = self.player.idle()
+    def start_idle(self) -> list[str]:
+        """A new episode in every idle slot; a slot whose start failed tries its next seed. Why
+        each failed start failed."""
+        slots, failures = self.player.idle(), []
         while slots:
             starts = [next_start(self.episode_counts, i, self.tasks, self.seed, self.rank,
                                  self.run_id) for i in slots]
-            slots = [s.slot for s in self.player.start(starts)]
+            failed = self.player.start(starts)
+            slots = [s.slot for s in failed]
+            failures += [s.failure or "" for s in failed]
+        return failures
 
     def collect(self, engine: Engine, tokenizer: Any, sampling: SamplingParams, iteration: int,
                 extra: dict[str, Any] | None = None, progress: bool = True) -> Samples:
         """Play turns_per_env lock-steps; the samples complete in each, in order, with `extra`
         (run_id, policy_version) and the iteration set."""
-        self.start_idle()
+        failures = self.start_idle()
         samples: Samples = []
         for step in tqdm(range(self.turns_per_env), desc=f"rollout {iteration}", unit="step",
                          disable=not progress):
@@ -174,10 +189,10 @@ class FixedTurnBatches:
                                                 step == self.turns_per_env - 1)
             samples += done
             if ended:
-                self.start_idle()
+                failures += self.start_idle()
         for sample in samples:
             sample.update(extra or {}, iteration=iteration, group_id=None)
-        return samples
+        return count_failed_starts(samples, failures)
 
     def action_names(self) -> list[str]:
         return self.player.action_names()

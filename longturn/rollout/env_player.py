@@ -6,8 +6,7 @@ In fixed-turn batches a reply's `segment_end` marks the batch's last lock-step, 
 must be bootstrapped (the batch cut its episode, or a time limit truncated it) carries
 `bootstrap_prompt_ids`: the prompt of the next observation, which the critic scores later.
 Played whole, an episode's last reply is its segment end and nothing is bootstrapped. A reset
-that failed has no sample: its termination reason rides on the slot's sample of that lock-step
-(or its next one) as `aborted_resets`, counted by the rollout metrics, not in Parquet.
+that failed has no sample: `start` hands it back with its reason, and the collector counts it.
 
 An evaluation's list of episodes (`play_episodes`) is played by the same slots through
 `play_jobs`: each reply samples from seeds of its episode alone, and a slot gets a new env only
@@ -48,15 +47,12 @@ class EnvPlayer:
         self.slots = [EnvSlot(env, slot_index(rank, self.n_slots, i), settings)
                       for i, env in enumerate(envs)]
         self.running = [False] * self.n_slots
-        # reasons of episodes whose reset failed, not yet carried by a sample
-        self.unreported: list[list[str]] = [[] for _ in self.slots]
-        self.step_samples: dict[int, dict[str, Any]] = {}  # slot → its last lock-step's sample
 
     def idle(self) -> list[int]:
         return [i for i, running in enumerate(self.running) if not running]
 
     def start(self, starts: list[EpisodeStart]) -> list[EpisodeStart]:
-        """Reset these slots in parallel; a failed reset is counted on the slot's sample (the env
+        """Reset these slots in parallel; those whose reset failed come back with why (the env
         was restarted; after env.max_retries failures in a row the slot's EnvGaveUp ends the
         stage). A slot whose env is of another task gets a new env first (new ones start
         together)."""
@@ -74,13 +70,8 @@ class EnvPlayer:
             failure = self.slots[s.slot].finish_start()
             if failure is None:
                 self.running[s.slot] = True
-                continue
-            sample = self.step_samples.get(s.slot)
-            if sample is not None:
-                sample.setdefault("aborted_resets", []).append(failure.reason)
             else:
-                self.unreported[s.slot].append(failure.reason)
-            failed.append(dataclasses.replace(s, failure=failure.reason))
+                failed.append(dataclasses.replace(s, failure=failure.reason))
         return failed
 
     def lock_step(self, engine: Engine, tokenizer: Any, sampling: SamplingParams,
@@ -95,25 +86,21 @@ class EnvPlayer:
             sampling = dataclasses.replace(sampling,
                                            seed=sampling.seed + iteration * 100_003 + step)
         rows = generate_turns(engine, tokenizer, slots, sampling) if slots else []
-        ended = []
-        self.step_samples = {}
+        ended, samples = [], []
         for i, row in zip(active, rows):
             done = row.pop("done")
             row.update(step=step, segment_end=done if self.whole_episodes else closes_batch)
             cut = closes_batch and not row["terminated"]
             if not self.whole_episodes and (cut or row["truncated"]) and not row["aborted"]:
                 row["bootstrap_prompt_ids"] = self.slots[i].prompt(tokenizer).ids
-            if self.unreported[i]:
-                row["aborted_resets"], self.unreported[i] = self.unreported[i], []
             if done:
                 self.running[i] = False
                 ended.append(i)
-            self.step_samples[i] = sample_from_turn(row)
-        return list(self.step_samples.values()), ended
+            samples.append(sample_from_turn(row))
+        return samples, ended
 
     def play_out(self, engine: Engine, tokenizer: Any, sampling: SamplingParams,
                  iteration: int, starts: list[EpisodeStart], progress: bool) -> Samples:
-        self.step_samples = {}  # a reset failed now is carried by the slot's first sample
         return play_in_lock_step(self, engine, tokenizer, sampling, iteration, starts, progress)
 
     def action_names(self) -> list[str]:
@@ -123,7 +110,7 @@ class EnvPlayer:
     def state(self) -> dict[str, Any]:
         """The slots, envs included (an env in a worker process is pickled there): a resumed
         run continues the same episodes."""
-        return {"slots": self.slots, "unreported": self.unreported}
+        return {"slots": self.slots}
 
     def load_state(self, state: dict[str, Any]) -> None:
         if "slots" not in state:
@@ -135,8 +122,7 @@ class EnvPlayer:
                                f"{len(self.slots)}: resume with the same rollout.n_envs")
         self.close()
         self.slots = state["slots"]
-        self.unreported = state.get("unreported") or [[] for _ in self.slots]
-        self.running, self.step_samples = [True] * self.n_slots, {}
+        self.running = [True] * self.n_slots
 
     def close(self) -> None:
         """Close every env (and stop its worker process)."""

@@ -70,11 +70,10 @@ def play_jobs(player: SlotPlayer, engine: Engine, tokenizer: Any, sampling: Samp
         step = 0
         while held or len(player.idle()) < player.n_slots:
             samples, ended = player.lock_step(engine, tokenizer, sampling, 0, step, False)
-            for sample in samples:  # copies: a player may count a later failed start on
-                # a sample it handed on; here that start is an episode of its own
-                kept = {k: v for k, v in sample.items() if k != "aborted_resets"}
-                kept["replies"] = [{**r, "segment_end": None} for r in sample["replies"]]
-                running.setdefault(kept["episode_id"], []).append(kept)
+            for sample in samples:
+                for reply in sample["replies"]:
+                    reply["segment_end"] = None
+                running.setdefault(sample["episode_id"], []).append(sample)
             for slot in ended:
                 on_episode(running.pop(playing[slot]))
                 bar.update(1)

@@ -53,8 +53,6 @@ def sample_from_turn(row: Row) -> Row:
     sample["loss_mask"] = [1] * n
     sample["replies"] = [{**_blank_reply(), "start": 0, "end": n,
                           **{name: row.get(name) for name in _TURN_REPLY_COLUMNS}}]
-    if row.get("aborted_resets"):  # counted by the batch metrics; not a Parquet column
-        sample["aborted_resets"] = list(row["aborted_resets"])
     return sample
 
 
