@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import sys
 
+if not __package__:  # run as a file: one line when this Python lacks longturn
+    import python_check  # noqa: F401
+
 from components import zero_shot_eval
 
 

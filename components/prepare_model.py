@@ -5,6 +5,9 @@ from __future__ import annotations
 import logging
 import sys
 
+if not __package__:  # run as a file: one line when this Python lacks longturn
+    import python_check  # noqa: F401
+
 from components.common import parser, run
 from longturn.run.models import prepare_base_model
 

@@ -11,6 +11,9 @@ import json
 import sys
 from pathlib import Path
 
+if not __package__:  # run as a file: one line when this Python lacks longturn
+    import python_check  # noqa: F401
+
 from components.common import parser, run
 from longturn.run.preflight import preflight
 from longturn.run.models import check_model_dir
