@@ -1,5 +1,6 @@
 """Prompt assembly: structure, history window, token budget (never a silent cut)."""
 
+import pickle
 from dataclasses import replace
 
 import pytest
@@ -84,14 +85,15 @@ def test_history_reply_modes():
     assert history_reply(out, "turn left", True, "output", "default_action") == out
 
 
-def test_history_window_state_roundtrip():
+def test_history_window_keeps_its_last_turns_through_a_checkpoint():
+    """A checkpoint pickles the env slots, their windows inside."""
     w = HistoryWindow(2)
     w.add("a", "b")
     w.add("c", "d")
     w.add("e", "f")
-    clone = HistoryWindow(2)
-    clone.load_state(w.state())
-    assert clone.entries() == w.entries() and len(w.entries()) == 2
+    clone = pickle.loads(pickle.dumps(w))
+    clone.add("g", "h")
+    assert [e.observation for e in clone.entries()] == ["e", "g"] and len(w.entries()) == 2
     zero = HistoryWindow(0)
     zero.add("a", "b")
     assert zero.entries() == []

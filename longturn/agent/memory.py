@@ -34,12 +34,3 @@ class HistoryWindow:
     def entries(self) -> list[HistoryEntry]:
         """Oldest first."""
         return list(self._turns)
-
-    def state(self) -> list[tuple[str, str]]:
-        """Plain data for checkpoints."""
-        return [(e.observation, e.reply) for e in self._turns]
-
-    def load_state(self, state: list[tuple[str, str]]) -> None:
-        self.clear()
-        for observation, reply in state:
-            self.add(observation, reply)
