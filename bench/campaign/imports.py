@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # then the stage scripts. Prints {module: [scripts]}: the first module each script lacks (once
 # it is carried, a rerun names the next, if any).
 _PROBE = """if True:
-    import importlib.abc, json, runpy, sys
+    import importlib.abc, json, os, runpy, sys
     absent, scripts = set(json.loads(sys.argv[1])), sys.argv[2:]
     class Absent(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path, target=None):
@@ -30,12 +30,15 @@ _PROBE = """if True:
     missing = {}
     for script in scripts:
         sys.argv = [script, "--help"]
+        sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as `python script` does
         try:
             runpy.run_path(script, run_name="__main__")
         except SystemExit:
             pass
         except ModuleNotFoundError as err:
             missing.setdefault((err.name or "?").split(".")[0], []).append(script)
+        finally:
+            sys.path.pop(0)
     print("MISSING " + json.dumps(missing))
 """
 
