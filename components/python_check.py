@@ -15,6 +15,10 @@ _NEEDED = ("components", "longturn", "torch")
 
 missing = [name for name in _NEEDED if importlib.util.find_spec(name) is None]
 if missing:
-    sys.exit(f"{sys.executable} has no {missing[0]!r} module: this Python is not the project's. "
-             "Run `make repro` (it installs .venv and runs dvc with it), or put .venv/bin first "
-             "on PATH (`source .venv/bin/activate`) before `dvc repro`")
+    # SystemExit prints the message alone; its cause names the module for whoever catches it
+    # (the GPU campaign's import probe, bench/campaign/imports.py)
+    raise SystemExit(
+        f"{sys.executable} has no {missing[0]!r} module: this Python is not the project's. Run "
+        "`make repro` (it installs .venv and runs dvc with it), or put .venv/bin first on PATH "
+        "(`source .venv/bin/activate`) before `dvc repro`"
+    ) from ModuleNotFoundError(f"No module named {missing[0]!r}", name=missing[0])

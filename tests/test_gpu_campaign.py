@@ -249,6 +249,18 @@ def test_a_module_the_node_lacks_is_named_with_the_stages_it_stops():
         "validate_prompts", "zero_shot_eval", "critic_warmup", "train", "final_eval"}
 
 
+def test_a_module_the_stage_scripts_own_check_finds_missing_is_named_too(tmp_path):
+    """A node lacking what `components/python_check.py` checks stops there with one line (a
+    SystemExit, not an import error); the probe still names the module."""
+    check = (ROOT / "components/python_check.py").read_text()
+    assert '_NEEDED = ("components", "longturn", "torch")' in check
+    (tmp_path / "python_check.py").write_text(
+        check.replace('"torch")', '"torch", "no_module_of_this_node")'))
+    script = tmp_path / "stage.py"
+    script.write_text("import python_check  # noqa: F401\n")
+    assert missing_modules([str(script)]) == {"no_module_of_this_node": [str(script)]}
+
+
 def test_a_silent_stage_is_stopped_as_hung_and_a_long_one_at_the_budget(tmp_path):
     silent = Stage("silent", [sys.executable, "-c",
                               "import subprocess, sys, time; print('ready', flush=True); "

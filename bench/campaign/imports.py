@@ -33,10 +33,10 @@ _PROBE = """if True:
         sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as `python script` does
         try:
             runpy.run_path(script, run_name="__main__")
-        except SystemExit:
-            pass
-        except ModuleNotFoundError as err:
-            missing.setdefault((err.name or "?").split(".")[0], []).append(script)
+        except (SystemExit, ModuleNotFoundError) as err:  # --help exits; a lack stops it first
+            lack = err if isinstance(err, ModuleNotFoundError) else err.__cause__
+            if isinstance(lack, ModuleNotFoundError):  # components/python_check.py's names it
+                missing.setdefault((lack.name or "?").split(".")[0], []).append(script)
         finally:
             sys.path.pop(0)
     print("MISSING " + json.dumps(missing))
