@@ -23,6 +23,7 @@ from longturn.run.models import check_model_dir, load_tokenizer
 from longturn.rollout.sample_metrics import json_safe
 from longturn.run.protocol import protocol
 from longturn.run.validation import PASSED_MARKER, PASSED_TEXT, GateFailed
+from longturn.trajectories import write_samples
 
 log = logging.getLogger("validate_prompts")
 
@@ -46,7 +47,7 @@ def body(args, params) -> int:
     gate = v.min_valid_action_ratio
     failures = checks.gate_failures(results, gate)
     meta = {"sampling": sampling.__dict__}
-    checks.write_samples([s for r in results for s in r.samples], out / "samples.parquet", meta)
+    write_samples([s for r in results for s in r.samples], out / "samples.parquet", meta)
     metrics = {"tasks": {r.task: json_safe(r.metrics) for r in results}, "passed": not failures,
                "min_valid_action_ratio": gate}
     write_json(out / "metrics.json", metrics)

@@ -141,15 +141,6 @@ def file_metadata(extra: dict[str, Any] | None = None,
     return {k.encode(): v.encode() for k, v in meta.items()}
 
 
-def write_table(rows: Iterable[dict[str, Any]], path: str | Path, schema: pa.Schema | None,
-                metadata: dict[str, Any] | None = None) -> Path:
-    """Write rows to Parquet atomically (temp file in the same dir, then rename).
-
-    With a schema, missing keys become nulls and extra keys are dropped; without, it is inferred.
-    """
-    return write_arrow(rows_table(rows, schema), path, file_metadata(metadata))
-
-
 def rows_table(rows: Iterable[dict[str, Any]], schema: pa.Schema | None) -> pa.Table:
     """Rows as an Arrow table: with a schema, missing keys are nulls and extra keys dropped."""
     rows = list(rows)
@@ -173,13 +164,9 @@ def write_arrow(table: pa.Table, path: str | Path, metadata: dict[bytes, bytes],
     return Path(path)
 
 
-
-
 def write_episodes(rows: Iterable[dict[str, Any]], path: str | Path,
                    metadata: dict[str, Any] | None = None) -> Path:
-    return write_table(rows, path, EPISODE_SCHEMA, metadata)
-
-
+    return write_arrow(rows_table(rows, EPISODE_SCHEMA), path, file_metadata(metadata))
 
 
 def write_samples(rows: Iterable[dict[str, Any]], path: str | Path,

@@ -1,9 +1,9 @@
 """`longturn audit`: read a run's trajectory Parquet files without writing code.
 
 Every subcommand takes a run dir (default `data/train`; an evaluation dir such as
-`data/eval/final` where it makes sense) and prints plain text, or JSON with `--json`. A missing
-dir, a truncated or foreign Parquet file, or one of schema version 1 is one line on stderr and
-exit status 2; `gae` and `diff` exit 1 when they find a mismatch.
+`data/eval/final`, or `data/validation`, where it makes sense) and prints plain text, or JSON
+with `--json`. A missing dir, a truncated or foreign Parquet file, or one of schema version 1 is
+one line on stderr and exit status 2; `gae` and `diff` exit 1 when they find a mismatch.
 
 Every subcommand reads samples of schema version 2 as one row per reply, so window samples (one
 reply each) and packed whole episodes (all their replies in one sample) are audited alike.
@@ -21,7 +21,8 @@ from longturn.audit.run_files import open_run
 from longturn.errors import UserError
 
 DEFAULT_RUN = "data/train"
-RUN_HELP = f"train output, trajectories dir, eval dir or one file (default: {DEFAULT_RUN})"
+RUN_HELP = (f"train output, trajectories dir, eval or validation dir, or one file (default: "
+            f"{DEFAULT_RUN})")
 EXAMPLES = """examples:
   longturn audit summary data/train
   longturn audit episodes data/train --success no --min-length 8 --iteration 3

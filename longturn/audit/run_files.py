@@ -3,10 +3,10 @@ into one named line.
 
 A run dir is a train output (`trajectories/iteration=NNNN/part-RR.parquet`), its `trajectories/`
 folder, one `iteration=NNNN` folder, an evaluation output (`turns.parquet`, `episodes.parquet`;
-before the evaluation has finished, the episodes in its journal `partial/`), or a single Parquet
-file. Every file's footer, schema version and columns are checked before anything is computed, so
-a truncated copy, a file of schema version 1 or a foreign file is reported by name instead of as a
-pyarrow traceback or a wrong number. audit/replies.py reads the checked files.
+before the evaluation has finished, the episodes in its journal `partial/`), prompt validation's
+output (`samples.parquet`), or a single Parquet file. Every file's footer, schema version and
+columns are checked before anything is computed, so a truncated copy, a file of schema version 1
+or a foreign file is reported by name instead of as a pyarrow traceback or a wrong number. audit/replies.py reads the checked files.
 """
 
 from __future__ import annotations
@@ -81,6 +81,8 @@ def open_run(path: str | Path) -> Run:
         episodes = root / "episodes.parquet"
         return Run(root, "eval", (SampleFile(root / "turns.parquet", 0),),
                    episodes if episodes.is_file() else None)
+    if (root / "samples.parquet").is_file():  # a validation's first turns or episodes
+        return Run(root, "eval", (SampleFile(root / "samples.parquet", 0),))
     journaled = _journal_parts(root)
     if journaled:
         return Run(root, "eval", tuple(SampleFile(p, 0) for p in journaled))
@@ -88,7 +90,8 @@ def open_run(path: str | Path) -> Run:
     parts = _parts_under(trajectories if trajectories.is_dir() else root)
     if not parts:
         raise RunDirError(f"{root}: no sample Parquet files (expected "
-                          "trajectories/iteration=NNNN/part-RR.parquet or turns.parquet)")
+                          "trajectories/iteration=NNNN/part-RR.parquet, turns.parquet or "
+                          "samples.parquet)")
     return Run(root, "train", tuple(SampleFile(p, _rank(p)) for p in parts))
 
 

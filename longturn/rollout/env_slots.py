@@ -23,11 +23,13 @@ from longturn.agent.memory import HistoryWindow
 from longturn.agent.prompts import Prompt, build_prompt, history_reply
 from longturn.params.config import Params
 from longturn.engines.base import Completion, Engine, SamplingParams
+from longturn.envs.actions import ParsedAction
 from longturn.envs.base import TextEnv
 from longturn.envs.failures import EnvFailure, EnvGaveUp
 from longturn.envs.local import LocalEnv, managed
 from longturn.envs.registry import EnvSpec, translator_for
 from longturn.envs.termination import reason_of
+from longturn.rollout.samples import sample_from_turn
 
 log = logging.getLogger(__name__)
 
@@ -183,17 +185,31 @@ class EnvSlot:
         return self.receive()
 
     def _base_row(self, prompt: Prompt, completion: Completion, text: str,
-                  parsed: Any) -> dict[str, Any]:
-        return {
-            "env_index": self.env_index, "env_name": self.env.name, "task": self.env.task,
-            "episode_id": self.episode_id, "episode_seed": self.seed, "turn": self.turn,
-            "prompt_ids": prompt.ids, "response_ids": completion.token_ids,
+                  parsed: ParsedAction) -> dict[str, Any]:
+        return {"env_index": self.env_index, "env_name": self.env.name, "task": self.env.task,
+                "episode_id": self.episode_id, "episode_seed": self.seed, "turn": self.turn,
+                **_reply_columns(prompt, completion, text, parsed),
+                "observation": self.observation}
+
+
+def _reply_columns(prompt: Prompt, completion: Completion, text: str,
+                   parsed: ParsedAction) -> dict[str, Any]:
+    """A turn row's columns of what the model was given and replied, and how it parsed."""
+    return {"prompt_ids": prompt.ids, "response_ids": completion.token_ids,
             "prompt_text": prompt.text, "response_text": text,
             "raw_action": parsed.raw_action, "action": parsed.action,
             "action_valid": parsed.valid, "action_failure": parsed.failure,
             "finish_reason": completion.finish_reason, "history_dropped": prompt.history_dropped,
-            "engine_logprobs": completion.logprobs, "observation": self.observation,
-        }
+            "engine_logprobs": completion.logprobs}
+
+
+def unplayed_first_turn(env: TextEnv, seed: int, episode_id: str, prompt: Prompt,
+                        completion: Completion, text: str, parsed: ParsedAction) -> dict[str, Any]:
+    """A first reply the env never stepped (prompt validation's) as a sample of the one schema:
+    no reward, nothing ended."""
+    return sample_from_turn({"env_name": env.name, "task": env.task, "episode_id": episode_id,
+                             "episode_seed": seed, "turn": 0, "step": 0,
+                             **_reply_columns(prompt, completion, text, parsed)})
 
 
 def generate_turns(engine: Engine, tokenizer: Any, slots: list[EnvSlot],

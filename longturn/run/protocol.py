@@ -39,25 +39,23 @@ from longturn.run.evaluation import evaluate as evaluate_with
 from longturn.run.models import load_tokenizer
 from longturn.run.names import check_conversation_plugins, check_env_tasks
 from longturn.run.validation_report import render_report
-from longturn.trajectories import write_samples, write_table
 
 if TYPE_CHECKING:  # the agent's endpoint needs aiohttp, imported only when an agent plays
     from longturn.serve.agent_turns import AgentTurnCollector
 
     # what the train loop collects with
     Collector = FixedTurnBatches | EpisodeGroups | AgentTurnCollector
-Rows = list[dict[str, Any]]
 
 
 @dataclass(frozen=True)
 class Validation:
-    """How validate_prompts checks a protocol's prompts: what it plays, why the gate (on each
-    task's `valid_action_ratio`) fails, the report and the samples file."""
+    """How validate_prompts checks a protocol's prompts: what it plays (samples of the one
+    schema, written as they are), why the gate (on each task's `valid_action_ratio`) fails, and
+    the report."""
 
     play: Callable[[Engine, Any, Params, Any, list[int]], list[Any]]
     gate_failures: Callable[[list[Any], float], list[str]]
     render_report: Callable[[list[Any], list[str], float, dict[str, Any], Any], str]
-    write_samples: Callable[[Rows, Path, dict[str, Any]], Any]
 
 
 @dataclass(frozen=True)
@@ -101,10 +99,6 @@ def _validate_envs(engine: Engine, tokenizer: Any, params: Params, sampling: Any
             for task in params.eval.tasks]
 
 
-def _write_rows(rows: Rows, path: Path, meta: dict[str, Any]) -> Any:
-    return write_table(rows, path, None, meta)  # validation rows: first prompts, not samples
-
-
 PROTOCOLS = {
     "action": Protocol(
         "action", collector=_env_collector,
@@ -112,15 +106,14 @@ PROTOCOLS = {
         validation=Validation(
             _validate_envs, validation.gate_failures,
             lambda results, failures, gate, settings, tokenizer:
-                render_report(results, failures, gate, settings),
-            _write_rows)),
+                render_report(results, failures, gate, settings))),
     "chat": Protocol(
         "chat", collector=_conversation_collector, eval_plan=conversation_plan,
         check_names=check_conversation_plugins,
         validation=Validation(
             conversation_validation.validate_conversation_tasks,
             conversation_validation.conversation_gate_failures,
-            conversation_validation.render_conversation_report, write_samples)),
+            conversation_validation.render_conversation_report)),
 }
 
 

@@ -3,7 +3,8 @@
 Per task: render first-turn prompts for several seeds, check the token budget (including the worst
 case of a full history window of maximum-length replies), sample one response per prompt, and
 measure how often the answer is a valid action before and after synonym translation, how it fails,
-and how long and how varied the THINK parts are. A task below the gate fails the stage.
+and how long and how varied the THINK parts are. A task below the gate fails the stage. Each first
+turn is kept as a sample of the one schema, as the chat protocol's validation keeps its episodes.
 
 The gate is a file: `passed` (PASSED_MARKER) is written only when every task passes, and removed
 before a run starts, so a failed or interrupted validation never leaves one behind. Training
@@ -26,6 +27,7 @@ from longturn.envs.base import TextEnv
 from longturn.envs.registry import make_env, translator_for
 from longturn.errors import UserError
 from longturn.reply_format import parse_reply
+from longturn.rollout.env_slots import unplayed_first_turn
 
 PASSED_MARKER = "passed"
 PASSED_TEXT = "every task's valid-action ratio is at or above validation.min_valid_action_ratio\n"
@@ -69,43 +71,44 @@ def worst_case_prompt_tokens(tokenizer: Any, env: TextEnv, observation: str, par
     return len(render(tokenizer, messages)[1])
 
 
-def sample_row(task: str, seed: int, prompt, text: str, completion, env: TextEnv,
-               tokenizer: Any) -> dict[str, Any]:
-    """One samples.parquet row: the prompt, the output, and how it parses."""
-    parsed = translator_for(env).parse(text)
-    cut = completion.finish_reason == "length"
-    failure = parsed.failure or ("multiple_actions" if parsed.n_action_tags > 1 else None)
-    think = think_text(text)
-    return {
-        "task": task, "seed": seed, "prompt_text": prompt.text, "prompt_tokens": len(prompt.ids),
-        "response_text": text, "response_tokens": len(completion.token_ids),
-        "finish_reason": completion.finish_reason, "raw_action": parsed.raw_action,
-        "action": parsed.action, "valid": parsed.valid,
-        "valid_before_translation": parsed.raw_action.strip() in env.actions,
-        "failure": failure if not (cut and not parsed.valid) else "cut_by_length",
-        "n_action_tags": parsed.n_action_tags, "think": think,
-        "think_tokens": len(tokenizer(think, add_special_tokens=False)["input_ids"]) if think else 0,
-    }
+def failure_kind(reply: dict[str, Any]) -> str | None:
+    """Why a first reply failed, one of FAILURES: cut by `max_new_tokens` before a valid action,
+    the parser's failure, or several ACTION tags (the last one counts: valid, but worth a look);
+    None for a clean reply."""
+    if reply["finish_reason"] == "length" and not reply["action_valid"]:
+        return "cut_by_length"
+    if reply["action_failure"]:
+        return reply["action_failure"]
+    return "multiple_actions" if parse_reply(reply["response_text"]).n_action_tags > 1 else None
 
 
-def task_metrics(samples: list[dict[str, Any]], worst_case: int, budget: int) -> dict[str, Any]:
+def task_metrics(samples: list[dict[str, Any]], actions: list[str], tokenizer: Any,
+                 worst_case: int, budget: int) -> dict[str, Any]:
+    """The task's row of the report, read from its samples (`actions`: the env's own names, for
+    the ratio of replies valid before synonym translation)."""
+    replies = [s["replies"][0] for s in samples]
+    thinks = [think_text(r["response_text"]) for r in replies]
+    think_tokens = [len(tokenizer(t, add_special_tokens=False)["input_ids"]) if t else 0
+                    for t in thinks]
     n = len(samples)
     metrics = {
         "samples": n,
-        "valid_action_ratio": sum(s["valid"] for s in samples) / n,
-        "valid_before_translation_ratio": sum(s["valid_before_translation"] for s in samples) / n,
-        "prompt_tokens_mean": sum(s["prompt_tokens"] for s in samples) / n,
-        "prompt_tokens_max": max(s["prompt_tokens"] for s in samples),
+        "valid_action_ratio": sum(r["action_valid"] for r in replies) / n,
+        "valid_before_translation_ratio":
+            sum(r["raw_action"].strip() in actions for r in replies) / n,
+        "prompt_tokens_mean": sum(len(s["prompt_ids"]) for s in samples) / n,
+        "prompt_tokens_max": max(len(s["prompt_ids"]) for s in samples),
         "worst_case_prompt_tokens": worst_case,
         "max_prompt_tokens": budget,
         "history_fits_budget": worst_case <= budget,
-        "response_tokens_mean": sum(s["response_tokens"] for s in samples) / n,
-        "think_present_ratio": sum(bool(s["think"]) for s in samples) / n,
-        "think_tokens_mean": sum(s["think_tokens"] for s in samples) / n,
-        "think_distinct_bigram_ratio": distinct_bigram_ratio([s["think"] for s in samples]),
+        "response_tokens_mean": sum(len(s["response_ids"]) for s in samples) / n,
+        "think_present_ratio": sum(bool(t) for t in thinks) / n,
+        "think_tokens_mean": sum(think_tokens) / n,
+        "think_distinct_bigram_ratio": distinct_bigram_ratio(thinks),
     }
+    kinds = [failure_kind(r) for r in replies]
     for kind in FAILURES:
-        metrics[f"failure_{kind}"] = sum(s["failure"] == kind for s in samples) / n
+        metrics[f"failure_{kind}"] = kinds.count(kind) / n
     return metrics
 
 
@@ -130,12 +133,16 @@ def validate_task(engine: Engine, tokenizer: Any, env: TextEnv, params: Params,
         prompts.append(build_prompt(tokenizer, env.instructions, [], obs.text,
                                     params.prompt.max_prompt_tokens, params.prompt.demonstration))
     completions = engine.generate([p.ids for p in prompts], sampling)
+    translator = translator_for(env)
     for seed, prompt, completion in zip(seeds, prompts, completions):
         text = tokenizer.decode(completion.token_ids, skip_special_tokens=True)
-        result.samples.append(sample_row(env.task, seed, prompt, text, completion, env, tokenizer))
+        result.samples.append(unplayed_first_turn(env, seed, f"validation-{env.task}-{seed}",
+                                                  prompt, completion, text,
+                                                  translator.parse(text)))
     env.reset(seed=seeds[0])
     worst = worst_case_prompt_tokens(tokenizer, env, observations[0], params)
-    result.metrics = task_metrics(result.samples, worst, params.prompt.max_prompt_tokens)
+    result.metrics = task_metrics(result.samples, env.actions, tokenizer, worst,
+                                  params.prompt.max_prompt_tokens)
     return result
 
 

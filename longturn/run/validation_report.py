@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from longturn.run.validation import FAILURES, TaskValidation
+from longturn.run.validation import FAILURES, TaskValidation, failure_kind
 
 _COLUMNS = [
     ("valid", "valid_action_ratio", "{:.2f}"),
@@ -50,7 +50,8 @@ def render_report(results: list[TaskValidation], failures: list[str], gate: floa
         lines += [f"## {r.task}", "", "First prompt, exactly as the model sees it:", ""]
         lines += _fence(r.samples[0]["prompt_text"]) + [""]
         for s in r.samples[:examples_per_task]:
-            status = "valid" if s["valid"] else f"invalid ({s['failure']})"
-            lines += [f"Seed {s['seed']}: {status}, executed `{s['action']}`", ""]
-            lines += _fence(s["response_text"]) + [""]
+            reply = s["replies"][0]
+            status = "valid" if reply["action_valid"] else f"invalid ({failure_kind(reply)})"
+            lines += [f"Seed {s['episode_seed']}: {status}, executed `{reply['action']}`", ""]
+            lines += _fence(reply["response_text"]) + [""]
     return "\n".join(lines)
