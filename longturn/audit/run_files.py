@@ -6,7 +6,8 @@ folder, one `iteration=NNNN` folder, an evaluation output (`turns.parquet`, `epi
 before the evaluation has finished, the episodes in its journal `partial/`), prompt validation's
 output (`samples.parquet`), or a single Parquet file. Every file's footer, schema version and
 columns are checked before anything is computed, so a truncated copy, a file of schema version 1
-or a foreign file is reported by name instead of as a pyarrow traceback or a wrong number. audit/replies.py reads the checked files.
+or a foreign file is reported by name instead of as a pyarrow traceback or a wrong number.
+audit/replies.py reads the checked files.
 """
 
 from __future__ import annotations
