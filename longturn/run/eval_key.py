@@ -41,12 +41,12 @@ def params_digest(params: Params, policy_version: str, run_id: str) -> str:
                     "engine": p["engine"], "eval": p["eval"], "rollout.protocol": r["protocol"],
                     "rollout.context": r["context"], "rollout.chat": r["chat"],
                     "rollout.agent": [r["agent"], r["agent_timeout_s"], r["slime_generate"]],
-                    "chat files": _named_files(params.rollout.chat.tools,
-                                                   params.rollout.chat.interactions),
+                    "chat files": named_files(params.rollout.chat.tools,
+                                              params.rollout.chat.interactions),
                     "policy_version": policy_version, "run_id": run_id})
 
 
-def _named_files(*paths: str | None) -> dict[str, str]:
+def named_files(*paths: str | None) -> dict[str, str]:
     """The content digest of each file a setting names (tools and interactions YAML)."""
     return {p: hashlib.sha256(Path(p).read_bytes()).hexdigest()
             for p in paths if p is not None and Path(p).is_file()}

@@ -31,8 +31,8 @@ from longturn.run.metrics import MetricsLog, PhaseClock, describe_iteration
 from longturn.run.models import load_tokenizer
 from longturn.profiling import IterationProfiler
 from longturn.run.wiring import (batch_metrics, close_collector, critic_dir, file_metadata,
-                                 gae_params, make_collector, run_fingerprint, score_and_write,
-                                 trainer_settings)
+                                 gae_params, make_collector, score_and_write, trainer_settings)
+from longturn.run.resume_key import changed_parts, read_key, resume_key
 
 if TYPE_CHECKING:
     from longturn.run.protocol import Collector
@@ -114,19 +114,21 @@ def _drop_unfinished(root: Path, start: int) -> None:
 
 
 def _guard_persisted(params: Params, paths: TrainPaths) -> None:
-    """Persisted checkpoints from other params would silently mix two runs: start over instead."""
+    """Persisted checkpoints of another start (other params, critic, base model or chat files:
+    run/resume_key.py) would silently mix two runs: start over instead."""
     if not is_main_process():
         barrier()
         return
     stamp = paths.checkpoints / "FINGERPRINT"
-    fingerprint = run_fingerprint(params)
-    if stamp.is_file() and stamp.read_text().strip() != fingerprint:
-        log.warning("params changed since the checkpoints in %s were written: starting over",
-                    paths.checkpoints)
+    key = resume_key(params, paths.base, critic_dir(params, paths.critic))
+    changed = changed_parts(read_key(stamp.read_text()), key) if stamp.is_file() else []
+    if changed:
+        log.warning("%s changed since the checkpoints in %s were written: starting over",
+                    " and ".join(changed), paths.checkpoints)
         shutil.rmtree(paths.checkpoints)
         shutil.rmtree(paths.trajectories, ignore_errors=True)
     paths.checkpoints.mkdir(parents=True, exist_ok=True)
-    stamp.write_text(fingerprint + "\n")
+    stamp.write_text(json.dumps(key, indent=1) + "\n")
     barrier()
 
 

@@ -1,6 +1,6 @@
 """Params → the objects the stages run: trainer settings, GAE and group parameters, the
 collector the protocol and estimator need, the critic dir it reads, how a batch is scored,
-written and summarised, Parquet metadata, the resume fingerprint.
+written and summarised, Parquet metadata.
 
 The only place a params section is mapped onto library objects, so the train loop, the critic
 warm-up and the benches build them the same way.
@@ -8,8 +8,6 @@ warm-up and the benches build them the same way.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -74,13 +72,6 @@ def file_metadata(params: Params, iteration: int) -> dict[str, Any]:
     return {**params.gae.model_dump(), "algo": params.algo.model_dump(),
             "model": params.model.source, "engine": params.engine.name, "iteration": iteration,
             "sampling": params.engine.sampling.model_dump(), "ppo": params.ppo.model_dump()}
-
-
-def run_fingerprint(params: Params) -> str:
-    """What a resumed run must share with the run that wrote the checkpoints (not train.*)."""
-    relevant = params.model_dump(include={"seed", "model", "env", "prompt", "engine", "rollout",
-                                          "gae", "algo", "ppo"})
-    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def score_and_write(trainer: PPOTrainer, samples: list[dict[str, Any]], path: Path,
