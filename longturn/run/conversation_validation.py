@@ -22,6 +22,7 @@ from longturn.rollout.conversation_episodes import packed_samples
 from longturn.rollout.sample_metrics import ending, sample_metrics
 from longturn.rollout.conversation_setup import ConversationRun
 from longturn.run.validation import TaskValidation
+from longturn.run.validation_report import fence
 from longturn.vision.encoder import IMAGE_PLACEHOLDER
 
 
@@ -85,10 +86,6 @@ _COLUMNS = [("episodes", "samples", "{}"), ("valid replies", "valid_action_ratio
             ("budget", "max_tokens", "{}")]
 
 
-def _fence(text: str) -> list[str]:
-    return ["```text", text.replace("```", "ʼʼʼ"), "```"]
-
-
 _IMAGE_RUN = re.compile(f"(?:{re.escape(IMAGE_PLACEHOLDER)})+")
 
 
@@ -128,5 +125,5 @@ def render_conversation_report(results: list[TaskValidation], failures: list[str
             lines += [f"Seed {sample['episode_seed']}: {ending(sample)}, reward "
                       f"{reward:.2f}{calls}", ""]
             ids = [*sample["prompt_ids"], *sample["response_ids"]]
-            lines += _fence(_fold_images(tokenizer.decode(ids))) + [""]
+            lines += fence(_fold_images(tokenizer.decode(ids))) + [""]
     return "\n".join(lines)

@@ -27,7 +27,8 @@ def _table(results: list[TaskValidation]) -> list[str]:
     return lines
 
 
-def _fence(text: str) -> list[str]:
+def fence(text: str) -> list[str]:
+    """`text` as a markdown code block that no fence inside it can close."""
     return ["```text", text.replace("```", "ʼʼʼ"), "```"]
 
 
@@ -48,10 +49,10 @@ def render_report(results: list[TaskValidation], failures: list[str], gate: floa
     lines += _table(results) + [""]
     for r in results:
         lines += [f"## {r.task}", "", "First prompt, exactly as the model sees it:", ""]
-        lines += _fence(r.samples[0]["prompt_text"]) + [""]
+        lines += fence(r.samples[0]["prompt_text"]) + [""]
         for s in r.samples[:examples_per_task]:
             reply = s["replies"][0]
             status = "valid" if reply["action_valid"] else f"invalid ({failure_kind(reply)})"
             lines += [f"Seed {s['episode_seed']}: {status}, executed `{reply['action']}`", ""]
-            lines += _fence(reply["response_text"]) + [""]
+            lines += fence(reply["response_text"]) + [""]
     return "\n".join(lines)
