@@ -10,18 +10,13 @@ import yaml
 
 from longturn.trajectories import read_metadata
 from conftest import copy_repo
-from test_pipeline_smoke import _dvc, _git, dvc_run, scratch_repo, toy_params
+from test_pipeline_smoke import _dvc, dvc_run
 
 
-def test_exp_run_set_param_reruns_only_its_readers(tmp_path, tiny_model_dir):
-    params = toy_params(tiny_model_dir)
-    params["env"]["tasks"] = params["eval"]["tasks"] = ["goto"]
-    params["eval"].update(episodes_per_task=2, parallel_envs=2)
-    repo = scratch_repo(tmp_path, params)
+def test_exp_run_set_param_reruns_only_its_readers(tmp_path, finished_toy_repo):
+    repo = copy_repo(finished_toy_repo[0], tmp_path / "repo")  # a committed run of all stages
+    tasks = finished_toy_repo[1]["eval"]["tasks"]
     targets = ("validate_prompts", "zero_shot_eval")  # the cheap part of the DAG
-    _dvc(repo, "repro", *targets)
-    _git(repo, "add", "-A")
-    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "baseline")
 
     out = _dvc(repo, "exp", "run", "-n", "fewer", "-S", "eval.episodes_per_task=1", *targets)
 
@@ -30,13 +25,14 @@ def test_exp_run_set_param_reruns_only_its_readers(tmp_path, tiny_model_dir):
         assert f"Running stage '{stage}'" not in out
     assert yaml.safe_load((repo / "params.yaml").read_text())["eval"]["episodes_per_task"] == 1
     metrics = json.loads((repo / "data/eval/zero_shot/metrics.json").read_text())
-    assert metrics["overall"]["episodes"] == 1
+    assert metrics["overall"]["episodes"] == len(tasks)  # one per task
     shown = dvc_run(repo, "exp", "show", "--json")
     assert shown.returncode == 0, shown.stderr
     experiment = find_experiment(json.loads(shown.stdout), "fewer")
     data = experiment["data"]
     assert data["params"]["params.yaml"]["data"]["eval"]["episodes_per_task"] == 1
-    assert data["metrics"]["data/eval/zero_shot/metrics.json"]["data"]["overall"]["episodes"] == 1
+    assert (data["metrics"]["data/eval/zero_shot/metrics.json"]["data"]["overall"]["episodes"]
+            == len(tasks))
 
 
 def find_experiment(shown: list[dict], name: str) -> dict:
