@@ -16,6 +16,7 @@ if not __package__:  # run as a file: one line when this Python lacks longturn
 
 from components.common import parser, run
 from longturn.run.preflight import preflight
+from longturn.run.headline import SUMMARY_FILE
 from longturn.run.models import check_model_dir
 from longturn.profiling import IterationProfiler
 from longturn.run.training import Deadline, TrainPaths, replay_update, run_training
@@ -28,7 +29,8 @@ def body(args, params) -> None:
     out = Path(args.out)
     paths = TrainPaths(base=Path(args.model_dir), critic=Path(args.critic_dir),
                        trajectories=out / "trajectories", checkpoints=out / "checkpoints",
-                       final=out / "final", live=out / "live", policy=out / "policy")
+                       final=out / "final", live=out / "live", policy=out / "policy",
+                       summary=out / SUMMARY_FILE)
     if args.replay:
         print(json.dumps(replay_update(params, paths, Path(args.replay)), sort_keys=True))
     else:

@@ -20,7 +20,8 @@ from longturn.run.preflight import preflight
 from longturn.atomic import write_json, write_text
 from longturn.engines.registry import make_engine, sampling_from_params
 from longturn.run.models import check_model_dir, load_tokenizer
-from longturn.rollout.sample_metrics import json_safe
+from longturn.rollout.sample_metrics import json_safe, sample_metrics
+from longturn.run.headline import SUMMARY_FILE, validation_summary
 from longturn.run.protocol import protocol
 from longturn.run.validation import PASSED_MARKER, PASSED_TEXT, GateFailed
 from longturn.trajectories import write_samples
@@ -47,7 +48,9 @@ def body(args, params) -> int:
     gate = v.min_valid_action_ratio
     failures = checks.gate_failures(results, gate)
     meta = {"sampling": sampling.__dict__}
-    write_samples([s for r in results for s in r.samples], out / "samples.parquet", meta)
+    samples = [s for r in results for s in r.samples]
+    write_samples(samples, out / "samples.parquet", meta)
+    write_json(out / SUMMARY_FILE, validation_summary(not failures, sample_metrics(samples)))
     metrics = {"tasks": {r.task: json_safe(r.metrics) for r in results}, "passed": not failures,
                "min_valid_action_ratio": gate}
     write_json(out / "metrics.json", metrics)

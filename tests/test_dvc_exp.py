@@ -31,8 +31,7 @@ def test_exp_run_set_param_reruns_only_its_readers(tmp_path, finished_toy_repo):
     experiment = find_experiment(json.loads(shown.stdout), "fewer")
     data = experiment["data"]
     assert data["params"]["params.yaml"]["data"]["eval"]["episodes_per_task"] == 1
-    assert (data["metrics"]["data/eval/zero_shot/metrics.json"]["data"]["overall"]["episodes"]
-            == len(tasks))
+    assert data["metrics"]["data/eval/zero_shot/summary.json"]["data"]["episodes"] == len(tasks)
 
 
 def find_experiment(shown: list[dict], name: str) -> dict:

@@ -34,7 +34,7 @@ from test_faults import failing_parquet_writes
 from test_pipeline_smoke import ROOT, toy_params, write_params
 from test_conversation_pipeline import one_reply_sequence_params
 
-OUTPUTS = ("metrics.json", "episodes.parquet", "turns.parquet")
+OUTPUTS = ("summary.json", "metrics.json", "episodes.parquet", "turns.parquet")
 
 
 class SeededEngine:

@@ -364,7 +364,8 @@ def test_full_disk_keeps_the_finished_evaluation(tiny_model_dir, tmp_path, capsy
     assert json.loads((out / "metrics.json").read_text())["overall"]["episodes"] == 2
     assert len(pd.read_parquet(out / "episodes.parquet")) == 2
     # the journal stays until every output is written: a rerun assembles them without playing
-    assert sorted(p.name for p in out.iterdir()) == ["episodes.parquet", "metrics.json", "partial"]
+    assert sorted(p.name for p in out.iterdir()) == ["episodes.parquet", "metrics.json", "partial",
+                                                   "summary.json"]
 
 
 def _eval_params(model_dir: str, protocol: str) -> dict:
@@ -391,7 +392,8 @@ def test_a_failed_episodes_write_still_writes_the_turns(tiny_model_dir, tmp_path
     assert code == 2 and f"{out / 'episodes.parquet'}: no space left on device" in err
     assert json.loads((out / "metrics.json").read_text())["overall"]["episodes"] == 2
     assert len(pd.read_parquet(out / "turns.parquet")) >= 2
-    assert sorted(p.name for p in out.iterdir()) == ["metrics.json", "partial", "turns.parquet"]
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.json", "partial", "summary.json",
+                                                   "turns.parquet"]
 
 
 def test_read_only_disk_is_one_line_and_no_gate_marker(tiny_model_dir, tmp_path, capsys,

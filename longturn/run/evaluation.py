@@ -32,6 +32,7 @@ from longturn.params.config import Params
 from longturn.engines.base import Engine, SamplingParams
 from longturn.run.eval_journal import EvalJournal
 from longturn.run.eval_key import evaluation_key
+from longturn.run.headline import SUMMARY_FILE, evaluation_summary
 from longturn.envs.termination import reason_of
 from longturn.rollout.episode_jobs import EpisodeJob
 from longturn.rollout.conversation_episodes import play_conversations
@@ -221,16 +222,17 @@ def in_lock_step_order(samples: pa.Table) -> pa.Table:
 
 def write_outputs(out: Path, metrics: dict[str, Any], episodes: list[dict[str, Any]],
                   turns: pa.Table | list[dict[str, Any]], meta: dict[str, Any]) -> None:
-    """metrics.json, episodes.parquet, turns.parquet: smallest first, and each tried even when
-    one before it failed (a full disk), so a finished evaluation keeps what could be written; the
-    first error is raised after the last write. `turns`: a table in its final schema, or rows."""
+    """summary.json (what DVC shows), metrics.json, episodes.parquet, turns.parquet: smallest
+    first, and each tried even when one before it failed (a full disk), so a finished evaluation
+    keeps what could be written; the first error is raised after the last write. `turns`: a table in its final schema, or rows."""
     def write_turn_file() -> None:
         if isinstance(turns, pa.Table):
             write_arrow(turns, out / "turns.parquet", file_metadata(meta, version=SCHEMA_VERSION))
         else:
             write_samples(turns, out / "turns.parquet", meta)
 
-    writes = [(lambda: write_json(out / "metrics.json", metrics)),
+    writes = [(lambda: write_json(out / SUMMARY_FILE, evaluation_summary(metrics))),
+              (lambda: write_json(out / "metrics.json", metrics)),
               (lambda: write_episodes(episodes, out / "episodes.parquet", meta)),
               write_turn_file]
     first: Exception | None = None

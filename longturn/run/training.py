@@ -25,7 +25,9 @@ from longturn.run.checkpoints import COMPLETE, CheckpointStore, iteration_dir
 from longturn.params.config import Params
 from longturn.device import resolve_device
 from longturn.distributed import barrier, init_distributed, is_main_process, sum_over_ranks
+from longturn.atomic import write_json
 from longturn.run.dvc_remote import push_training_outputs
+from longturn.run.headline import training_summary
 from longturn.engines.registry import make_engine, sampling_from_params
 from longturn.run.metrics import MetricsLog, PhaseClock, describe_iteration
 from longturn.run.models import load_tokenizer
@@ -51,6 +53,7 @@ class TrainPaths:
     final: Path
     live: Path
     policy: Path  # the current actor as an HF dir, loaded by the inference engine
+    summary: Path | None = None  # the headline numbers DVC shows (run/headline.py)
 
 
 PARTIAL_FILE = "PARTIAL.json"  # in an actor exported by a run stopped at its deadline
@@ -85,6 +88,7 @@ def _stop_at_deadline(params: Params, paths: TrainPaths, trainer: PPOTrainer,
     if not saved:
         store.write(trainer, collector.state(), done - 1)
         store.commit(done - 1, history)
+    write_summary(paths, history)
     trainer.export_actor(paths.final)
     if is_main_process():
         (paths.final / PARTIAL_FILE).write_text(json.dumps(
@@ -199,12 +203,20 @@ def run_training(params: Params, paths: TrainPaths, progress: bool = True,
                                           params.train.remote)
             metrics_log.log(metrics)
             log.info(describe_iteration(iteration, metrics))
+        write_summary(paths, history)
         trainer.export_actor(paths.final)
     finally:
         if engine is not None:
             engine.close()
         close_collector(collector)
     return history
+
+
+def write_summary(paths: TrainPaths, history: list[dict[str, float]]) -> None:
+    """The run's headline numbers, for DVC (on the main process; a resumed run that had nothing
+    left to train writes them too, as DVC removed the file before the rerun)."""
+    if paths.summary is not None and is_main_process():
+        write_json(paths.summary, training_summary(history))
 
 
 def push_weights(trainer: PPOTrainer, engine: Any, paths: TrainPaths) -> None:
