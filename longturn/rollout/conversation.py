@@ -40,8 +40,10 @@ TIME_LIMIT = "time_limit"  # the interaction ended it on a time limit (an env's 
 # an agent's episode (rollout.agent, serve/agent_rollout.py) aborted: the agent raised, or did
 # not return in time; its calls are out of the loss
 AGENT_ERROR, AGENT_TIMEOUT = "agent_error", "timeout"
+# aborted by the env behind its interaction (envs/termination.py: it raised, or hung: `timeout`)
+ENV_ERROR = "env_error"
 REASONS = (DONE, MAX_ASSISTANT_TURNS, MAX_USER_TURNS, TOKEN_BUDGET, TIME_LIMIT, AGENT_ERROR,
-           AGENT_TIMEOUT)
+           AGENT_TIMEOUT, ENV_ERROR)
 
 
 @dataclass
@@ -64,6 +66,7 @@ class Conversation:
     tool_calls: int = 0
     tool_errors: int = 0
     reason: str | None = None
+    aborted: bool = False  # ended by a failure outside the model (its replies do not train)
     check: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
     images: list[np.ndarray] = field(default_factory=list)  # frames, in sequence order
@@ -148,6 +151,11 @@ class Conversation:
             raise ValueError(f"unknown termination reason {reason!r}")
         self.reason = reason
 
+    def abort(self, reason: str) -> None:
+        """End it for a failure outside the model (an env that raised or hung)."""
+        self.aborted = True
+        self.end(reason)
+
     def record(self) -> dict[str, Any]:
         """The episode as the rollout's record (docs/design.md §4b); with a history window also
         each reply's window and lock-step, and the window a next reply would have seen when the
@@ -180,7 +188,8 @@ class Conversation:
             "reply_finish_reasons": list(self.finish_reasons),
             "reply_valid": list(self.reply_valid),
             "reward": float(sum(self.segment_rewards)), "termination": self.reason,
-            "truncated": self.reason != DONE, "assistant_turns": self.assistant_turns,
+            "truncated": self.reason != DONE and not self.aborted, "aborted": self.aborted,
+            "assistant_turns": self.assistant_turns,
             "user_turns": self.user_turns, "tool_calls": self.tool_calls,
             "tool_errors": self.tool_errors, "tokenization_check": self.check,
             "messages": json.dumps(self.messages), "metrics": json.dumps(self.metrics),

@@ -97,7 +97,8 @@ class ConversationPlayer:
         out = []
         for i, record in zip(ended, full):
             messages = json.loads(record["messages"])
-            record["success"] = self.run.success(self.episodes[i].task, messages)
+            record["success"] = (not record["aborted"]
+                                 and self.run.success(self.episodes[i].task, messages))
             out.append(self._part(i, record, cut=False))
             self.episodes[i] = None
         return out

@@ -10,7 +10,9 @@ After each reply:
   order, so a record does not depend on which call finished first;
 - a reply without tool calls goes to the interaction, which scores it and either ends the episode
   (`time_limit` when it says the episode was cut by a time limit, else `done`) or answers as the
-  user; without an interaction such a reply ends the episode;
+  user; without an interaction such a reply ends the episode. An env behind the interaction
+  that fails (`EnvFailure`, tasks/env_frames.py) aborts that episode alone (`env_error` or
+  `timeout`: out of the loss, counted apart, as an env slot's);
 - limits end it too: `max_assistant_turns`, `max_user_turns`, `max_tokens` (the token budget of
   what a reply is given plus the reply: a reply is cut to fit, and no context is appended past
   it).
@@ -43,6 +45,7 @@ from tqdm.auto import tqdm
 
 from longturn.engines.base import Engine, SamplingParams
 from longturn.envs.base import Observation
+from longturn.envs.failures import EnvFailure
 from longturn.errors import SettingError
 from longturn.rollout.chat_deltas import ChatDeltas
 from longturn.rollout.history_window import frame_owners, render_window
@@ -170,9 +173,8 @@ def _after_replies(replied: list[tuple[Conversation, str]], s: ConversationSetti
     jobs = [lambda e=ep.episode_id, c=call: _run_call(s.tools, e, c, s.tool_timeout_s, vision)
             for (ep, _), found in zip(replied, calls) for call in found]
     asking = [i for i, found in enumerate(calls) if not found and s.interaction is not None]
-    jobs += [lambda ep=replied[i][0]: respond(_partner(s, ep), ep.episode_id, ep.messages,
-                                              ep.task.get("interaction_kwargs", {}),
-                                              s.tool_timeout_s) for i in asking]
+    jobs += [lambda ep=replied[i][0]: _answer(_partner(s, ep), ep, s.tool_timeout_s)
+             for i in asking]
     done = run_together(jobs)
     tool_results, answers = done[:len(done) - len(asking)], dict(zip(asking, done[-len(asking):]
                                                                       if asking else []))
@@ -185,6 +187,24 @@ def _after_replies(replied: list[tuple[Conversation, str]], s: ConversationSetti
         else:
             out.append(_after_text(ep, answers.get(i), s))
     return out
+
+
+@dataclass(frozen=True)
+class _EnvFailed:
+    """An interaction's answer that is the failure of the env behind it (not raised: one
+    episode's failure must not end the lock-step's other calls)."""
+
+    reason: str
+
+
+async def _answer(partner: Any, ep: Conversation, timeout_s: float) -> tuple | _EnvFailed:
+    """The interaction's answer to the episode's reply, or the failure of an env behind it
+    (tasks/env_frames.py), which aborts this episode alone."""
+    try:
+        return await respond(partner, ep.episode_id, ep.messages,
+                             ep.task.get("interaction_kwargs", {}), timeout_s)
+    except EnvFailure as failure:
+        return _EnvFailed(failure.reason)
 
 
 def _after_tools(ep: Conversation, results: list[ToolResult], s: ConversationSettings
@@ -204,6 +224,9 @@ def _after_text(ep: Conversation, answer: tuple | None, s: ConversationSettings
         if s.reward_fn is not None:
             ep.reward(s.reward_fn(ep.task, ep.messages))
         ep.end(DONE)
+        return None
+    if isinstance(answer, _EnvFailed):
+        ep.abort(answer.reason)
         return None
     stop, text, score, metrics = answer
     ep.reward(0.0 if score is None else score, metrics)  # verl allows a turn without a score
@@ -225,9 +248,9 @@ def _finish(ep: Conversation, s: ConversationSettings, tool_rewards: dict[str, f
             ) -> dict[str, Any]:
     """Credit the tools' episode rewards, run the check; in a window, keep the window a next
     reply would have seen when the episode was cut short (its bootstrap)."""
-    if ep.windows:
-        ep.window = None if ep.reason == DONE else _next_window(ep, s, ep.messages,
-                                                                ep.frame_owner)
+    if ep.windows:  # an aborted episode trains on nothing: no bootstrap
+        ep.window = (None if ep.reason == DONE or ep.aborted
+                     else _next_window(ep, s, ep.messages, ep.frame_owner))
     if ep.segments:  # no reply fitted: nothing to credit
         for name, value in tool_rewards.items():
             if value:

@@ -6,8 +6,9 @@ reply's `ACTION:` is one env step. `EnvInteraction` steps the env and answers wi
 observation (`envs.base.Observation`, whose frame the rollout buffers), ending the episode when
 the env does (on the env's time limit as truncated, bootstrapped like an env slot's time limit);
 an unreadable action runs the env's default action and costs `invalid_penalty`, as in env
-slots. `reward` and `success` replay the replies on a fresh env of the same seed, so they
-need nothing but the conversation.
+slots. An env that raises, dies or hangs costs its episode alone, aborted as in env slots (the
+interaction's config: `workers`, `step_timeout_s`, `max_retries`). `reward` and `success` replay
+the replies on a fresh env of the same seed, so they need nothing but the conversation.
 
 Built in: `babyai_goto_frames` (BabyAI goto with frames) and `babyai_goto_text` (the same task,
 text only). Any other env and task: `EnvTask("crafter", "default")` in a module of yours, named
@@ -17,19 +18,26 @@ in `env.tasks` as `package.module:OBJECT`. Needs a vision-language model when `i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+import threading
+from dataclasses import dataclass, field
 from typing import Any
 
 from longturn.agent.prompts import EMPTY_VIEW, answer_format, system_prompt
 from longturn.envs.actions import ActionTranslator
 from longturn.envs.base import Instructions, Observation, TextEnv
-from longturn.envs.registry import make_env
+from longturn.envs.failures import EnvFailure, EnvGaveUp
+from longturn.envs.local import LocalEnv
+from longturn.envs.registry import EnvSpec, make_env
+from longturn.envs.workers import WorkerEnv
 from longturn.tasks.interactions import BaseInteraction
 from longturn.vision.encoder import IMAGE_PLACEHOLDER
 
+log = logging.getLogger(__name__)
 
-def _env(env: str, task: str, image: bool) -> TextEnv:
-    return make_env(env, task, **({"image": True} if image else {}))
+
+def _env(env: str, task: str, image: bool, kwargs: dict[str, Any]) -> TextEnv:
+    return make_env(env, task, **kwargs, **({"image": True} if image else {}))
 
 
 def observation_text(instructions: Instructions, observation: Observation, image: bool) -> str:
@@ -53,9 +61,10 @@ class EnvTask:
     env: str
     task: str
     image: bool = True
+    kwargs: dict[str, Any] = field(default_factory=dict)  # the env's constructor's, as env.kwargs
 
     def record(self, seed: int) -> dict[str, Any]:
-        env = _env(self.env, self.task, self.image)
+        env = _env(self.env, self.task, self.image, self.kwargs)
         try:
             observation, _ = env.reset(seed=seed)
             instructions = env.instructions
@@ -70,12 +79,13 @@ class EnvTask:
                           "content": observation_text(instructions, observation, self.image)}],
             "images": [observation.image] if self.image else [],
             "interaction_kwargs": {"env": self.env, "task": self.task, "seed": int(seed),
-                                   "image": self.image},
+                                   "image": self.image,
+                                   **({"env_kwargs": dict(self.kwargs)} if self.kwargs else {})},
         }
 
     def replay(self, record: dict[str, Any], messages: list[dict[str, Any]]) -> tuple[float, bool]:
         """(env reward summed, whether the env ended with a positive reward) of the replies."""
-        env = _env(self.env, self.task, False)
+        env = _env(self.env, self.task, False, self.kwargs)
         translator = ActionTranslator(env.actions, env.synonyms, env.default_action)
         total, reward, ended = 0.0, 0.0, False
         try:
@@ -98,14 +108,73 @@ class EnvTask:
 
 
 class EnvInteraction(BaseInteraction):
-    """Steps the episode's env with each reply's action; config: `invalid_penalty` (default
-    0.1), subtracted when a reply names no valid action."""
+    """Steps the episode's env with each reply's action.
+
+    config: `invalid_penalty` (0.1), subtracted when a reply names no valid action; `workers`
+    (false): each env in a worker process of its own, as env slots with `env.workers`;
+    `step_timeout_s` (30, with workers; under `rollout.chat.tool_timeout_s`, which bounds the
+    whole call): a reset or step that takes longer is cut off;
+    `max_retries` (3). An env that raises, dies or hangs aborts its episode alone, as in env slots:
+    `generate_response` raises the `EnvFailure`, the rollout ends the episode as aborted (out of
+    the loss, counted by its reason) and the env is restarted; more than `max_retries` failures
+    in a row stop the stage (`EnvGaveUp`). An env is kept when its episode ends and reset for a
+    later one of the same env and task, so a worker process is started once per running episode,
+    not once per episode."""
+
+    def __init__(self, config: dict[str, Any], name: str):
+        super().__init__(config, name)
+        self._idle: dict[str, list[Any]] = {}  # idle envs by their spec's repr
+        self._lock = threading.Lock()  # the rollout calls episodes' methods on several threads
+        self._failures_in_a_row = 0
+
+    def _spec(self, kwargs: dict[str, Any]) -> EnvSpec:
+        image = {"image": True} if kwargs.get("image", True) else {}
+        return EnvSpec(kwargs["env"], kwargs["task"], {**(kwargs.get("env_kwargs") or {}), **image})
+
+    def _take(self, spec: EnvSpec) -> Any:
+        """An idle env of this spec, or a new one (in a worker process with `workers`)."""
+        with self._lock:
+            idle = self._idle.get(repr(spec))
+            if idle:
+                return idle.pop()
+        if self.config.get("workers", False):
+            return WorkerEnv(spec, self.config.get("step_timeout_s", 30.0))
+        return LocalEnv(spec.build(), spec)
+
+    def _failed(self, env: Any, failure: EnvFailure, call: str, seed: int) -> None:
+        """Restart the env; past `max_retries` failures in a row, stop the stage."""
+        with self._lock:
+            self._failures_in_a_row += 1
+            failures = self._failures_in_a_row
+        limit = int(self.config.get("max_retries", 3))
+        log.warning("env %s/%s %s failed (%s) on seed %s, episode aborted: %s", env.spec.name,
+                    env.spec.task, call, failure.reason, seed, failure.message)
+        env.restart()
+        if failures > limit:
+            raise EnvGaveUp(f"env {env.spec.name!r} task {env.spec.task!r} failed {failures} "
+                            f"times in a row, the last on seed {seed} ({call}, {failure.reason}: "
+                            f"{failure.message}); the {self.name!r} interaction's max_retries "
+                            f"is {limit}: fix the env or raise max_retries")
+
+    def _succeeded(self) -> None:
+        with self._lock:
+            self._failures_in_a_row = 0
 
     def start(self, instance_id: str, **kwargs: Any) -> None:
-        env = _env(kwargs["env"], kwargs["task"], bool(kwargs.get("image", True)))
-        env.reset(seed=int(kwargs["seed"]))
+        """Reset an env for the episode; a failed reset is retried on a restarted env (the
+        task record's own reset of this seed has already worked), up to `max_retries` times."""
+        spec, seed = self._spec(kwargs), int(kwargs["seed"])
+        env = self._take(spec)
+        while True:
+            try:
+                env.submit_reset(seed)
+                env.wait_reset()
+                break
+            except EnvFailure as failure:
+                self._failed(env, failure, "reset", seed)
+        self._succeeded()
         self.instances[instance_id] = {
-            "env": env, "image": bool(kwargs.get("image", True)),
+            "env": env, "spec": spec, "seed": seed, "image": bool(kwargs.get("image", True)),
             "translator": ActionTranslator(env.actions, env.synonyms, env.default_action)}
 
     def generate_response(self, instance_id: str, messages: list[dict[str, Any]]
@@ -113,9 +182,15 @@ class EnvInteraction(BaseInteraction):
         state = self.instances[instance_id]
         env = state["env"]
         parsed = state["translator"].parse(messages[-1]["content"])
-        observation, reward, terminated, truncated, _ = env.step(parsed.action)
+        try:
+            env.submit_step(parsed.action)
+            observation, reward, terminated, truncated, _ = env.wait_step()
+        except EnvFailure as failure:
+            self._failed(env, failure, "step", state["seed"])
+            raise
+        self._succeeded()
         penalty = 0.0 if parsed.valid else float(self.config.get("invalid_penalty", 0.1))
-        # the rollout writes the frame's <image> line itself (rollout/conversation_rollout.py: _user_message)
+        # the rollout writes the frame's <image> line itself (conversation_rollout: _user_message)
         answer = Observation(observation_text(env.instructions, observation, False),
                              observation.image if state["image"] else None)
         metrics = {"env_reward": reward, "invalid_actions": float(not parsed.valid)}
@@ -126,9 +201,11 @@ class EnvInteraction(BaseInteraction):
         return bool(self.instances[instance_id].get("truncated"))
 
     def finalize(self, instance_id: str) -> None:
+        """The episode's env goes back to the idle ones, for a later episode to reset."""
         state = self.instances.pop(instance_id, None)
         if state is not None:
-            state["env"].close()
+            with self._lock:
+                self._idle.setdefault(repr(state["spec"]), []).append(state["env"])
 
 
 BABYAI_GOTO_FRAMES = EnvTask("babyai", "goto", image=True)

@@ -1,0 +1,118 @@
+"""An env played through the chat protocol (`tasks/env_frames.py`) fails as an env slot does: an
+env that raises or hangs aborts its own episode (out of the loss, counted by its reason) while
+the others play on, more than `max_retries` failures in a row stop the rollout with one line, and
+envs (worker processes with `workers`) are reused by later episodes. Envs come from
+`tests/flaky_envs.py`, which a worker process imports too."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from transformers import AutoTokenizer
+
+from longturn.engines.base import Completion
+from longturn.envs.failures import EnvGaveUp
+from longturn.rollout.conversation_player import conversation_fixed_turns
+from longturn.rollout.conversation_rollout import conversation_rollout
+from longturn.rollout.conversation_setup import ConversationRun
+from longturn.rollout.sample_metrics import sample_metrics
+from longturn.rollout.samples import samples_from_episodes
+from longturn.tasks.env_frames import EnvInteraction, EnvTask
+from settings_from_params import conversation_settings, sampling_settings
+
+FLAKY = "flaky_envs:FlakyCorridor"
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+class Right:
+    """An engine that always answers `ACTION: right` (a corridor of 6 ends after 5 or 6)."""
+
+    def __init__(self, tokenizer):
+        self.ids = tokenizer.encode("THINK: on. ACTION: right", add_special_tokens=False) + [
+            tokenizer.convert_tokens_to_ids("<|im_end|>")]
+
+    def generate(self, prompt_ids, sampling):
+        return [Completion(list(self.ids), [-0.5] * len(self.ids), "stop") for _ in prompt_ids]
+
+
+def play(tokenizer, tasks: list[EnvTask], interaction: EnvInteraction, seed: int = 2,
+         **limits) -> list[dict]:
+    settings = conversation_settings(max_assistant_turns=10, max_user_turns=10,
+                                     interaction=interaction, **limits)
+    return conversation_rollout(Right(tokenizer), tokenizer, sampling_settings(max_new_tokens=16),
+                                [task.record(seed) for task in tasks], settings)
+
+
+def test_an_env_that_raises_aborts_its_episode_alone(tokenizer):
+    tasks = [EnvTask(FLAKY, "corridor", image=False, kwargs={"raise_on_step": 2}),
+             EnvTask(FLAKY, "corridor", image=False)]
+    broken, whole = play(tokenizer, tasks, EnvInteraction({}, "env"))
+
+    assert (broken["termination"], broken["aborted"], broken["truncated"],
+            broken["assistant_turns"]) == ("env_error", True, False, 2)
+    assert (whole["termination"], whole["aborted"], whole["assistant_turns"]) == ("done", False, 6)
+    samples = samples_from_episodes([broken, whole])
+    assert [r["aborted"] for r in samples[0]["replies"]] == [True, True]  # out of the loss
+    assert samples[0]["replies"][-1]["termination"] == "env_error"
+    metrics = sample_metrics(samples)
+    assert (metrics["episodes_aborted"], metrics["termination/env_error"],
+            metrics["termination/done"]) == (1, 1, 1)
+
+
+def test_failures_in_a_row_past_max_retries_stop_the_rollout_naming_the_env(tokenizer):
+    tasks = [EnvTask(FLAKY, "corridor", image=False, kwargs={"raise_on_step": 1})] * 3
+    with pytest.raises(EnvGaveUp, match=r"env 'flaky_envs:FlakyCorridor' task 'corridor' failed "
+                                        r"2 times in a row.*max_retries is 1"):
+        play(tokenizer, tasks, EnvInteraction({"max_retries": 1}, "env"))
+
+
+def test_a_hanging_worker_times_out_and_a_finished_episodes_worker_is_reused(tokenizer):
+    interaction = EnvInteraction({"workers": True, "step_timeout_s": 2.0}, "env")
+    hangs = EnvTask(FLAKY, "corridor", image=False, kwargs={"hang_on_step": 2, "hang_s": 30})
+    fine = EnvTask(FLAKY, "corridor", image=False)
+
+    hung, whole = play(tokenizer, [hangs, fine], interaction)
+    again, = play(tokenizer, [fine], interaction, seed=3)
+
+    assert (hung["termination"], hung["aborted"], hung["assistant_turns"]) == ("timeout", True, 2)
+    assert (whole["termination"], whole["aborted"]) == ("done", False)
+
+    def process(record: dict) -> str:  # each observation names the process that made it
+        messages = json.loads(record["messages"])  # system, the task's observation, a reply,
+        answer = messages[3]["content"]  # then the interaction's env's first observation
+        return answer.split("(process ")[1].split(")")[0]
+
+    assert process(again) == process(whole) != str(os.getpid())  # one worker, two episodes
+
+
+def test_fixed_turn_batches_start_the_slots_next_episode_after_an_abort(tokenizer):
+    """With a critic and a window: the aborted episode's replies carry no bootstrap, and its slot
+    plays a new episode within the same batch."""
+    run = ConversationRun({"flaky": EnvTask(FLAKY, "corridor", image=False,
+                                            kwargs={"raise_on_step": 2})},
+                          conversation_settings(max_assistant_turns=10, max_user_turns=10,
+                                                history_turns=1,
+                                                interaction=EnvInteraction({}, "env")),
+                          conversation_rollout)
+    collector = conversation_fixed_turns(run, ["flaky"], n_envs=1, turns_per_env=3, seed=0)
+    try:
+        samples = collector.collect(Right(tokenizer), tokenizer,
+                                    sampling_settings(max_new_tokens=16, seed=0), 0,
+                                    {"run_id": "t"}, progress=False)
+    finally:
+        collector.close()
+    episodes = list(dict.fromkeys(s["episode_id"] for s in samples))
+    assert len(samples) == 3 and len(episodes) == 2
+    first, second = ([s for s in samples if s["episode_id"] == e] for e in episodes)
+    assert [s["replies"][0]["aborted"] for s in first] == [True, True]
+    assert first[-1]["replies"][0]["termination"] == "env_error"
+    assert first[-1]["bootstrap_prompt_ids"] is None
+    # the next episode (on the restarted env) runs on; the batch cuts it and bootstraps it
+    assert [s["replies"][0]["aborted"] for s in second] == [False]
+    assert second[0]["replies"][0]["segment_end"] and second[0]["bootstrap_prompt_ids"]
