@@ -12,7 +12,6 @@ import os
 import pytest
 from transformers import AutoTokenizer
 
-from longturn.engines.base import Completion
 from longturn.envs.failures import EnvGaveUp
 from longturn.rollout.conversation_player import conversation_fixed_turns
 from longturn.rollout.conversation_rollout import conversation_rollout
@@ -21,6 +20,7 @@ from longturn.rollout.sample_metrics import sample_metrics
 from longturn.rollout.samples import samples_from_episodes
 from longturn.tasks.env_frames import EnvInteraction, EnvTask
 from settings_from_params import conversation_settings, sampling_settings
+from test_conversation_time_limit import Forward  # `ACTION: forward`, the corridor's `right`
 
 FLAKY = "flaky_envs:FlakyCorridor"
 
@@ -30,22 +30,11 @@ def tokenizer(tiny_model_dir):
     return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
-class Right:
-    """An engine that always answers `ACTION: right` (a corridor of 6 ends after 5 or 6)."""
-
-    def __init__(self, tokenizer):
-        self.ids = tokenizer.encode("THINK: on. ACTION: right", add_special_tokens=False) + [
-            tokenizer.convert_tokens_to_ids("<|im_end|>")]
-
-    def generate(self, prompt_ids, sampling):
-        return [Completion(list(self.ids), [-0.5] * len(self.ids), "stop") for _ in prompt_ids]
-
-
 def play(tokenizer, tasks: list[EnvTask], interaction: EnvInteraction, seed: int = 2,
          **limits) -> list[dict]:
     settings = conversation_settings(max_assistant_turns=10, max_user_turns=10,
                                      interaction=interaction, **limits)
-    return conversation_rollout(Right(tokenizer), tokenizer, sampling_settings(max_new_tokens=16),
+    return conversation_rollout(Forward(tokenizer), tokenizer, sampling_settings(max_new_tokens=16),
                                 [task.record(seed) for task in tasks], settings)
 
 
@@ -102,7 +91,7 @@ def test_fixed_turn_batches_start_the_slots_next_episode_after_an_abort(tokenize
                           conversation_rollout)
     collector = conversation_fixed_turns(run, ["flaky"], n_envs=1, turns_per_env=3, seed=0)
     try:
-        samples = collector.collect(Right(tokenizer), tokenizer,
+        samples = collector.collect(Forward(tokenizer), tokenizer,
                                     sampling_settings(max_new_tokens=16, seed=0), 0,
                                     {"run_id": "t"}, progress=False)
     finally:
