@@ -61,7 +61,7 @@ def test_failures_in_a_row_past_max_retries_stop_the_rollout_naming_the_env(toke
         play(tokenizer, tasks, EnvInteraction({"max_retries": 1}, "env"))
 
 
-def test_a_hanging_worker_times_out_and_a_finished_episodes_worker_is_reused(tokenizer):
+def test_a_hanging_worker_times_out_and_a_finished_episodes_worker_is_reused(tokenizer, caplog):
     interaction = EnvInteraction({"workers": True, "step_timeout_s": 2.0}, "env")
     hangs = EnvTask(FLAKY, "corridor", image=False, kwargs={"hang_on_step": 2, "hang_s": 30})
     fine = EnvTask(FLAKY, "corridor", image=False)
@@ -70,6 +70,7 @@ def test_a_hanging_worker_times_out_and_a_finished_episodes_worker_is_reused(tok
     again, = play(tokenizer, [fine], interaction, seed=3)
 
     assert (hung["termination"], hung["aborted"], hung["assistant_turns"]) == ("timeout", True, 2)
+    assert "no answer to step within 2 s (the 'env' interaction's step_timeout_s)" in caplog.text
     assert (whole["termination"], whole["aborted"]) == ("done", False)
 
     def process(record: dict) -> str:  # each observation names the process that made it

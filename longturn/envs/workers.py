@@ -63,7 +63,8 @@ def _reap(proc: subprocess.Popen, conn: Connection) -> None:
 class _Process:
     """One running worker: its process, socket, and the request it has not answered yet."""
 
-    def __init__(self, first: tuple[str, Any]):
+    def __init__(self, first: tuple[str, Any], timeout_key: str):
+        self.timeout_key = timeout_key  # the setting a reset's or step's timeout comes from
         ours, theirs = socket.socketpair()
         try:
             self.proc = subprocess.Popen(
@@ -98,7 +99,7 @@ class _Process:
             ready = self.conn.poll(left)
             if not ready:
                 self.kill()
-                limit = "env.step_timeout_s" if command in ("reset", "step") else "start-up"
+                limit = self.timeout_key if command in ("reset", "step") else "start-up"
                 raise EnvFailure(TIMEOUT, f"no answer to {command} within {timeout_s:g} s "
                                           f"({limit}); its worker was killed")
             answer = self.conn.recv()
@@ -135,24 +136,29 @@ class _Process:
 class WorkerEnv:
     """A TextEnv whose env lives in a worker process (docs/design.md §6: the env interface)."""
 
-    def __init__(self, spec: EnvSpec, timeout_s: float | None = None):
-        self._setup(spec, timeout_s, None)
+    def __init__(self, spec: EnvSpec, timeout_s: float | None = None,
+                 timeout_key: str = "env.step_timeout_s"):
+        """`timeout_key`: the setting `timeout_s` comes from, named when a call runs past it."""
+        self._setup(spec, timeout_s, None, timeout_key)
 
-    def _setup(self, spec: EnvSpec, timeout_s: float | None, blob: bytes | None) -> None:
+    def _setup(self, spec: EnvSpec, timeout_s: float | None, blob: bytes | None,
+               timeout_key: str) -> None:
         self.spec, self.timeout_s, self.restarts = spec, timeout_s, 0
+        self.timeout_key = timeout_key
         self._meta: dict[str, Any] | None = None
         self._static: dict[str, Any] | None = None
         self._instructions: Instructions | None = None
         self._first_start = True
         self._early: EnvFailure | None = None  # a restart that failed, reported at the next wait
-        self._worker: _Process | None = _Process(("load", blob) if blob else ("build", spec))
+        self._worker: _Process | None = _Process(("load", blob) if blob else ("build", spec),
+                                                 timeout_key)
 
     # ------------------------------------------------------------------ process life
 
     def _ready(self) -> _Process:
         """The worker, once it has built (or loaded) its env."""
         if self._worker is None:
-            self._worker = _Process(("build", self.spec))
+            self._worker = _Process(("build", self.spec), self.timeout_key)
         if self._meta is None:
             worker = self._worker
             try:
@@ -175,7 +181,7 @@ class WorkerEnv:
             self._worker.kill()
         self.restarts += 1
         self._meta = None
-        self._worker = _Process(("build", self.spec))
+        self._worker = _Process(("build", self.spec), self.timeout_key)
         log.info("env %s/%s worker restarted (%d restart(s) so far)", self.spec.name,
                  self.spec.task, self.restarts)
 
@@ -267,8 +273,10 @@ class WorkerEnv:
         worker = self._ready()
         blob = worker.call("dump", None, self.timeout_s or START_TIMEOUT_S)
         return {"spec": self.spec, "timeout_s": self.timeout_s, "blob": blob,
+                "timeout_key": self.timeout_key,
                 "instructions": self._instructions, "static": self._static}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self._setup(state["spec"], state["timeout_s"], state["blob"])
+        self._setup(state["spec"], state["timeout_s"], state["blob"],
+                    state.get("timeout_key", "env.step_timeout_s"))  # older checkpoints: none
         self._instructions, self._static = state["instructions"], state["static"]

@@ -138,7 +138,8 @@ class EnvInteraction(BaseInteraction):
             if idle:
                 return idle.pop()
         if self.config.get("workers", False):
-            return WorkerEnv(spec, self.config.get("step_timeout_s", 30.0))
+            return WorkerEnv(spec, self.config.get("step_timeout_s", 30.0),
+                             f"the {self.name!r} interaction's step_timeout_s")
         return LocalEnv(spec.build(), spec)
 
     def _failed(self, env: Any, failure: EnvFailure, call: str, seed: int) -> None:
