@@ -224,7 +224,8 @@ def write_outputs(out: Path, metrics: dict[str, Any], episodes: list[dict[str, A
                   turns: pa.Table | list[dict[str, Any]], meta: dict[str, Any]) -> None:
     """summary.json (what DVC shows), metrics.json, episodes.parquet, turns.parquet: smallest
     first, and each tried even when one before it failed (a full disk), so a finished evaluation
-    keeps what could be written; the first error is raised after the last write. `turns`: a table in its final schema, or rows."""
+    keeps what could be written; the first error is raised after the last write. `turns`: a
+    table in its final schema, or rows."""
     def write_turn_file() -> None:
         if isinstance(turns, pa.Table):
             write_arrow(turns, out / "turns.parquet", file_metadata(meta, version=SCHEMA_VERSION))
