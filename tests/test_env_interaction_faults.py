@@ -56,8 +56,9 @@ def test_an_env_that_raises_aborts_its_episode_alone(tokenizer):
 
 def test_failures_in_a_row_past_max_retries_stop_the_rollout_naming_the_env(tokenizer):
     tasks = [EnvTask(FLAKY, "corridor", image=False, kwargs={"raise_on_step": 1})] * 3
+    # the three steps fail at once, on threads: the 2nd and the 3rd failure each stop the stage
     with pytest.raises(EnvGaveUp, match=r"env 'flaky_envs:FlakyCorridor' task 'corridor' failed "
-                                        r"2 times in a row.*max_retries is 1"):
+                                        r"[23] times in a row.*max_retries is 1"):
         play(tokenizer, tasks, EnvInteraction({"max_retries": 1}, "env"))
 
 
