@@ -20,11 +20,13 @@ from longturn.audit.show import show_episode
 from longturn.params.config import parse_params
 from longturn.engines.hf import HFEngine
 from longturn.engines.logprobs import token_logprobs
+from longturn.envs.registry import make_env
 from longturn.errors import UserError
 from longturn.run.models import prepare_base_model
 from longturn.rollout.chat_deltas import ChatDeltas
 from longturn.rollout.conversation_setup import ConversationRun
 from longturn.run.training import run_training
+from longturn.run.validation import validate_task
 from longturn.vision.encoder import VISION_DIR, load_vision
 from longturn.vision.frames import from_png, to_png
 from longturn.vision.split import VisionModelError
@@ -109,6 +111,23 @@ def test_images_need_a_vision_model(tiny_model_dir, vlm_dir):
     with pytest.raises(UserError, match="no image side"):
         run.play(engine, engine.tokenizer, sampling_settings(max_new_tokens=4, seed=1),
                  [run.record("babyai_goto_frames", 3)], ["e0"])
+    params = action_vision_params(tiny_model_dir)  # env slots: validation plays the first turn
+    env = make_env("babyai", "goto", **params.env.kwargs)
+    with pytest.raises(UserError, match="env gives image observations but the model has no"):
+        validate_task(engine, engine.tokenizer, env, params, sampling_settings(), [3])
+
+
+def test_prompt_validation_shows_the_model_each_first_observations_frame(vlm_dir):
+    params = action_vision_params(vlm_dir)
+    engine = HFEngine(vlm_dir, dtype="float32")
+    env = make_env("babyai", "goto", **params.env.kwargs)
+    result = validate_task(engine, engine.tokenizer, env, params,
+                           sampling_settings(max_new_tokens=10, seed=1), [3, 4])
+    assert [len(s["images"]) for s in result.samples] == [1, 1]
+    assert result.metrics["samples"] == 2
+    # the budget check counts the frame's feature positions: at least the first prompt's length
+    assert result.metrics["worst_case_prompt_tokens"] >= len(result.samples[0]["prompt_ids"])
+    assert result.metrics["prompt_tokens_max"] > TOKENS_PER_IMAGE
 
 
 def vision_params(model_dir: str, iterations: int = 1, advantage: str = "gae"):
@@ -176,6 +195,44 @@ def test_ppo_trains_on_sequences_with_frames(tmp_path, vlm_dir, advantage):
     # the exported policy carries the same frozen image side
     vision = load_vision(tmp_path / "final")
     assert vision is not None and vision.tokens_per_image == TOKENS_PER_IMAGE
+
+
+def action_vision_params(model_dir: str):
+    """The action protocol (env slots, THINK/ACTION, a window of one turn) on BabyAI goto with
+    its frames, fixed-turn batches with a critic."""
+    return parse_params({
+        "seed": 3,
+        "model": {"source": model_dir, "dtype": "float32"},
+        "env": {"name": "babyai", "tasks": ["goto"], "kwargs": {"num_dists": 0, "image": True},
+                "workers": False, "step_timeout_s": None},
+        "prompt": {"max_prompt_tokens": 1200},
+        "engine": {"batch_size": 4, "sampling": {"max_new_tokens": 10, "temperature": 1.0}},
+        "rollout": {"n_envs": 2, "turns_per_env": 2},
+        "ppo": {"mini_batch_size": 2, "micro_batch_size": 1, "bf16": False, "lora": True,
+                "actor_lr": 1e-2, "critic_lr": 1e-3},
+        "train": {"iterations": 1, "checkpoint_every": 1, "keep_checkpoints": 1},
+    })
+
+
+def test_env_slots_give_each_prompt_its_observations_frame_and_train_on_it(tmp_path, vlm_dir):
+    run_training(action_vision_params(vlm_dir), paths(tmp_path, vlm_dir), progress=False)
+    part = tmp_path / "trajectories" / "iteration=0000" / "part-00.parquet"
+    frame = pd.read_parquet(part)
+    image_id = AutoTokenizer.from_pretrained(vlm_dir).convert_tokens_to_ids("<image>")
+    assert len(frame) == 4  # 2 slots × 2 lock-steps, a sample a reply
+    for row in frame.itertuples():
+        assert len(row.images) == len(row.image_starts) == 1  # the current observation's frame
+        start = row.image_starts[0]
+        assert list(row.prompt_ids[start:start + TOKENS_PER_IMAGE]) == [image_id] * TOKENS_PER_IMAGE
+        assert list(row.prompt_ids).count(image_id) == TOKENS_PER_IMAGE  # past turns are text
+        assert from_png(row.images[0]).shape == (112, 112, 3)
+        sampled = np.asarray(row.loss_mask, dtype=bool)
+        # the trainer's forward saw the frame the engine saw: same logprobs (T = 1)
+        assert np.allclose(row.old_logprobs[sampled], row.engine_logprobs[sampled], atol=1e-3)
+        if row.bootstrap_prompt_ids is not None:  # cut by the batch: valued with its next frame
+            assert len(row.bootstrap_images) == len(row.bootstrap_image_starts) == 1
+    assert frame["bootstrap_prompt_ids"].notna().any()
+    assert audit_samples_file(part) < 1e-4
 
 
 def test_unsupported_vision_layouts_are_refused(llava_dir, tmp_path):

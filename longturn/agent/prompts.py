@@ -7,13 +7,14 @@ does not fit, `PromptTooLong` is raised. A prompt is never cut in the middle.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from longturn.agent.token_cache import token_ids
+from longturn.agent.token_cache import expand_image_tokens, token_ids
 from longturn.agent.memory import HistoryEntry
 from longturn.instructions import Instructions
 from longturn.errors import UserError
+from longturn.vision.encoder import IMAGE_PLACEHOLDER
 
 EMPTY_VIEW = "(nothing noteworthy in view)"
 
@@ -30,6 +31,8 @@ class Prompt:
     text: str
     history_used: int
     history_dropped: int
+    frames: list[Any] = field(default_factory=list)  # the current observation's image, if any
+    image_starts: list[int] = field(default_factory=list)  # where its placeholder run begins
 
 
 def system_prompt(instructions: Instructions) -> str:
@@ -106,14 +109,27 @@ def render(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[str, list[in
 def build_prompt(
     tokenizer: Any, instructions: Instructions, history: list[HistoryEntry],
     observation: str, max_prompt_tokens: int, demonstration: bool = True,
+    frame: Any = None, image_token: tuple[int, int] | None = None,
 ) -> Prompt:
-    """Render within budget, dropping the oldest history turns first."""
+    """Render within budget, dropping the oldest history turns first. With a `frame` (the
+    current observation's image) the observation begins with an `<image>` line, expanded to the
+    feature positions of `image_token` (a vision-language model's (id, tokens per image)) and
+    counted in the budget; past observations stay text."""
+    if frame is not None:
+        if image_token is None:
+            raise UserError("the env gives image observations but the model has no image side "
+                            "(its model dir has no vision/; docs/image-observations.md)")
+        observation = f"{IMAGE_PLACEHOLDER}\n{observation}"
     for dropped in range(len(history) + 1):
         kept = history[dropped:]
         messages = build_messages(instructions, kept, observation, demonstration)
         text, ids = render(tokenizer, messages)
+        if frame is not None:
+            ids = expand_image_tokens(ids, image_token)
         if len(ids) <= max_prompt_tokens:
-            return Prompt(ids, text, len(kept), dropped)
+            if frame is None:
+                return Prompt(ids, text, len(kept), dropped)
+            return Prompt(ids, text, len(kept), dropped, [frame], [ids.index(image_token[0])])
     raise PromptTooLong(
         f"the prompt for the current observation alone is {len(ids)} tokens, over "
         f"prompt.max_prompt_tokens={max_prompt_tokens}; raise the budget or shorten the instructions"

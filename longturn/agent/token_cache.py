@@ -84,3 +84,15 @@ def token_ids(tokenizer: Any, text: str) -> list[int]:
     if cached is None:
         cached = _BY_TOKENIZER[tokenizer] = PieceTokenizer(tokenizer)
     return cached(text)
+
+
+def expand_image_tokens(ids: list[int], image_token: tuple[int, int] | None) -> list[int]:
+    """Each image token of `ids` repeated to the feature positions its image fills, as a LLaVA
+    processor does (`image_token`: (id, tokens per image); None: `ids` as they are)."""
+    if image_token is None:
+        return list(ids)
+    image_id, width = image_token
+    out: list[int] = []
+    for token in ids:
+        out.extend([token] * width if token == image_id else [token])
+    return out

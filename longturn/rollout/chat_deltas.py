@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from longturn.agent.token_cache import token_ids
+from longturn.agent.token_cache import expand_image_tokens, token_ids
 from longturn.errors import UserError
 from longturn.rollout.template_drift import render_difference, unstable_template_message
 
@@ -109,13 +109,7 @@ class ChatDeltas:
         text (the tokenization check's independent reference)."""
         ids = (token_ids(self.tokenizer, text) if cached
                else list(self.tokenizer.encode(text, add_special_tokens=False)))
-        if self.image_token is None:
-            return ids
-        image_id, width = self.image_token
-        out: list[int] = []
-        for token in ids:
-            out.extend([token] * width if token == image_id else [token])
-        return out
+        return expand_image_tokens(ids, self.image_token)
 
     def decode(self, ids: list[int]) -> str:
         """Text of ids, each expanded image written once (`<image>`), as the template has it."""

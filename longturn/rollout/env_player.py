@@ -25,7 +25,8 @@ from longturn.errors import SettingError
 from longturn.rollout.collection import (EpisodeGroups, EpisodeStart, FixedTurnBatches, Samples,
                                          play_in_lock_step, slot_index, task_of)
 from longturn.rollout.episode_jobs import EpisodeJob, play_jobs
-from longturn.rollout.env_slots import AgentSettings, EnvSlot, generate_turns
+from longturn.rollout.env_slots import (AgentSettings, EnvSlot, engine_image_token,
+                                       generate_turns, prompt_frames)
 from longturn.rollout.sample_metrics import episode_row
 from longturn.rollout.samples import sample_from_turn
 
@@ -92,7 +93,9 @@ class EnvPlayer:
             row.update(step=step, segment_end=done if self.whole_episodes else closes_batch)
             cut = closes_batch and not row["terminated"]
             if not self.whole_episodes and (cut or row["truncated"]) and not row["aborted"]:
-                row["bootstrap_prompt_ids"] = self.slots[i].prompt(tokenizer).ids
+                following = self.slots[i].prompt(tokenizer, engine_image_token(engine))
+                row.update(bootstrap_prompt_ids=following.ids,
+                           **prompt_frames(following, "bootstrap_"))
             if done:
                 self.running[i] = False
                 ended.append(i)

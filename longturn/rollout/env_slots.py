@@ -30,6 +30,7 @@ from longturn.envs.local import LocalEnv, managed
 from longturn.envs.registry import EnvSpec, translator_for
 from longturn.envs.termination import reason_of
 from longturn.rollout.samples import sample_from_turn
+from longturn.vision.frames import to_png
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ class EnvSlot:
         self.seed = 0
         self.turn = 0
         self.observation = ""
+        self.frame = None  # the current observation's image (an env with image observations)
         self.failures = 0  # env failures in a row (a successful step clears it)
         self._prompt: tuple[Any, Prompt] | None = None  # (tokenizer, prompt) of the current state
         self._pending: tuple | None = None  # what `send` started, for `receive`
@@ -106,7 +108,7 @@ class EnvSlot:
             self._failed(failure, "reset")
             return failure
         self.history.clear()
-        self.turn, self.observation, self._prompt = 0, obs.text, None
+        self.turn, self.observation, self.frame, self._prompt = 0, obs.text, obs.image, None
         return None
 
     def start(self, seed: int, episode_id: str) -> None:
@@ -133,12 +135,14 @@ class EnvSlot:
 
     # ------------------------------------------------------------------ turns
 
-    def prompt(self, tokenizer: Any) -> Prompt:
-        """The prompt of the current observation (rendered once per state)."""
+    def prompt(self, tokenizer: Any, image_token: tuple[int, int] | None = None) -> Prompt:
+        """The prompt of the current observation (rendered once per state); with the
+        observation's frame when the env gives one (`image_token`: the engine's image
+        placeholder, `engine.vision.placeholder`)."""
         if self._prompt is None or self._prompt[0] is not tokenizer:
             prompt = build_prompt(tokenizer, self.env.instructions, self.history.entries(),
                                   self.observation, self.settings.max_prompt_tokens,
-                                  self.settings.demonstration)
+                                  self.settings.demonstration, self.frame, image_token)
             self._prompt = (tokenizer, prompt)
         return self._prompt[1]
 
@@ -174,7 +178,7 @@ class EnvSlot:
         reply = history_reply(response_text, parsed.action, parsed.valid,
                               s.history_content, s.invalid_in_history)  # type: ignore[arg-type]
         self.history.add(self.observation, reply)
-        self.observation = obs.text
+        self.observation, self.frame = obs.text, obs.image
         self.turn += 1
         self._prompt = None
         return row
@@ -194,13 +198,23 @@ class EnvSlot:
 
 def _reply_columns(prompt: Prompt, completion: Completion, text: str,
                    parsed: ParsedAction) -> dict[str, Any]:
-    """A turn row's columns of what the model was given and replied, and how it parsed."""
-    return {"prompt_ids": prompt.ids, "response_ids": completion.token_ids,
+    """A turn row's columns of what the model was given and replied, and how it parsed (and the
+    prompt's frame, when it has one)."""
+    frames = prompt_frames(prompt)
+    return {**frames, "prompt_ids": prompt.ids, "response_ids": completion.token_ids,
             "prompt_text": prompt.text, "response_text": text,
             "raw_action": parsed.raw_action, "action": parsed.action,
             "action_valid": parsed.valid, "action_failure": parsed.failure,
             "finish_reason": completion.finish_reason, "history_dropped": prompt.history_dropped,
             "engine_logprobs": completion.logprobs}
+
+
+def prompt_frames(prompt: Prompt, prefix: str = "") -> dict[str, Any]:
+    """A prompt's frames as a row's `images` (PNG) and `image_starts` ({} without frames)."""
+    if not prompt.frames:
+        return {}
+    return {f"{prefix}images": [to_png(frame) for frame in prompt.frames],
+            f"{prefix}image_starts": list(prompt.image_starts)}
 
 
 def unplayed_first_turn(env: TextEnv, seed: int, episode_id: str, prompt: Prompt,
@@ -216,8 +230,9 @@ def generate_turns(engine: Engine, tokenizer: Any, slots: list[EnvSlot],
                    sampling: SamplingParams) -> list[dict[str, Any]]:
     """One lock-step: every slot's prompt, one batched generation, every action sent to its env,
     then each result read in slot order, the slot's next prompt rendered while later envs step."""
-    prompts = [slot.prompt(tokenizer) for slot in slots]
-    completions = engine.generate([p.ids for p in prompts], sampling)
+    image_token = engine_image_token(engine)
+    prompts = [slot.prompt(tokenizer, image_token) for slot in slots]
+    completions = generate(engine, prompts, sampling)
     for slot, prompt, completion in zip(slots, prompts, completions):
         slot.send(prompt, completion, tokenizer.decode(completion.token_ids,
                                                        skip_special_tokens=True))
@@ -225,9 +240,25 @@ def generate_turns(engine: Engine, tokenizer: Any, slots: list[EnvSlot],
     for slot in slots:
         row = slot.receive()
         if not row["done"]:
-            slot.prompt(tokenizer)
+            slot.prompt(tokenizer, image_token)
         rows.append(row)
     return rows
+
+
+def engine_image_token(engine: Engine) -> tuple[int, int] | None:
+    """The engine's image placeholder (id, tokens per image); None for a text-only model."""
+    vision = getattr(engine, "vision", None)
+    return None if vision is None else vision.placeholder
+
+
+def generate(engine: Engine, prompts: list[Prompt], sampling: SamplingParams) -> list[Completion]:
+    """One batched generation; with frames, each prompt's frames and where they go (only then,
+    so engines without image support keep their plain signature)."""
+    ids = [p.ids for p in prompts]
+    if not any(p.frames for p in prompts):
+        return engine.generate(ids, sampling)
+    return engine.generate(ids, sampling, images=[list(zip(p.image_starts, p.frames))
+                                                  for p in prompts])
 
 
 def env_factory_from_params(params: Params) -> Callable[[str], TextEnv]:

@@ -22,7 +22,7 @@ _TURN_ROW_COLUMNS = ("run_id", "policy_version", "iteration", "env_index", "env_
                      "episode_id", "episode_seed", "group_id", "prompt_ids", "response_ids",
                      "prompt_text", "engine_logprobs", "old_logprobs", "ref_logprobs", "values",
                      "token_rewards", "advantages", "returns", "bootstrap_prompt_ids", "images",
-                     "image_starts")
+                     "image_starts", "bootstrap_images", "bootstrap_image_starts")
 # a turn row's columns that describe its one reply
 _TURN_REPLY_COLUMNS = ("turn", "step", "response_text", "raw_action", "action", "action_valid",
                        "action_failure", "env_reward", "reward", "terminated", "truncated",

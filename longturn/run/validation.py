@@ -20,6 +20,7 @@ from typing import Any
 
 from longturn.agent.memory import HistoryEntry
 from longturn.agent.prompts import build_messages, build_prompt, render
+from longturn.agent.token_cache import expand_image_tokens
 from longturn.params.config import Params
 from longturn.engines.base import Engine, SamplingParams
 from longturn.envs.actions import EMPTY, NO_ACTION, UNKNOWN
@@ -27,7 +28,8 @@ from longturn.envs.base import TextEnv
 from longturn.envs.registry import make_env, translator_for
 from longturn.errors import UserError
 from longturn.reply_format import parse_reply
-from longturn.rollout.env_slots import unplayed_first_turn
+from longturn.rollout.env_slots import engine_image_token, generate, unplayed_first_turn
+from longturn.vision.encoder import IMAGE_PLACEHOLDER
 
 PASSED_MARKER = "passed"
 PASSED_TEXT = "every task's valid-action ratio is at or above validation.min_valid_action_ratio\n"
@@ -63,12 +65,15 @@ def distinct_bigram_ratio(texts: list[str]) -> float:
     return len(set(bigrams)) / len(bigrams) if bigrams else 0.0
 
 
-def worst_case_prompt_tokens(tokenizer: Any, env: TextEnv, observation: str, params: Params) -> int:
-    """Prompt length with a full history window whose replies are max_new_tokens long each."""
+def worst_case_prompt_tokens(tokenizer: Any, env: TextEnv, observation: str, params: Params,
+                             image_token: tuple[int, int] | None = None) -> int:
+    """Prompt length with a full history window whose replies are max_new_tokens long each
+    (`image_token`: the current observation has a frame, of that many feature positions)."""
     reply = " ".join(["go"] * params.engine.sampling.max_new_tokens)  # about one token per word
     history = [HistoryEntry(observation, reply)] * params.prompt.history_turns
-    messages = build_messages(env.instructions, history, observation, params.prompt.demonstration)
-    return len(render(tokenizer, messages)[1])
+    current = observation if image_token is None else f"{IMAGE_PLACEHOLDER}\n{observation}"
+    messages = build_messages(env.instructions, history, current, params.prompt.demonstration)
+    return len(expand_image_tokens(render(tokenizer, messages)[1], image_token))
 
 
 def failure_kind(reply: dict[str, Any]) -> str | None:
@@ -127,20 +132,23 @@ def validate_task(engine: Engine, tokenizer: Any, env: TextEnv, params: Params,
     """Render, budget-check and sample one task."""
     result = TaskValidation(env.task)
     prompts, observations = [], []
+    image_token = engine_image_token(engine)
     for seed in seeds:
         obs, _ = env.reset(seed=seed)
         observations.append(obs.text)
         prompts.append(build_prompt(tokenizer, env.instructions, [], obs.text,
-                                    params.prompt.max_prompt_tokens, params.prompt.demonstration))
-    completions = engine.generate([p.ids for p in prompts], sampling)
+                                    params.prompt.max_prompt_tokens, params.prompt.demonstration,
+                                    obs.image, image_token))
+    completions = generate(engine, prompts, sampling)
     translator = translator_for(env)
     for seed, prompt, completion in zip(seeds, prompts, completions):
         text = tokenizer.decode(completion.token_ids, skip_special_tokens=True)
         result.samples.append(unplayed_first_turn(env, seed, f"validation-{env.task}-{seed}",
                                                   prompt, completion, text,
                                                   translator.parse(text)))
-    env.reset(seed=seeds[0])
-    worst = worst_case_prompt_tokens(tokenizer, env, observations[0], params)
+    first, _ = env.reset(seed=seeds[0])
+    worst = worst_case_prompt_tokens(tokenizer, env, observations[0], params,
+                                     None if first.image is None else image_token)
     result.metrics = task_metrics(result.samples, env.actions, tokenizer, worst,
                                   params.prompt.max_prompt_tokens)
     return result
