@@ -68,6 +68,8 @@ def _one_line(text: str) -> str:
 class EnvSlot:
     """One environment slot and the agent's state for the episode running in it."""
 
+    frame: Any = None  # also what a slot pickled before frames existed (a checkpoint) reads
+
     def __init__(self, env: TextEnv, env_index: int, settings: AgentSettings):
         self.env = managed(env)
         self.env_index = env_index
@@ -78,7 +80,7 @@ class EnvSlot:
         self.seed = 0
         self.turn = 0
         self.observation = ""
-        self.frame = None  # the current observation's image (an env with image observations)
+        self.frame = None  # the current observation's image (an env built with image: true)
         self.failures = 0  # env failures in a row (a successful step clears it)
         self._prompt: tuple[Any, Prompt] | None = None  # (tokenizer, prompt) of the current state
         self._pending: tuple | None = None  # what `send` started, for `receive`
