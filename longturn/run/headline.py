@@ -11,8 +11,9 @@ failed tool call).
 
 from __future__ import annotations
 
-import math
 from typing import Any
+
+from longturn.rollout.sample_metrics import json_safe
 
 SUMMARY_FILE = "summary.json"
 
@@ -22,27 +23,22 @@ _TRAINING_KEYS = ("success_rate", "valid_action_ratio", "kl_mean", "policy_loss"
                   "explained_variance")
 
 
-def _number(value: Any) -> Any:
-    """JSON-safe: NaN (nothing to count) as None, which DVC shows as `-`."""
-    return None if isinstance(value, float) and math.isnan(value) else value
-
-
 def evaluation_summary(metrics: dict[str, Any]) -> dict[str, Any]:
     """An evaluation's overall success (with its Wilson 95 % interval), return, length, valid
     replies and episodes, from its metrics.json layout (`evaluation.metrics_by_task`)."""
     overall = metrics["overall"]
-    return {key: _number(overall.get(key)) for key in _EVALUATION_KEYS}
+    return json_safe({key: overall.get(key) for key in _EVALUATION_KEYS})
 
 
 def validation_summary(passed: bool, totals: dict[str, float]) -> dict[str, Any]:
     """Whether the gate passed, and the valid replies over every task (`totals`: the sample
     metrics of all the stage's samples)."""
-    return {"passed": passed, "valid_action_ratio": _number(totals["valid_action_ratio"])}
+    return json_safe({"passed": passed, "valid_action_ratio": totals["valid_action_ratio"]})
 
 
 def training_summary(history: list[dict[str, float]]) -> dict[str, Any]:
     """The iterations done and the last one's success, valid replies, KL and losses (a key the
-    run does not log, such as `value_loss` without a critic, is None)."""
+    run does not log, such as `value_loss` without a critic, is None; NaN, nothing to count, is None
+    too, which DVC shows as `-`)."""
     last = history[-1] if history else {}
-    return {"iterations": len(history),
-            **{key: _number(last.get(key)) for key in _TRAINING_KEYS}}
+    return json_safe({"iterations": len(history), **{key: last.get(key) for key in _TRAINING_KEYS}})
