@@ -21,6 +21,7 @@ THREADED = ["cpu_engine_cuts.py", "engine_throughput.py", "gae.py", "gpu_memory.
             "trunk_reuse.py", "turn_cost.py"]
 NOT_THREADED = {  # why --threads makes no sense there
     "agent_prompts.py": "renders prompts, no torch compute",
+    "conversation_batches.py": "times the rollout's bookkeeping with canned replies, no model",
     "compare_estimators.py": "runs DVC experiments in child stages (torch's own default there)",
     "gpu_campaign.py": "runs the other benches and stages as child processes",
     "house_parity.py": "runs stages as child processes of two trees (torch's own default there, "

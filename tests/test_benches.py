@@ -147,6 +147,13 @@ def test_turn_cost_tiny(tiny_dir: str) -> None:
     assert number(r"ratio late / early: time ([\d.]+)x", out) > 0
 
 
+def test_conversation_batches_tiny(tiny_dir: str) -> None:
+    out = run_bench("conversation_batches.py", "--tiny", "--tiny-dir", tiny_dir)
+    assert number(r"ratio late / early: ([\d.]+)x", out) > 0
+    # replies handed on in a batch are let go: a running episode keeps no window of them
+    assert re.search(r"keeps 0 reply windows", out)
+
+
 def test_iteration_cost_tiny(tiny_dir: str) -> None:
     out = run_bench("iteration_cost.py", "--tiny", "--tiny-dir", tiny_dir)
     for name in ("gae", "gigpo"):

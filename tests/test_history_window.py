@@ -25,10 +25,14 @@ from longturn.engines.base import Completion
 from longturn.errors import SettingError
 from longturn.params.config import Params, parse_params
 from longturn.rollout.chat_deltas import ChatDeltas
-from longturn.rollout.history_window import frame_owners, render_window, window_messages
-from longturn.rollout.samples import sample_from_episode, samples_from_episodes
+from longturn.rollout.history_window import (frame_owners, render_window, window_frames,
+                                             window_messages)
+from longturn.rollout.samples import (sample_from_episode, samples_from_episodes,
+                                      samples_from_window)
 from longturn.rollout.sample_metrics import sample_metrics
-from longturn.rollout.conversation_rollout import ConversationSettings, conversation_rollout
+from longturn.rollout.conversation_rollout import (ConversationSettings, chat_deltas,
+                                                   conversation_rollout, lock_step, release_all,
+                                                   start_episodes)
 from longturn.tasks.arithmetic import TASK, make_problem, task_record
 from longturn.tasks.env_frames import BABYAI_GOTO_FRAMES
 from longturn.tasks.interactions import load_interactions
@@ -62,6 +66,26 @@ def test_the_window_is_the_task_and_the_last_n_turns():
     assert window_messages(longer, 2, 1) == [0, 1, 8, 9, 10]
     with pytest.raises(ValueError, match="0 turns"):
         window_messages(messages, 2, 0)
+
+
+def test_the_window_and_its_frames_read_from_the_end_equal_their_definition():
+    """`window_messages` reads back from the last message and `window_frames` bisects (flat
+    cost late in an episode); over random episodes they must pick what the definition says: the
+    task's messages, then from the `turns`-th last assistant message on when an older one
+    exists, else everything after the task's; the frames of exactly those messages."""
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        head = int(rng.integers(0, 4))
+        roles = rng.choice(["assistant", "tool", "user"], size=int(rng.integers(0, 12)))
+        messages = [message("system")] * head + [message(str(r)) for r in roles]
+        turns = int(rng.integers(1, 5))
+        starts = [i for i in range(head, len(messages)) if messages[i]["role"] == "assistant"]
+        first = starts[-turns] if len(starts) > turns else head
+        assert window_messages(messages, head, turns) == [*range(head),
+                                                          *range(first, len(messages))]
+        owners = sorted(int(o) for o in rng.integers(0, len(messages) + 1, size=5))
+        kept = [j for j, owner in enumerate(owners) if owner < head or owner >= first]
+        assert window_frames(owners, head, first) == kept
 
 
 def test_frames_belong_to_the_messages_that_carry_their_placeholders():
@@ -279,6 +303,46 @@ def test_frames_go_with_their_messages_into_each_window(image_tokenizer, tmp_pat
     for start, _ in boot:
         assert last["bootstrap_prompt_ids"][start:start + WIDTH] == [image_id] * WIDTH
     write_samples(samples, tmp_path / "frames.parquet")
+
+
+def test_a_part_of_a_running_episode_gives_what_its_whole_record_gives(image_tokenizer):
+    """A fixed-turn batch hands on a running episode's replies from the first not yet handed on
+    (`Conversation.record(first)`): token lists from the reply before, only the frames its
+    windows show, no episode totals, so a part of reply 10,000 costs what one of reply 10 does.
+    Its samples must be exactly those the whole record gives for the same replies."""
+    image_id = image_tokenizer.convert_tokens_to_ids("<image>")
+    engine = CountingEngine(image_tokenizer, {"": ["ACTION: turn left", "ACTION: turn right"]},
+                            image_id=image_id)
+    task = {**BABYAI_GOTO_FRAMES.record(5), "task": "babyai_goto_frames", "seed": 5}
+    settings = conversation_settings(
+        interaction=load_interactions(ROOT / "configs/env_interactions.yaml")["env"],
+        history_turns=1, max_assistant_turns=50, max_user_turns=50, max_tokens=4000)
+    [ep] = start_episodes(chat_deltas(engine, image_tokenizer, settings), [task], ["part"],
+                          settings)
+    try:
+        for step in range(7):
+            lock_step(engine, [ep], settings, sampling_settings(seed=0), step)
+        assert not ep.done and len(ep.segments) == 7 and len(ep.images) == 8
+
+        def samples(first: int) -> list[dict]:
+            record = ep.record(first, totals=first == 0)
+            record.update(run_id="t", iteration=0, first_turn=first, cut=True)
+            return samples_from_window(record, 3)
+
+        whole = samples(0)
+        for first in (1, 4, 6):
+            part = ep.record(first, totals=False)
+            assert part["input_ids"] == ep.ids[ep.segments[first - 1][1]:]
+            # the task's frame and those of the turns its windows and bootstrap show
+            assert len(part["images"]) == 1 + 8 - first and part["messages"] is None
+            assert samples(first) == [{**w, **dict.fromkeys(
+                ("messages", "metrics", "tokenization_check", "tool_calls", "tool_errors",
+                 "user_turns", "assistant_turns"))} for w in whole[first:]]
+        ep.let_go(4)  # handed on: their windows are not kept
+        assert ep.windows[:4] == [None] * 4 and None not in ep.windows[4:]
+        assert samples(4)[-1]["bootstrap_images"] == whole[-1]["bootstrap_images"]
+    finally:
+        release_all([ep], settings)
 
 
 # ------------------------------------------------------------------ scoring

@@ -15,7 +15,9 @@ also keeps the message it came with, so a history window can pick the frames of 
 With a history window (`rollout.context: window`, rollout/history_window.py) the growing
 sequence is still kept (messages, tool calls, the tokenization check), but what the model is
 given for each reply is its window: `window` is the next one, and each reply's window and lock-step
-are recorded for its own sample (rollout/samples.py).
+are recorded for its own sample (rollout/samples.py). A fixed-turn batch takes the record of the
+replies it has not yet handed on (`record(first)`) and lets go of their windows (`let_go`), so
+what a batch costs does not grow with the episode.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ TIME_LIMIT = "time_limit"  # the interaction ended it on a time limit (an env's 
 AGENT_ERROR, AGENT_TIMEOUT = "agent_error", "timeout"
 # aborted by the env behind its interaction (envs/termination.py: it raised, or hung: `timeout`)
 ENV_ERROR = "env_error"
+# a record's columns of the whole episode (on its last part only: `Conversation.record`)
+EPISODE_TOTALS = ("assistant_turns", "user_turns", "tool_calls", "tool_errors",
+                  "tokenization_check", "messages", "metrics")
 REASONS = (DONE, MAX_ASSISTANT_TURNS, MAX_USER_TURNS, TOKEN_BUDGET, TIME_LIMIT, AGENT_ERROR,
            AGENT_TIMEOUT, ENV_ERROR)
 
@@ -74,7 +79,8 @@ class Conversation:
     frame_owner: list[int] = field(default_factory=list)  # per frame, the message it came with
     head: int = 0  # the task's messages, before the first reply
     window: WindowPrompt | None = None  # what the next reply is given (None: the whole sequence)
-    windows: list[tuple[int, WindowPrompt]] = field(default_factory=list)  # (step, window) a reply
+    # (step, window) of each reply; None once handed on (`let_go`)
+    windows: list[tuple[int, WindowPrompt] | None] = field(default_factory=list)
 
     @classmethod
     def begin(cls, episode_id: str, task: dict[str, Any], deltas: ChatDeltas) -> "Conversation":
@@ -156,46 +162,69 @@ class Conversation:
         self.aborted = True
         self.end(reason)
 
-    def record(self) -> dict[str, Any]:
+    def record(self, first: int = 0, totals: bool = True) -> dict[str, Any]:
         """The episode as the rollout's record (docs/design.md §4b); with a history window also
         each reply's window and lock-step, and the window a next reply would have seen when the
-        episode was cut short (`window` once it ended: its bootstrap)."""
-        return {**self._record(), **self._window_record()}
+        episode was cut short (`window` once it ended: its bootstrap).
 
-    def _window_record(self) -> dict[str, Any]:
-        if not self.windows:
-            return {}
-        out: dict[str, Any] = {
-            "reply_steps": [step for step, _ in self.windows],
-            "window_prompts": [list(w.ids) for _, w in self.windows],
-            "window_frames": [list(w.frames) for _, w in self.windows],
-            "window_image_starts": [list(w.starts) for _, w in self.windows]}
-        if self.window is not None and self.reason != DONE:
-            out.update(bootstrap_prompt_ids=list(self.window.ids),
-                       bootstrap_frames=list(self.window.frames),
-                       bootstrap_image_starts=list(self.window.starts))
+        `first`: only the replies from that one on (what a fixed-turn batch has not yet handed
+        on); their token lists then start after reply first-1, and with a window its frames are
+        those their windows show. `totals`: with the episode's own columns (messages, metrics,
+        counts, the check), else None there. So what a part of a long episode costs does not
+        grow with the episode."""
+        offset = self.segments[first - 1][1] if first else 0
+        out = {**self._record(first, offset),
+               **(self._totals() if totals else dict.fromkeys(EPISODE_TOTALS))}
+        if self.windows:
+            out.update(self._window_record(first))
         return out
 
-    def _record(self) -> dict[str, Any]:
+    def let_go(self, replies: int) -> None:
+        """The first `replies` replies are handed on: their windows are no longer kept."""
+        self.windows[:replies] = [None] * min(replies, len(self.windows))
+
+    def _window_record(self, first: int) -> dict[str, Any]:
+        windows = self.windows[first:]
+        bootstrap = self.window if self.window is not None and self.reason != DONE else None
+        shown = [*(w for _, w in windows), *([bootstrap] if bootstrap is not None else [])]
+        # a part's frames: those its windows show, numbered in the order they came
+        local = ({j: j for j in range(len(self.images))} if first == 0 else
+                 {j: n for n, j in enumerate(sorted({j for w in shown for j in w.frames}))})
+        out: dict[str, Any] = {
+            "reply_steps": [step for step, _ in windows],
+            "window_prompts": [list(w.ids) for _, w in windows],
+            "window_frames": [[local[j] for j in w.frames] for _, w in windows],
+            "window_image_starts": [list(w.starts) for _, w in windows]}
+        if first:
+            out["images"] = [to_png(self.images[j]) for j in local]
+        if bootstrap is not None:
+            out.update(bootstrap_prompt_ids=list(bootstrap.ids),
+                       bootstrap_frames=[local[j] for j in bootstrap.frames],
+                       bootstrap_image_starts=list(bootstrap.starts))
+        return out
+
+    def _record(self, first: int, offset: int) -> dict[str, Any]:
         return {
             "episode_id": self.episode_id, "task": self.task.get("task", ""),
             "episode_seed": int(self.task.get("seed", 0)),
-            "input_ids": list(self.ids), "loss_mask": list(self.loss_mask),
-            "engine_logprobs": list(self.logprobs),
-            "segment_starts": [s for s, _ in self.segments],
-            "segment_ends": [e for _, e in self.segments],
-            "segment_rewards": list(self.segment_rewards),
-            "reply_finish_reasons": list(self.finish_reasons),
-            "reply_valid": list(self.reply_valid),
+            "input_ids": self.ids[offset:], "loss_mask": self.loss_mask[offset:],
+            "engine_logprobs": self.logprobs[offset:],
+            "segment_starts": [s - offset for s, _ in self.segments[first:]],
+            "segment_ends": [e - offset for _, e in self.segments[first:]],
+            "segment_rewards": self.segment_rewards[first:],
+            "reply_finish_reasons": self.finish_reasons[first:],
+            "reply_valid": self.reply_valid[first:],
             "reward": float(sum(self.segment_rewards)), "termination": self.reason,
             "truncated": self.reason != DONE and not self.aborted, "aborted": self.aborted,
-            "assistant_turns": self.assistant_turns,
-            "user_turns": self.user_turns, "tool_calls": self.tool_calls,
-            "tool_errors": self.tool_errors, "tokenization_check": self.check,
-            "messages": json.dumps(self.messages), "metrics": json.dumps(self.metrics),
-            "images": [to_png(frame) for frame in self.images],
-            "image_starts": list(self.image_starts),
+            # a part's frames are those its windows show (`_window_record`)
+            "images": None if first else [to_png(frame) for frame in self.images],
+            "image_starts": None if first else list(self.image_starts),
         }
+
+    def _totals(self) -> dict[str, Any]:
+        return dict(zip(EPISODE_TOTALS, (
+            self.assistant_turns, self.user_turns, self.tool_calls, self.tool_errors, self.check,
+            json.dumps(self.messages), json.dumps(self.metrics))))
 
 
 def replies_valid(messages: list[dict[str, Any]], made: int) -> list[bool]:

@@ -31,14 +31,6 @@ from longturn.rollout.conversation_rollout import (chat_deltas, finish_all, lock
 from longturn.rollout.conversation_setup import ConversationRun
 from longturn.rollout.samples import samples_from_episodes
 
-# a record's lists with one entry per reply, and its columns that sum up the whole episode
-_PER_REPLY = ("segment_starts", "segment_ends", "segment_rewards", "reply_finish_reasons",
-              "reply_valid", "reply_steps", "window_prompts", "window_frames",
-              "window_image_starts")
-_EPISODE_TOTALS = ("messages", "metrics", "tool_calls", "tool_errors", "user_turns",
-                   "assistant_turns", "tokenization_check")
-
-
 class ConversationPlayer:
     """n conversation slots of one run (its tasks, tools, interaction and rollout function)."""
 
@@ -84,7 +76,8 @@ class ConversationPlayer:
         ended = [i for i, ep in enumerate(self.episodes) if ep is not None and ep.done]
         records = self._finish(ended)
         if closes_batch:
-            records += [self._part(i, ep.record(), cut=True) for i, ep in enumerate(self.episodes)
+            records += [self._part(i, ep.record(self.emitted[i], totals=False), cut=True)
+                        for i, ep in enumerate(self.episodes)
                         if ep is not None and len(ep.segments) > self.emitted[i]]
         return samples_from_episodes(records), ended
 
@@ -93,7 +86,8 @@ class ConversationPlayer:
         slots are emptied."""
         if not ended:
             return []
-        full = finish_all([self.episodes[i] for i in ended], self.run.settings)
+        full = finish_all([self.episodes[i] for i in ended], self.run.settings,
+                          [self.emitted[i] for i in ended])
         out = []
         for i, record in zip(ended, full):
             messages = json.loads(record["messages"])
@@ -104,20 +98,13 @@ class ConversationPlayer:
         return out
 
     def _part(self, i: int, record: dict[str, Any], cut: bool) -> dict[str, Any]:
-        """The replies of slot i's episode not yet in a batch, as one record: every per-reply
-        list from the first of them. A `cut` one bootstraps from the window its next reply will
-        be given (in the record: `Conversation.record`)."""
-        first, self.emitted[i] = self.emitted[i], len(record["segment_starts"])
-        ids, starts, ends = record["input_ids"], record["segment_starts"], record["segment_ends"]
-        record.update(env_index=slot_index(self.rank, self.n_slots, i), first_turn=first, cut=cut,
-                      reply_observations=[" ".join(map(str, ids[ends[k - 1] if k else 0:
-                                                               starts[k]]))
-                                          for k in range(first, len(starts))])
-        for name in _PER_REPLY:
-            if name in record:
-                record[name] = list(record[name][first:])
-        if cut:  # the episode's own columns come with its last part
-            record.update(dict.fromkeys(_EPISODE_TOTALS))
+        """Slot i's record of the replies not yet in a batch (`Conversation.record` from the
+        first of them), as a part of its episode; a `cut` one bootstraps from the window its
+        next reply will be given. The windows handed on are let go."""
+        first = self.emitted[i]
+        self.emitted[i] += len(record["segment_starts"])
+        self.episodes[i].let_go(self.emitted[i])
+        record.update(env_index=slot_index(self.rank, self.n_slots, i), first_turn=first, cut=cut)
         return record
 
     def play_out(self, engine: Engine, tokenizer: Any, sampling: SamplingParams,

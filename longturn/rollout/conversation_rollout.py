@@ -244,10 +244,11 @@ def _after_text(ep: Conversation, answer: tuple | None, s: ConversationSettings
     return [message], images
 
 
-def _finish(ep: Conversation, s: ConversationSettings, tool_rewards: dict[str, float]
-            ) -> dict[str, Any]:
+def _finish(ep: Conversation, s: ConversationSettings, tool_rewards: dict[str, float],
+            first: int) -> dict[str, Any]:
     """Credit the tools' episode rewards, run the check; in a window, keep the window a next
-    reply would have seen when the episode was cut short (its bootstrap)."""
+    reply would have seen when the episode was cut short (its bootstrap). The record of the
+    replies from `first` on (`Conversation.record`)."""
     if ep.windows:  # an aborted episode trains on nothing: no bootstrap
         ep.window = (None if ep.reason == DONE or ep.aborted
                      else _next_window(ep, s, ep.messages, ep.frame_owner))
@@ -259,17 +260,20 @@ def _finish(ep: Conversation, s: ConversationSettings, tool_rewards: dict[str, f
     ep.check = check_tokenization(ep.deltas, ep.messages, ep.ids, s.tokenization_check,
                                   add_generation_prompt=not ep.segments,
                                   where=f"episode {ep.episode_id}").outcome
-    return ep.record()
+    return ep.record(first)
 
 
-def finish_all(episodes: list[Conversation], s: ConversationSettings) -> list[dict[str, Any]]:
-    """Every episode's record; the tools' episode rewards are asked for all at once, and tools
-    and interaction release every episode (all at once) even when a check fails."""
+def finish_all(episodes: list[Conversation], s: ConversationSettings,
+               firsts: list[int] | None = None) -> list[dict[str, Any]]:
+    """Every episode's record (of its replies from `firsts[i]` on; None: all); the tools'
+    episode rewards are asked for all at once, and tools and interaction release every episode
+    (all at once) even when a check fails."""
     ids = [ep.episode_id for ep in episodes]
     try:
         rewards = (s.tools.rewards_many(ids, s.tool_timeout_s) if s.tools is not None
                    else [{} for _ in episodes])
-        return [_finish(ep, s, r) for ep, r in zip(episodes, rewards)]
+        return [_finish(ep, s, r, first)
+                for ep, r, first in zip(episodes, rewards, firsts or [0] * len(episodes))]
     finally:
         release_all(episodes, s)
 

@@ -14,6 +14,7 @@ messages and rendered fresh by the chat template (`ChatDeltas.start`, tool schem
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -33,11 +34,20 @@ class WindowPrompt:
 
 def window_messages(messages: Sequence[dict[str, Any]], head: int, turns: int) -> list[int]:
     """Indices of the messages in the window: the first `head` (the task's), then the last
-    `turns` turns of the rest, each starting at an assistant message."""
+    `turns` turns of the rest, each starting at an assistant message. Read from the end, so a
+    reply deep into a long episode costs what an early one does."""
     if turns < 1:
         raise ValueError(f"a history window of {turns} turns shows no reply")
-    starts = [i for i in range(head, len(messages)) if messages[i]["role"] == "assistant"]
-    first = starts[-turns] if len(starts) > turns else head
+    first, seen = head, 0
+    for i in range(len(messages) - 1, head - 1, -1):
+        if messages[i]["role"] == "assistant":
+            seen += 1
+            if seen == turns:
+                first = i
+            elif seen > turns:  # an older turn exists: the window starts at the newest `turns`
+                break
+    else:  # no turn before the window's first: it shows everything after the task's
+        first = head
     return [*range(head), *range(first, len(messages))]
 
 
@@ -52,12 +62,17 @@ def frame_owners(messages: Sequence[dict[str, Any]], frames: int, offset: int) -
     return [offset + i for i, n in enumerate(counts) for _ in range(n)]
 
 
+def window_frames(owners: Sequence[int], head: int, first: int) -> list[int]:
+    """The frames of a window of the task's `head` messages and the messages from `first` on:
+    found by bisection, as owners never decrease (frames come in message order)."""
+    return [*range(bisect_left(owners, head)), *range(bisect_left(owners, first), len(owners))]
+
+
 def render_window(deltas: ChatDeltas, messages: Sequence[dict[str, Any]],
                   owners: Sequence[int], head: int, turns: int, where: str) -> WindowPrompt:
     """The window of the next reply, rendered with the generation prompt; `owners[j]` is the
     message frame j belongs to (`frame_owners`)."""
     picked = window_messages(messages, head, turns)
     ids = deltas.start([messages[i] for i in picked])
-    kept = set(picked)
-    frames = [j for j, owner in enumerate(owners) if owner in kept]
+    frames = window_frames(owners, head, picked[head] if len(picked) > head else len(messages))
     return WindowPrompt(ids, frames, deltas.image_starts(ids, len(frames), where))
