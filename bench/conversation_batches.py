@@ -8,7 +8,8 @@ an episode of 10,000 replies O(k²) in all. Here n_envs calculator episodes with
 batch by the real collector with canned replies (bench/turn_cost.py `CannedCalls`: no model runs),
 so what is timed is the rollout itself: windows rendered, tools called, records cut, samples
 built. Printed: the median ms per batch over the first and the last --window batches, their
-ratio (≈ 1 when flat), and what a running episode still keeps at the end.
+ratio (≈ 1 when flat), what a running episode still keeps at the end, and the memory the
+rollout keeps per reply (traced in a second, untimed pass).
 
     .venv/bin/python bench/conversation_batches.py [--replies 1000] [--n-envs 4]
         [--turns-per-env 8] [--tiny [--tiny-dir DIR]]
@@ -22,6 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,6 +54,25 @@ def collector(n_envs: int, turns_per_env: int):
     run.settings = dataclasses.replace(run.settings, max_assistant_turns=10**9)
     return (conversation_fixed_turns(run, ["arithmetic"], n_envs, turns_per_env, seed=0),
             sampling_from_params(params, seed=0), params.history_window)
+
+
+def kept_per_reply(tokenizer, n_envs: int, turns_per_env: int, batches: int) -> float:
+    """Bytes the rollout keeps per reply of a running episode: traced memory (tracemalloc, a
+    pass of its own, untimed) over the second half of `batches`, per reply and slot. Its canned
+    replies are the timed pass's again, so the prompt token cache (bounded) does not grow."""
+    batch, sampling, _ = collector(n_envs, turns_per_env)
+    engine = CannedCalls(tokenizer)
+    tracemalloc.start()
+    try:
+        for iteration in range(batches):
+            if iteration == batches // 2:
+                before = tracemalloc.get_traced_memory()[0]
+            batch.collect(engine, tokenizer, sampling, iteration, progress=False)
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+        batch.close()
+    return grown / ((batches - batches // 2) * turns_per_env * n_envs)
 
 
 def main() -> None:
@@ -87,6 +108,7 @@ def main() -> None:
         kept_ids, made = len(episode.ids), len(episode.segments)
     finally:
         batch.close()
+    kept = kept_per_reply(tokenizer, args.n_envs, args.turns_per_env, batches)
     early = statistics.median(seconds[:window]) * 1e3
     late = statistics.median(seconds[-window:]) * 1e3
     print(f"{args.n_envs} calculator episodes, window of history_turns={turns}, "
@@ -99,6 +121,8 @@ def main() -> None:
     print(f"  a running episode at reply {made} keeps {kept_windows} reply windows and "
           f"{kept_ids} token ids ({kept_ids / made:.0f} per reply: the sequence the end-of-episode "
           "tokenization check reads)")
+    print(f"  memory kept per reply of a running episode: {kept:.0f} bytes (traced over the "
+          "second half of a second pass)")
 
 
 if __name__ == "__main__":

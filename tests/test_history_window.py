@@ -25,8 +25,8 @@ from longturn.engines.base import Completion
 from longturn.errors import SettingError
 from longturn.params.config import Params, parse_params
 from longturn.rollout.chat_deltas import ChatDeltas
-from longturn.rollout.history_window import (frame_owners, render_window, window_frames,
-                                             window_messages)
+from longturn.rollout.history_window import (Joined, frame_owners, render_window,
+                                             window_frames, window_messages)
 from longturn.rollout.samples import (sample_from_episode, samples_from_episodes,
                                       samples_from_window)
 from longturn.rollout.sample_metrics import sample_metrics
@@ -83,9 +83,13 @@ def test_the_window_and_its_frames_read_from_the_end_equal_their_definition():
         first = starts[-turns] if len(starts) > turns else head
         assert window_messages(messages, head, turns) == [*range(head),
                                                           *range(first, len(messages))]
+        cut = int(rng.integers(0, len(messages) + 1))  # as the rollout asks before appending
+        assert window_messages(Joined(messages[:cut], messages[cut:]), head, turns) == \
+            window_messages(messages, head, turns)
         owners = sorted(int(o) for o in rng.integers(0, len(messages) + 1, size=5))
         kept = [j for j, owner in enumerate(owners) if owner < head or owner >= first]
         assert window_frames(owners, head, first) == kept
+        assert window_frames(Joined(owners[:2], owners[2:]), head, first) == kept
 
 
 def test_frames_belong_to_the_messages_that_carry_their_placeholders():
@@ -332,7 +336,7 @@ def test_a_part_of_a_running_episode_gives_what_its_whole_record_gives(image_tok
         whole = samples(0)
         for first in (1, 4, 6):
             part = ep.record(first, totals=False)
-            assert part["input_ids"] == ep.ids[ep.segments[first - 1][1]:]
+            assert part["input_ids"] == ep.ids[ep.segments[first - 1][1]:].tolist()
             # the task's frame and those of the turns its windows and bootstrap show
             assert len(part["images"]) == 1 + 8 - first and part["messages"] is None
             assert samples(first) == [{**w, **dict.fromkeys(

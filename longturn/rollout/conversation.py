@@ -23,6 +23,7 @@ what a batch costs does not grow with the episode.
 from __future__ import annotations
 
 import json
+from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,9 +60,10 @@ class Conversation:
     task: dict[str, Any]
     deltas: ChatDeltas
     messages: list[dict[str, Any]] = field(default_factory=list)
-    ids: list[int] = field(default_factory=list)
-    loss_mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
+    # the sequence in typed arrays: a long episode keeps 13 bytes a token, not a list's ~50
+    ids: array = field(default_factory=lambda: array("i"))
+    loss_mask: array = field(default_factory=lambda: array("b"))
+    logprobs: array = field(default_factory=lambda: array("d"))
     segments: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of sampled ids
     segment_rewards: list[float] = field(default_factory=list)
     finish_reasons: list[str | None] = field(default_factory=list)  # per reply: stop | length
@@ -98,15 +100,15 @@ class Conversation:
     def _context(self, ids: list[int], images: list[np.ndarray] = ()) -> None:
         if images or self.deltas.image_token is not None:
             self._place_images(ids, list(images))
-        self.ids += ids
-        self.loss_mask += [0] * len(ids)
-        self.logprobs += [0.0] * len(ids)
+        self.ids.extend(ids)
+        self.loss_mask.extend([0] * len(ids))
+        self.logprobs.extend([0.0] * len(ids))
 
     def given(self) -> tuple[list[int], list[tuple[int, np.ndarray]]]:
         """What the model is given for the next reply: its window, or the whole sequence; the
         prompt ids and each frame with where its placeholders begin."""
         if self.window is None:
-            return self.ids, list(zip(self.image_starts, self.images))
+            return list(self.ids), list(zip(self.image_starts, self.images))
         w = self.window
         return w.ids, [(start, self.images[j]) for start, j in zip(w.starts, w.frames)]
 
@@ -117,9 +119,9 @@ class Conversation:
         if self.window is not None:
             self.windows.append((step, self.window))
         start = len(self.ids)
-        self.ids += reply_ids
-        self.loss_mask += [1] * len(reply_ids)
-        self.logprobs += list(logprobs[:len(reply_ids)])
+        self.ids.extend(reply_ids)
+        self.loss_mask.extend([1] * len(reply_ids))
+        self.logprobs.extend(logprobs[:len(reply_ids)])
         self.segments.append((start, len(self.ids)))
         self.segment_rewards.append(0.0)
         self.finish_reasons.append(finish_reason)
@@ -207,8 +209,8 @@ class Conversation:
         return {
             "episode_id": self.episode_id, "task": self.task.get("task", ""),
             "episode_seed": int(self.task.get("seed", 0)),
-            "input_ids": self.ids[offset:], "loss_mask": self.loss_mask[offset:],
-            "engine_logprobs": self.logprobs[offset:],
+            "input_ids": self.ids[offset:].tolist(), "loss_mask": self.loss_mask[offset:].tolist(),
+            "engine_logprobs": self.logprobs[offset:].tolist(),
             "segment_starts": [s - offset for s, _ in self.segments[first:]],
             "segment_ends": [e - offset for _, e in self.segments[first:]],
             "segment_rewards": self.segment_rewards[first:],

@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from tqdm.auto import tqdm
 
@@ -48,7 +48,7 @@ from longturn.envs.base import Observation
 from longturn.envs.failures import EnvFailure
 from longturn.errors import SettingError
 from longturn.rollout.chat_deltas import ChatDeltas
-from longturn.rollout.history_window import frame_owners, render_window
+from longturn.rollout.history_window import Joined, frame_owners, render_window
 from longturn.rollout.conversation import (DONE, MAX_ASSISTANT_TURNS, MAX_USER_TURNS, TIME_LIMIT,
                                        TOKEN_BUDGET, Conversation)
 from longturn.tasks.interactions import (BaseInteraction, finalize_all, interaction_of, respond,
@@ -368,8 +368,8 @@ def lock_step(engine: Engine, episodes: list[Conversation], settings: Conversati
         delta = ep.deltas.append(messages)
         window = None
         if ep.window is not None:  # the next reply's window must leave room for a reply
-            window = _next_window(ep, s, ep.messages + messages, ep.frame_owner
-                                  + frame_owners(messages, len(images), len(ep.messages)))
+            window = _next_window(ep, s, Joined(ep.messages, messages), Joined(
+                ep.frame_owner, frame_owners(messages, len(images), len(ep.messages))))
             over = len(window.ids) + len(ep.deltas.closing_ids) >= s.max_tokens
         else:
             over = len(ep.ids) + len(delta) >= s.max_tokens
@@ -392,8 +392,8 @@ def _generate(engine: Engine, active: list[Conversation], sampling: SamplingPara
     return engine.generate(list(prompts), sampling, images=list(images))
 
 
-def _next_window(ep: Conversation, s: ConversationSettings, messages: list[dict[str, Any]],
-                 owners: list[int]):
+def _next_window(ep: Conversation, s: ConversationSettings,
+                 messages: Sequence[dict[str, Any]], owners: Sequence[int]):
     """The window of `messages` (the episode's, or with the ones about to be appended)."""
     return render_window(ep.deltas, messages, owners, ep.head, s.history_turns,
                          f"episode {ep.episode_id}")
@@ -402,4 +402,5 @@ def _next_window(ep: Conversation, s: ConversationSettings, messages: list[dict[
 def _room(ep: Conversation, s: ConversationSettings) -> int:
     """Reply tokens that still fit the token budget after what the model is given, leaving
     space for the turn's closing."""
-    return s.max_tokens - len(ep.given()[0]) - len(ep.deltas.closing_ids)
+    given = len(ep.ids) if ep.window is None else len(ep.window.ids)
+    return s.max_tokens - given - len(ep.deltas.closing_ids)

@@ -15,8 +15,9 @@ messages and rendered fresh by the chat template (`ChatDeltas.start`, tool schem
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from longturn.rollout.chat_deltas import ChatDeltas
 from longturn.vision.encoder import IMAGE_PLACEHOLDER
@@ -30,6 +31,23 @@ class WindowPrompt:
     ids: list[int]
     frames: list[int]  # indices into the episode's frames, in order
     starts: list[int]  # where each of those frames' placeholder runs begins in ids
+
+
+class Joined(Sequence):
+    """Two lists read as one, not copied: an episode's messages (or frame owners) and those
+    about to be appended, whose window is rendered before they are."""
+
+    def __init__(self, first: Sequence[Any], then: Sequence[Any]):
+        self.first, self.then = first, then
+
+    def __len__(self) -> int:
+        return len(self.first) + len(self.then)
+
+    def __getitem__(self, i: int) -> Any:  # type: ignore[override]  (no slices)
+        i = i + len(self) if i < 0 else i
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self.first[i] if i < len(self.first) else self.then[i - len(self.first)]
 
 
 def window_messages(messages: Sequence[dict[str, Any]], head: int, turns: int) -> list[int]:
