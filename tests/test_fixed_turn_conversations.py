@@ -105,8 +105,9 @@ def test_gae_values_a_cut_episode_by_its_bootstrap(tokenizer, models):
 
 
 def test_a_resumed_collector_keeps_its_counters_and_refuses_other_slots(tokenizer):
-    """The running episodes live in tools and interactions: a resumed run starts new ones, with
-    new seeds and ids, from the counters it saved."""
+    """A resumed collector has the counters it saved (the next episodes' seeds and ids), and a
+    checkpoint of other slots is refused (tests/test_conversation_resume.py: the running
+    episodes go on)."""
     def collector(n_envs: int) -> FixedTurnBatches:
         run = ConversationRun({"arithmetic": load_task("arithmetic")},
                               settings(history_turns=1), conversation_rollout)

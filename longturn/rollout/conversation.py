@@ -84,6 +84,11 @@ class Conversation:
     # (step, window) of each reply; None once handed on (`let_go`)
     windows: list[tuple[int, WindowPrompt] | None] = field(default_factory=list)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without its template deltas (they hold the tokenizer): a resumed run's
+        player gives it its own."""
+        return {**self.__dict__, "deltas": None}
+
     @classmethod
     def begin(cls, episode_id: str, task: dict[str, Any], deltas: ChatDeltas) -> "Conversation":
         ep = cls(episode_id, task, deltas, messages=deltas.prepare(task["messages"]))

@@ -7,9 +7,10 @@ replies handed on as samples (rollout/samples.py `samples_from_episodes`).
   bootstraps from the window its next reply will be given; it goes on in the next batch with the
   updated policy. An episode that ends is finished at once (tool rewards, the tokenization check,
   tools and interaction released) and its slot's next one starts. Every reply is its own sample,
-  its window as the prompt, chained by slot and lock-step like an env slot's turns. The running
-  episodes live in tools and interactions outside this process, so a resumed run starts new
-  ones (the episode counters resume).
+  its window as the prompt, chained by slot and lock-step like an env slot's turns. A checkpoint
+  keeps the running episodes with their tools' and interaction's state (`episode_state`), so a
+  resumed run goes on with them as an env slot's does; where a plug-in cannot keep its state (a
+  verl-style one), a resumed run starts new episodes (the episode counters resume).
 - Whole episodes (critic-free groups; the whole episode as context, verl / slime's way; a
   rollout function of the user's own): the run's rollout function plays every slot's episode.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from typing import Any
 
 from longturn.engines.base import Engine, SamplingParams
@@ -26,10 +28,14 @@ from longturn.rollout.chat_deltas import ChatDeltas
 from longturn.rollout.collection import (EpisodeGroups, EpisodeStart, FixedTurnBatches, Samples,
                                          slot_index)
 from longturn.rollout.conversation import Conversation
-from longturn.rollout.conversation_rollout import (chat_deltas, finish_all, lock_step,
-                                                   release_all, start_episodes)
+from longturn.rollout.conversation_rollout import (chat_deltas, finish_all, keep_running,
+                                                   lock_step, release_all, resume_running,
+                                                   start_episodes)
 from longturn.rollout.conversation_setup import ConversationRun
 from longturn.rollout.samples import samples_from_episodes
+
+log = logging.getLogger(__name__)
+
 
 class ConversationPlayer:
     """n conversation slots of one run (its tasks, tools, interaction and rollout function)."""
@@ -42,6 +48,7 @@ class ConversationPlayer:
         self.pending: dict[int, EpisodeStart] = {}  # started, begun at the next lock-step
         self.emitted = [0] * n_slots  # replies of the slot's episode already in a batch
         self.deltas: ChatDeltas | None = None
+        self.said_not_kept = False  # the warning that running episodes cannot be kept, once
 
     def idle(self) -> list[int]:
         return [i for i, ep in enumerate(self.episodes) if ep is None and i not in self.pending]
@@ -69,6 +76,9 @@ class ConversationPlayer:
         `closes_batch` the cut ones), in slot order, and the slots that ended."""
         if self.deltas is None or self.deltas.tokenizer is not tokenizer:
             self.deltas = chat_deltas(engine, tokenizer, self.run.settings)
+        for ep in self.episodes:  # resumed from a checkpoint: pickled without deltas
+            if ep is not None and ep.deltas is None:
+                ep.deltas = self.deltas
         self._begin_pending()
         seed = None if sampling.seed is None else sampling.seed + iteration * 1_000_003
         lock_step(engine, [ep for ep in self.episodes if ep is not None], self.run.settings,
@@ -120,12 +130,34 @@ class ConversationPlayer:
         return []
 
     def state(self) -> dict[str, Any]:
-        """The episodes queued to begin; the running ones live in tools and interactions and
-        cannot be kept."""
-        return {"pending": list(self.pending.values())} if self.pending else {}
+        """The episodes queued to begin, and the running ones with their tools' and
+        interaction's state when every one of those can keep it (`keep_running`); else a
+        resumed run starts new episodes in their slots (said once)."""
+        out: dict[str, Any] = {"pending": list(self.pending.values())} if self.pending else {}
+        running = [i for i, ep in enumerate(self.episodes) if ep is not None]
+        if not running:
+            return out
+        kept = keep_running([self.episodes[i] for i in running], self.run.settings)
+        if isinstance(kept, bytes):
+            out["running"] = {"slots": running, "emitted": [self.emitted[i] for i in running],
+                              "episodes": kept}
+        elif not self.said_not_kept:
+            log.warning("running episodes are not kept in checkpoints (%s): a resumed run "
+                        "starts new ones in their slots", kept)
+            self.said_not_kept = True
+        return out
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.close()
+        running = state.get("running")
+        if running:
+            if max(running["slots"]) >= self.n_slots:
+                raise SettingError(f"checkpoint has a running episode in slot "
+                                   f"{max(running['slots'])}, params ask for {self.n_slots} "
+                                   "slots: resume with the same rollout.n_envs")
+            episodes = resume_running(running["episodes"], self.run.settings)
+            for i, ep, emitted in zip(running["slots"], episodes, running["emitted"]):
+                self.episodes[i], self.emitted[i] = ep, emitted
         self.start(state.get("pending", []))
 
     def close(self) -> None:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import pickle
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -284,6 +285,35 @@ def release_all(episodes: list[Conversation], s: ConversationSettings) -> None:
         s.tools.release_many([ep.episode_id for ep in episodes], s.tool_timeout_s)
     if s.interaction is not None:
         finalize_all([(_partner(s, ep), ep.episode_id) for ep in episodes], s.tool_timeout_s)
+
+
+def keep_running(episodes: list[Conversation], s: ConversationSettings) -> bytes | str:
+    """Running episodes with their tools' and interaction's state (`episode_state`), pickled
+    for a checkpoint; or why they cannot be kept (a plug-in without `episode_state`, a state
+    that does not pickle)."""
+    partners = [_partner(s, ep) for ep in episodes] if s.interaction is not None else []
+    why = s.tools.cannot_keep() if s.tools is not None else None
+    why = why or next((f"interaction {p.name!r} has no episode_state" for p in partners
+                       if not hasattr(p, "episode_state")), None)
+    if why is not None:
+        return why
+    ids = [ep.episode_id for ep in episodes]
+    try:
+        return pickle.dumps((episodes, s.tools.episode_states(ids) if s.tools else None,
+                             [p.episode_state(e) for p, e in zip(partners, ids)]))
+    except (pickle.PicklingError, TypeError, AttributeError) as err:
+        return f"their state does not pickle ({type(err).__name__}: {err})"
+
+
+def resume_running(kept: bytes, s: ConversationSettings) -> list[Conversation]:
+    """The episodes `keep_running` kept, running again in this run's tools and interaction
+    (their template deltas are set again at the next lock-step)."""
+    episodes, tool_states, partner_states = pickle.loads(kept)
+    if s.tools is not None and tool_states is not None:
+        s.tools.restore_episodes([ep.episode_id for ep in episodes], tool_states)
+    for ep, state in zip(episodes, partner_states):
+        _partner(s, ep).restore_episode(ep.episode_id, state)
+    return episodes
 
 
 def conversation_rollout(engine: Engine, tokenizer: Any, sampling: SamplingParams,

@@ -56,6 +56,17 @@ class BaseInteraction:
     def finalize(self, instance_id: str) -> None:
         self.instances.pop(instance_id, None)
 
+    def episode_state(self, instance_id: str) -> Any:
+        """What a checkpoint keeps of a running episode, picklable: its `instances` entry (an
+        interaction that keeps per-episode state elsewhere overrides this and
+        `restore_episode`)."""
+        return self.instances.get(instance_id)
+
+    def restore_episode(self, instance_id: str, state: Any) -> None:
+        """A running episode again, from what `episode_state` gave (a resumed run)."""
+        if state is not None:
+            self.instances[instance_id] = state
+
 
 # an interactions entry's keys: verl's name → this project's
 _INTERACTION_KEYS = {"class_name": "class", "name": "name", "config": "config"}

@@ -67,6 +67,16 @@ class BaseTool:
     def release(self, instance_id: str) -> None:
         self.instances.pop(instance_id, None)
 
+    def episode_state(self, instance_id: str) -> Any:
+        """What a checkpoint keeps of a running episode, picklable: its `instances` entry (a
+        tool that keeps per-episode state elsewhere overrides this and `restore_episode`)."""
+        return self.instances.get(instance_id)
+
+    def restore_episode(self, instance_id: str, state: Any) -> None:
+        """A running episode again, from what `episode_state` gave (a resumed run)."""
+        if state is not None:
+            self.instances[instance_id] = state
+
 
 @dataclass
 class ToolResult:
@@ -299,6 +309,27 @@ class ToolBox:
         """Free each episode's tool state; a tool that fails here is logged, not fatal."""
         run_together([lambda n=name, e=episode: self._release(n, e, timeout_s)
                       for episode in instance_ids for name in self.tools])
+
+    def cannot_keep(self) -> str | None:
+        """Why running episodes cannot be kept in a checkpoint (a tool with no `episode_state`:
+        a verl-style one), or None."""
+        for name, tool in self.tools.items():
+            if not hasattr(tool, "episode_state"):
+                return f"tool {name!r} has no episode_state"
+        return None
+
+    def episode_states(self, instance_ids: list[str]) -> list[dict[str, Any]]:
+        """Each episode's state in every tool (its instance id there, and `episode_state`)."""
+        return [{name: (tool_id, tool.episode_state(tool_id)) for name, tool in self.tools.items()
+                 for tool_id in [self._ids.get((name, episode), episode)]}
+                for episode in instance_ids]
+
+    def restore_episodes(self, instance_ids: list[str], states: list[dict[str, Any]]) -> None:
+        """Running episodes again from `episode_states` (a resumed run): no `create`."""
+        for episode, state in zip(instance_ids, states):
+            for name, (tool_id, kept) in state.items():
+                self._ids[(name, episode)] = tool_id
+                self.tools[name].restore_episode(tool_id, kept)
 
     # ---- the coroutines the batches run --------------------------------------------------------
 
