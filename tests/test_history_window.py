@@ -342,9 +342,14 @@ def test_a_part_of_a_running_episode_gives_what_its_whole_record_gives(image_tok
             assert samples(first) == [{**w, **dict.fromkeys(
                 ("messages", "metrics", "tokenization_check", "tool_calls", "tool_errors",
                  "user_turns", "assistant_turns"))} for w in whole[first:]]
-        ep.let_go(4)  # handed on: their windows are not kept
+        ep.let_go(4)  # handed on: their windows are not kept, nor frames no later one shows
         assert ep.windows[:4] == [None] * 4 and None not in ep.windows[4:]
-        assert samples(4)[-1]["bootstrap_images"] == whole[-1]["bootstrap_images"]
+        assert [j for j, frame in enumerate(ep.images) if frame is None] == [1, 2, 3]
+        assert [(s["images"], s["bootstrap_images"]) for s in samples(4)] == \
+            [(s["images"], s["bootstrap_images"]) for s in whole[4:]]
+        ep.let_go(7)  # every reply handed on: the next window's frames alone are kept
+        assert [j for j, frame in enumerate(ep.images) if frame is None] == [1, 2, 3, 4, 5, 6]
+        assert all(frame is not None for _, frame in ep.given()[1])
     finally:
         release_all([ep], settings)
 

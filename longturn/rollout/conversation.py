@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 from array import array
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,7 +77,9 @@ class Conversation:
     aborted: bool = False  # ended by a failure outside the model (its replies do not train)
     check: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
-    images: list[np.ndarray] = field(default_factory=list)  # frames, in sequence order
+    # frames, in sequence order; None once no window can show it again (`let_go`)
+    images: list[np.ndarray | None] = field(default_factory=list)
+    frames_let_go: int = 0  # frames before this one (but the task's) are None
     image_starts: list[int] = field(default_factory=list)  # where each one's placeholders begin
     frame_owner: list[int] = field(default_factory=list)  # per frame, the message it came with
     head: int = 0  # the task's messages, before the first reply
@@ -187,8 +190,16 @@ class Conversation:
         return out
 
     def let_go(self, replies: int) -> None:
-        """The first `replies` replies are handed on: their windows are no longer kept."""
+        """The first `replies` replies are handed on: their windows are no longer kept, nor the
+        frames that no later window can show (windows only move on; the task's frames stay)."""
         self.windows[:replies] = [None] * min(replies, len(self.windows))
+        shown = [w for entry in self.windows[replies:] if entry is not None for w in entry[1:]]
+        task_frames = bisect_left(self.frame_owner, self.head)
+        oldest = min((j for w in [*shown, self.window] if w is not None for j in w.frames
+                      if j >= task_frames), default=len(self.images))
+        for j in range(max(self.frames_let_go, task_frames), oldest):
+            self.images[j] = None
+        self.frames_let_go = max(self.frames_let_go, oldest)
 
     def _window_record(self, first: int) -> dict[str, Any]:
         windows = self.windows[first:]
