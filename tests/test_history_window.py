@@ -280,15 +280,22 @@ def test_a_window_of_no_turns_is_refused_by_name():
 # ------------------------------------------------------------------ frames
 
 
-def test_frames_go_with_their_messages_into_each_window(image_tokenizer, tmp_path):
+def frames_episode(image_tokenizer, **limits):
+    """BabyAI goto with frames through the chat protocol, a window of 1 turn: (its engine, the
+    image token's id, the task record, the settings with `limits`)."""
     image_id = image_tokenizer.convert_tokens_to_ids("<image>")
     engine = CountingEngine(image_tokenizer, {"": ["ACTION: turn left", "ACTION: turn right"]},
                             image_id=image_id)
     task = {**BABYAI_GOTO_FRAMES.record(5), "task": "babyai_goto_frames", "seed": 5}
     settings = conversation_settings(
         interaction=load_interactions(ROOT / "configs/env_interactions.yaml")["env"],
-        history_turns=1, max_assistant_turns=4, max_user_turns=6,
-        max_tokens=4000)
+        history_turns=1, max_tokens=4000, **limits)
+    return engine, image_id, task, settings
+
+
+def test_frames_go_with_their_messages_into_each_window(image_tokenizer, tmp_path):
+    engine, image_id, task, settings = frames_episode(image_tokenizer, max_assistant_turns=4,
+                                                      max_user_turns=6)
     [rec] = conversation_rollout(engine, image_tokenizer, sampling_settings(seed=0), [task], settings)
     assert rec["termination"] == "max_assistant_turns" and len(rec["images"]) == 4
     assert rec["window_frames"] == [[0], [0, 1], [0, 2], [0, 3]]  # the task's and the last turn's
@@ -314,13 +321,8 @@ def test_a_part_of_a_running_episode_gives_what_its_whole_record_gives(image_tok
     (`Conversation.record(first)`): token lists from the reply before, only the frames its
     windows show, no episode totals, so a part of reply 10,000 costs what one of reply 10 does.
     Its samples must be exactly those the whole record gives for the same replies."""
-    image_id = image_tokenizer.convert_tokens_to_ids("<image>")
-    engine = CountingEngine(image_tokenizer, {"": ["ACTION: turn left", "ACTION: turn right"]},
-                            image_id=image_id)
-    task = {**BABYAI_GOTO_FRAMES.record(5), "task": "babyai_goto_frames", "seed": 5}
-    settings = conversation_settings(
-        interaction=load_interactions(ROOT / "configs/env_interactions.yaml")["env"],
-        history_turns=1, max_assistant_turns=50, max_user_turns=50, max_tokens=4000)
+    engine, _, task, settings = frames_episode(image_tokenizer, max_assistant_turns=50,
+                                               max_user_turns=50)
     [ep] = start_episodes(chat_deltas(engine, image_tokenizer, settings), [task], ["part"],
                           settings)
     try:

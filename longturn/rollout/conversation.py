@@ -86,6 +86,7 @@ class Conversation:
     window: WindowPrompt | None = None  # what the next reply is given (None: the whole sequence)
     # (step, window) of each reply; None once handed on (`let_go`)
     windows: list[tuple[int, WindowPrompt] | None] = field(default_factory=list)
+    handed_on: int = 0  # replies let go of
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled without its template deltas (they hold the tokenizer): a resumed run's
@@ -192,10 +193,12 @@ class Conversation:
     def let_go(self, replies: int) -> None:
         """The first `replies` replies are handed on: their windows are no longer kept, nor the
         frames that no later window can show (windows only move on; the task's frames stay)."""
-        self.windows[:replies] = [None] * min(replies, len(self.windows))
-        shown = [w for entry in self.windows[replies:] if entry is not None for w in entry[1:]]
+        for k in range(self.handed_on, min(replies, len(self.windows))):
+            self.windows[k] = None
+        self.handed_on = max(self.handed_on, replies)
+        kept = [entry[1] for entry in self.windows[replies:] if entry is not None]
         task_frames = bisect_left(self.frame_owner, self.head)
-        oldest = min((j for w in [*shown, self.window] if w is not None for j in w.frames
+        oldest = min((j for w in [*kept, self.window] if w is not None for j in w.frames
                       if j >= task_frames), default=len(self.images))
         for j in range(max(self.frames_let_go, task_frames), oldest):
             self.images[j] = None

@@ -27,10 +27,10 @@ from typing import Any
 from longturn.errors import SettingError
 from longturn.tasks import verl_api
 from longturn.tasks.plugin_loop import CallTimedOut, invoke, run_together, within
-from longturn.tasks.plugins import entry_keys, import_class, read_entries
+from longturn.tasks.plugins import EpisodeInstances, entry_keys, import_class, read_entries
 
 
-class BaseInteraction:
+class BaseInteraction(EpisodeInstances):
     """A conversation partner; per-episode state lives in `self.instances[instance_id]`."""
 
     def __init__(self, config: dict[str, Any], name: str):
@@ -55,17 +55,6 @@ class BaseInteraction:
 
     def finalize(self, instance_id: str) -> None:
         self.instances.pop(instance_id, None)
-
-    def episode_state(self, instance_id: str) -> Any:
-        """What a checkpoint keeps of a running episode, picklable: its `instances` entry (an
-        interaction that keeps per-episode state elsewhere overrides this and
-        `restore_episode`)."""
-        return self.instances.get(instance_id)
-
-    def restore_episode(self, instance_id: str, state: Any) -> None:
-        """A running episode again, from what `episode_state` gave (a resumed run)."""
-        if state is not None:
-            self.instances[instance_id] = state
 
 
 # an interactions entry's keys: verl's name → this project's

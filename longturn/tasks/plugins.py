@@ -67,3 +67,20 @@ def import_class(target: Any, where: str) -> Any:
     if not sep:
         module_name, _, attr = target.rpartition(".")
     return import_object(module_name, attr, where)
+
+
+class EpisodeInstances:
+    """A plug-in (this project's tools and interactions) whose per-episode state lives in
+    `self.instances[instance_id]`; so a checkpoint can keep a running episode's state."""
+
+    instances: dict[str, Any]
+
+    def episode_state(self, instance_id: str) -> Any:
+        """What a checkpoint keeps of a running episode, picklable: its `instances` entry (a
+        plug-in that keeps per-episode state elsewhere overrides this and `restore_episode`)."""
+        return self.instances.get(instance_id)
+
+    def restore_episode(self, instance_id: str, state: Any) -> None:
+        """A running episode again, from what `episode_state` gave (a resumed run)."""
+        if state is not None:
+            self.instances[instance_id] = state

@@ -35,13 +35,13 @@ from pydantic import ValidationError
 from longturn.errors import SettingError
 from longturn.tasks import verl_api
 from longturn.tasks.plugin_loop import CallTimedOut, invoke, run_together, within
-from longturn.tasks.plugins import entry_keys, import_class, read_entries
+from longturn.tasks.plugins import EpisodeInstances, entry_keys, import_class, read_entries
 from longturn.tasks.tool_calls import BadToolCall, ToolCall
 
 log = logging.getLogger(__name__)
 
 
-class BaseTool:
+class BaseTool(EpisodeInstances):
     """A tool; subclasses implement `execute` and may keep per-episode state in
     `self.instances[instance_id]` (what `create` was given)."""
 
@@ -66,16 +66,6 @@ class BaseTool:
 
     def release(self, instance_id: str) -> None:
         self.instances.pop(instance_id, None)
-
-    def episode_state(self, instance_id: str) -> Any:
-        """What a checkpoint keeps of a running episode, picklable: its `instances` entry (a
-        tool that keeps per-episode state elsewhere overrides this and `restore_episode`)."""
-        return self.instances.get(instance_id)
-
-    def restore_episode(self, instance_id: str, state: Any) -> None:
-        """A running episode again, from what `episode_state` gave (a resumed run)."""
-        if state is not None:
-            self.instances[instance_id] = state
 
 
 @dataclass
