@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from longturn.params.config import SamplingSection
@@ -50,3 +50,20 @@ class Engine(Protocol):
     def update_weights(self, model_dir: str) -> None: ...
 
     def close(self) -> None: ...
+
+
+def engine_image_token(engine: Engine) -> tuple[int, int] | None:
+    """The engine's image placeholder (id, tokens per image); None for a text-only model."""
+    vision = getattr(engine, "vision", None)
+    return None if vision is None else vision.placeholder
+
+
+def generate_with_frames(engine: Engine, prompt_ids: list[list[int]],
+                         frames: list[list[tuple[int, Any]]],
+                         sampling: SamplingParams) -> list[Completion]:
+    """One batched generation, each prompt with its (placeholder start, frame) pairs; they are
+    passed only when a prompt has one, so engines without image support keep their plain
+    signature. What both protocols call."""
+    if not any(frames):
+        return engine.generate(prompt_ids, sampling)
+    return engine.generate(prompt_ids, sampling, images=frames)  # type: ignore[call-arg]

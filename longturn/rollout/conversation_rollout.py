@@ -44,7 +44,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from tqdm.auto import tqdm
 
-from longturn.engines.base import Engine, SamplingParams
+from longturn.engines.base import (Engine, SamplingParams, engine_image_token,
+                                   generate_with_frames)
 from longturn.envs.base import Observation
 from longturn.envs.failures import EnvFailure
 from longturn.errors import SettingError
@@ -336,9 +337,8 @@ def conversation_rollout(engine: Engine, tokenizer: Any, sampling: SamplingParam
 
 def chat_deltas(engine: Engine, tokenizer: Any, s: ConversationSettings) -> ChatDeltas:
     """The template deltas every episode of a rollout shares (with the engine's image token)."""
-    vision = getattr(engine, "vision", None)
     return ChatDeltas(tokenizer, s.tools.schemas if s.tools else None,
-                      image_token=vision.placeholder if vision is not None else None,
+                      image_token=engine_image_token(engine),
                       verify=s.tokenization_check != "off")
 
 
@@ -373,7 +373,6 @@ def lock_step(engine: Engine, episodes: list[Conversation], settings: Conversati
     """One reply for each episode that has not ended, in one engine call, and what follows it
     (tool results, the interaction's answer, the end); sampling seeds follow from `step`."""
     s = settings
-    vision = getattr(engine, "vision", None)
     active = [ep for ep in episodes if not ep.done]
     for ep in active:
         if _room(ep, s) < 1:
@@ -391,7 +390,8 @@ def lock_step(engine: Engine, episodes: list[Conversation], settings: Conversati
             ep.end(TOKEN_BUDGET)  # cut to fit: neither tools nor the user see it
             continue
         replied.append((ep, content))
-    for (ep, _), follow in zip(replied, _after_replies(replied, s, vision is not None)):
+    vision = engine_image_token(engine) is not None
+    for (ep, _), follow in zip(replied, _after_replies(replied, s, vision)):
         if follow is None:
             continue
         messages, images = follow
@@ -417,9 +417,7 @@ def _generate(engine: Engine, active: list[Conversation], sampling: SamplingPara
     if not active:
         return []
     prompts, images = zip(*(ep.given() for ep in active))
-    if not any(images):
-        return engine.generate(list(prompts), sampling)
-    return engine.generate(list(prompts), sampling, images=list(images))
+    return generate_with_frames(engine, list(prompts), list(images), sampling)
 
 
 def _next_window(ep: Conversation, s: ConversationSettings,

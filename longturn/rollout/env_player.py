@@ -18,15 +18,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from longturn.engines.base import Engine, SamplingParams
+from longturn.engines.base import Engine, SamplingParams, engine_image_token
 from longturn.engines.row_seeds import keyed_seed, row_seed
 from longturn.envs.base import TextEnv
 from longturn.errors import SettingError
 from longturn.rollout.collection import (EpisodeGroups, EpisodeStart, FixedTurnBatches, Samples,
                                          play_in_lock_step, slot_index, task_of)
 from longturn.rollout.episode_jobs import EpisodeJob, play_jobs
-from longturn.rollout.env_slots import (AgentSettings, EnvSlot, engine_image_token,
-                                       generate_turns, prompt_frames)
+from longturn.rollout.env_slots import AgentSettings, EnvSlot, generate_turns, prompt_frames
 from longturn.rollout.sample_metrics import episode_row
 from longturn.rollout.samples import sample_from_turn
 

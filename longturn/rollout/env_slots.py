@@ -22,7 +22,8 @@ from typing import Any, Callable
 from longturn.agent.memory import HistoryWindow
 from longturn.agent.prompts import Prompt, build_prompt, history_reply
 from longturn.params.config import Params
-from longturn.engines.base import Completion, Engine, SamplingParams
+from longturn.engines.base import (Completion, Engine, SamplingParams, engine_image_token,
+                                   generate_with_frames)
 from longturn.envs.actions import ParsedAction
 from longturn.envs.base import TextEnv
 from longturn.envs.failures import EnvFailure, EnvGaveUp
@@ -247,20 +248,10 @@ def generate_turns(engine: Engine, tokenizer: Any, slots: list[EnvSlot],
     return rows
 
 
-def engine_image_token(engine: Engine) -> tuple[int, int] | None:
-    """The engine's image placeholder (id, tokens per image); None for a text-only model."""
-    vision = getattr(engine, "vision", None)
-    return None if vision is None else vision.placeholder
-
-
 def generate(engine: Engine, prompts: list[Prompt], sampling: SamplingParams) -> list[Completion]:
-    """One batched generation; with frames, each prompt's frames and where they go (only then,
-    so engines without image support keep their plain signature)."""
-    ids = [p.ids for p in prompts]
-    if not any(p.frames for p in prompts):
-        return engine.generate(ids, sampling)
-    return engine.generate(ids, sampling, images=[list(zip(p.image_starts, p.frames))
-                                                  for p in prompts])
+    """One batched generation of these prompts, with their frames."""
+    return generate_with_frames(engine, [p.ids for p in prompts],
+                                [list(zip(p.image_starts, p.frames)) for p in prompts], sampling)
 
 
 def env_factory_from_params(params: Params) -> Callable[[str], TextEnv]:

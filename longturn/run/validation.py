@@ -22,13 +22,13 @@ from longturn.agent.memory import HistoryEntry
 from longturn.agent.prompts import build_messages, build_prompt, render
 from longturn.agent.token_cache import expand_image_tokens
 from longturn.params.config import Params
-from longturn.engines.base import Engine, SamplingParams
+from longturn.engines.base import Engine, SamplingParams, engine_image_token
 from longturn.envs.actions import EMPTY, NO_ACTION, UNKNOWN
 from longturn.envs.base import TextEnv
 from longturn.envs.registry import make_env, translator_for
 from longturn.errors import UserError
 from longturn.reply_format import parse_reply
-from longturn.rollout.env_slots import engine_image_token, generate, unplayed_first_turn
+from longturn.rollout.env_slots import generate, unplayed_first_turn
 from longturn.vision.encoder import IMAGE_PLACEHOLDER
 
 PASSED_MARKER = "passed"

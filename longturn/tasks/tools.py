@@ -310,9 +310,12 @@ class ToolBox:
 
     def episode_states(self, instance_ids: list[str]) -> list[dict[str, Any]]:
         """Each episode's state in every tool (its instance id there, and `episode_state`)."""
-        return [{name: (tool_id, tool.episode_state(tool_id)) for name, tool in self.tools.items()
-                 for tool_id in [self._ids.get((name, episode), episode)]}
-                for episode in instance_ids]
+        def state(episode: str) -> dict[str, Any]:
+            ids = {name: self._ids.get((name, episode), episode) for name in self.tools}
+            return {name: (ids[name], tool.episode_state(ids[name]))
+                    for name, tool in self.tools.items()}
+
+        return [state(episode) for episode in instance_ids]
 
     def restore_episodes(self, instance_ids: list[str], states: list[dict[str, Any]]) -> None:
         """Running episodes again from `episode_states` (a resumed run): no `create`."""
