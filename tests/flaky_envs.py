@@ -22,6 +22,7 @@ class FlakyCorridor:
     `raise_on_reset` and `hang_on_reset`: seeds whose reset raises / hangs (`"all"`: every seed)."""
 
     name = "flaky"
+    steps_in_this_process = 0  # every FlakyCorridor's steps here (a worker counts its own)
     actions = ["left", "right"]
     default_action = "right"
     synonyms = {"forward": "right", "back": "left"}
@@ -58,6 +59,7 @@ class FlakyCorridor:
 
     def step(self, action: str) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
         self.steps_taken += 1
+        FlakyCorridor.steps_in_this_process += 1
         if self.steps_taken == self.raise_on_step:
             raise RuntimeError(f"step {self.steps_taken} is broken")
         if self.steps_taken == self.hang_on_step:

@@ -53,10 +53,12 @@ class PromptEngine:
         return out
 
 
-def frames_batches():
+def frames_batches(workers: bool = False):
     """BabyAI goto with frames through the chat protocol (EnvInteraction), a window of 2 turns:
-    3 slots × 5 replies a batch, so episodes run across batches."""
+    3 slots × 5 replies a batch, so episodes run across batches; with `workers`, each env in a
+    worker process (a checkpoint pickles it there, as an env slot's)."""
     interaction = load_interactions(ROOT / "configs/env_interactions.yaml")["env"]
+    interaction.config["workers"] = workers
     s = conversation_settings(interaction=interaction, history_turns=2, max_assistant_turns=40,
                               max_user_turns=40, max_tokens=4000)
     run = ConversationRun({"babyai_goto_frames": load_task("babyai_goto_frames")}, s,
@@ -85,14 +87,16 @@ def play(make, engine, tokenizer, iterations, state: bytes | None = None):
         batches.close()
 
 
-@pytest.mark.parametrize("case", ["frames", "calculator"])
+@pytest.mark.parametrize("case", ["frames", "frames in env workers", "calculator"])
 def test_a_resumed_run_goes_on_with_the_episodes_it_was_playing(case, image_tokenizer):
-    make = frames_batches if case == "frames" else calculator_batches
-    engine = (PromptEngine(image_tokenizer) if case == "frames"
-              else CyclingEngine(image_tokenizer))
+    make = {"frames": frames_batches, "frames in env workers": lambda: frames_batches(True),
+            "calculator": calculator_batches}[case]
+    engine = (CyclingEngine(image_tokenizer) if case == "calculator"
+              else PromptEngine(image_tokenizer))
     whole, _ = play(make, engine, image_tokenizer, range(3))
     first, state = play(make, engine, image_tokenizer, range(1))
-    assert "running" in pickle.loads(state)
+    kept = pickle.loads(state)["running"]["episodes"]
+    assert (b"WorkerEnv" in kept) == (case == "frames in env workers")
     resumed, _ = play(make, engine, image_tokenizer, range(1, 3), state)
     assert first + resumed == whole
     # the resume fell in the middle of episodes: the second batch continues some of them

@@ -107,3 +107,36 @@ def test_fixed_turn_batches_start_the_slots_next_episode_after_an_abort(tokenize
     # the next episode (on the restarted env) runs on; the batch cuts it and bootstraps it
     assert [s["replies"][0]["aborted"] for s in second] == [False]
     assert second[0]["replies"][0]["segment_end"] and second[0]["bootstrap_prompt_ids"]
+
+
+def test_success_is_the_env_interactions_and_no_env_steps_in_this_process(tokenizer):
+    """The env behind the interaction says whether the episode succeeded (its `success`, as an
+    env slot's): with `workers` no env takes a step in the trainer's process, neither for whole
+    episodes nor in fixed-turn batches (the task used to replay every reply here at the end)."""
+    from flaky_envs import FlakyCorridor
+
+    run = ConversationRun({"corridor": EnvTask(FLAKY, "corridor", image=False, kwargs={
+                              "length": 2}),
+                           "longer": EnvTask(FLAKY, "corridor", image=False)},
+                          conversation_settings(max_assistant_turns=3, max_user_turns=10,
+                                                history_turns=1, interaction=EnvInteraction(
+                                                    {"workers": True}, "env")),
+                          conversation_rollout)
+    FlakyCorridor.steps_in_this_process = 0
+    reached, stopped = run.play(Forward(tokenizer), tokenizer,
+                                sampling_settings(max_new_tokens=16),
+                                [run.record("corridor", 2), run.record("longer", 2)], ["a", "b"])
+    collector = conversation_fixed_turns(run, ["corridor"], n_envs=1, turns_per_env=3, seed=0)
+    try:
+        samples = collector.collect(Forward(tokenizer), tokenizer,
+                                    sampling_settings(max_new_tokens=16, seed=0), 0,
+                                    {"run_id": "t"}, progress=False)
+    finally:
+        collector.close()
+
+    assert (reached["termination"], reached["success"]) == ("done", True)
+    # three replies walk three of six steps: the turn limit ends it, unsolved
+    assert (stopped["termination"], stopped["success"]) == ("max_assistant_turns", False)
+    ended = [s["replies"][0] for s in samples if s["replies"][0]["termination"]]
+    assert ended and all(reply["success"] for reply in ended)
+    assert FlakyCorridor.steps_in_this_process == 0

@@ -18,7 +18,6 @@ replies handed on as samples (rollout/samples.py `samples_from_episodes`).
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from typing import Any
 
@@ -100,9 +99,7 @@ class ConversationPlayer:
                           [self.emitted[i] for i in ended])
         out = []
         for i, record in zip(ended, full):
-            messages = json.loads(record["messages"])
-            record["success"] = (not record["aborted"]
-                                 and self.run.success(self.episodes[i].task, messages))
+            record["success"] = self.run.succeeded(self.episodes[i].task, record)
             out.append(self._part(i, record, cut=False))
             self.episodes[i] = None
         return out

@@ -54,7 +54,8 @@ from longturn.rollout.history_window import Joined, frame_owners, render_window
 from longturn.rollout.conversation import (DONE, MAX_ASSISTANT_TURNS, MAX_USER_TURNS, TIME_LIMIT,
                                        TOKEN_BUDGET, Conversation)
 from longturn.tasks.interactions import (BaseInteraction, finalize_all, interaction_of, respond,
-                                         start_all, truncated as interaction_truncated)
+                                         start_all, succeeded as interaction_succeeded,
+                                         truncated as interaction_truncated)
 from longturn.tasks.plugin_loop import run_together
 from longturn.tasks.verl_api import BaseInteraction as VerlInteraction
 from longturn.rollout.tokenization_check import check_tokenization
@@ -250,7 +251,8 @@ def _finish(ep: Conversation, s: ConversationSettings, tool_rewards: dict[str, f
             first: int) -> dict[str, Any]:
     """Credit the tools' episode rewards, run the check; in a window, keep the window a next
     reply would have seen when the episode was cut short (its bootstrap). The record of the
-    replies from `first` on (`Conversation.record`)."""
+    replies from `first` on (`Conversation.record`), with `success` when the interaction says
+    (an env's), else None: the task decides (ConversationRun.succeeded)."""
     if ep.windows:  # an aborted episode trains on nothing: no bootstrap
         ep.window = (None if ep.reason == DONE or ep.aborted
                      else _next_window(ep, s, ep.messages, ep.frame_owner))
@@ -262,7 +264,9 @@ def _finish(ep: Conversation, s: ConversationSettings, tool_rewards: dict[str, f
     ep.check = check_tokenization(ep.deltas, ep.messages, ep.ids, s.tokenization_check,
                                   add_generation_prompt=not ep.segments,
                                   where=f"episode {ep.episode_id}").outcome
-    return ep.record(first)
+    said = (interaction_succeeded(_partner(s, ep), ep.episode_id) if s.interaction is not None
+            else None)
+    return {**ep.record(first), "success": said}
 
 
 def finish_all(episodes: list[Conversation], s: ConversationSettings,

@@ -31,6 +31,12 @@ SLIME_ROLLOUT = "longturn.serve.slime_rollout:slime_rollout"  # rollout.slime_ge
 WINDOW_REQUIRED = ("reply_steps", "window_prompts", "window_frames", "window_image_starts")
 
 
+def _messages(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """A record's messages (a JSON string in the built-in rollout's records)."""
+    messages = record["messages"]
+    return json.loads(messages) if isinstance(messages, str) else messages
+
+
 def _interaction(params: Params) -> Any:
     """The one rollout.chat.interaction names, for every episode; without it the file's
     interactions by name, each task's `interaction_kwargs.name` picking its own (as in verl)."""
@@ -98,6 +104,16 @@ class ConversationRun:
     def success(self, record: dict[str, Any], messages: list[dict[str, Any]]) -> bool:
         return bool(self.tasks[record["task"]].success(record, messages))
 
+    def succeeded(self, task: dict[str, Any], record: dict[str, Any]) -> bool:
+        """Whether a finished episode (`record`, of task record `task`) succeeded: never when
+        aborted; what its record says when the rollout knew (an env interaction's env), else
+        the task's `success` of its messages."""
+        if record.get("aborted"):
+            return False
+        if record.get("success") is not None:
+            return bool(record["success"])
+        return self.success(task, _messages(record))
+
     def play(self, engine: Engine, tokenizer: Any, sampling: SamplingParams,
              records: list[dict[str, Any]], episode_ids: list[str]) -> list[dict[str, Any]]:
         """Run the rollout function on these task records; its records, checked and named."""
@@ -114,9 +130,7 @@ class ConversationRun:
                 raise SettingError(f"rollout function: record {i} lacks {missing}")
             rec.update(episode_id=episode_id, task=task["task"], episode_seed=int(task["seed"]),
                        env_index=i)  # its slot in this call: a window's samples chain by it
-            messages = rec["messages"]
-            messages = json.loads(messages) if isinstance(messages, str) else messages
-            rec["success"] = not rec.get("aborted") and self.success(task, messages)
+            rec["success"] = self.succeeded(task, rec)
             if rec.get("reply_valid") is None:  # a rollout that did not say: its messages do
-                rec["reply_valid"] = replies_valid(messages, len(rec["segment_starts"]))
+                rec["reply_valid"] = replies_valid(_messages(rec), len(rec["segment_starts"]))
         return out

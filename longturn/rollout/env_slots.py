@@ -15,7 +15,6 @@ in a row stop the stage (`EnvGaveUp`).
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -26,14 +25,12 @@ from longturn.engines.base import (Completion, Engine, SamplingParams, engine_im
                                    generate_with_frames)
 from longturn.envs.actions import ParsedAction
 from longturn.envs.base import TextEnv
-from longturn.envs.failures import EnvFailure, EnvGaveUp
+from longturn.envs.failures import EnvFailure, restart_or_give_up
 from longturn.envs.local import LocalEnv, managed
 from longturn.envs.registry import EnvSpec, translator_for
 from longturn.envs.termination import reason_of
 from longturn.rollout.samples import sample_from_turn
 from longturn.vision.frames import to_png
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -60,10 +57,6 @@ class AgentSettings:
                    max_prompt_tokens=p.max_prompt_tokens, demonstration=p.demonstration,
                    invalid_action_penalty=e.invalid_action_penalty, max_turns=e.max_turns,
                    max_retries=e.max_retries)
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
 
 
 class EnvSlot:
@@ -124,17 +117,10 @@ class EnvSlot:
     def _failed(self, failure: EnvFailure, call: str) -> None:
         """Count a failure, restart the env, or give up after env.max_retries in a row."""
         self.failures += 1
-        env, s = self.env, self.settings
-        log.warning("env %s/%s %s failed (%s) on seed %s turn %s, episode aborted: %s%s",
-                    env.name, env.task, call, failure.reason, self.seed, self.turn,
-                    failure.message, "\n" + failure.details if failure.details else "")
-        if self.failures > s.max_retries:
-            raise EnvGaveUp(
-                f"env {env.name!r} task {env.task!r} failed {self.failures} times in a row, the "
-                f"last on seed {self.seed} ({call}, {failure.reason}: "
-                f"{_one_line(failure.message)}); env.max_retries is {s.max_retries}: fix the env "
-                "or raise env.max_retries")
-        env.restart()
+        restart_or_give_up(self.env, failure, name=self.env.name, task=self.env.task, call=call,
+                           seed=self.seed, failures=self.failures,
+                           limit=self.settings.max_retries, setting="env.max_retries",
+                           turn=self.turn)
 
     # ------------------------------------------------------------------ turns
 

@@ -7,8 +7,10 @@ observation (`envs.base.Observation`, whose frame the rollout buffers), ending t
 the env does (on the env's time limit as truncated, bootstrapped like an env slot's time limit);
 an unreadable action runs the env's default action and costs `invalid_penalty`, as in env
 slots. An env that raises, dies or hangs costs its episode alone, aborted as in env slots (the
-interaction's config: `workers`, `step_timeout_s`, `max_retries`). `reward` and `success` replay
-the replies on a fresh env of the same seed, so they need nothing but the conversation.
+interaction's config: `workers`, `step_timeout_s`, `max_retries`). The interaction also says
+whether the episode succeeded (the env's `success`, as env slots count it). Where no
+`EnvInteraction` played the episode (an agent's, a rollout function's), the task's `reward` and
+`success` replay its replies on a fresh env of the same seed, in this process.
 
 Built in: `babyai_goto_frames` (BabyAI goto with frames) and `babyai_goto_text` (the same task,
 text only). Any other env and task: `EnvTask("crafter", "default")` in a module of yours, named
@@ -18,7 +20,6 @@ in `env.tasks` as `package.module:OBJECT`. Needs a vision-language model when `i
 
 from __future__ import annotations
 
-import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,14 +27,12 @@ from typing import Any
 from longturn.agent.prompts import EMPTY_VIEW, answer_format, system_prompt
 from longturn.envs.actions import ActionTranslator
 from longturn.envs.base import Instructions, Observation, TextEnv
-from longturn.envs.failures import EnvFailure, EnvGaveUp
+from longturn.envs.failures import EnvFailure, restart_or_give_up
 from longturn.envs.local import LocalEnv
 from longturn.envs.registry import EnvSpec, make_env
 from longturn.envs.workers import WorkerEnv
 from longturn.tasks.interactions import BaseInteraction
 from longturn.vision.encoder import IMAGE_PLACEHOLDER
-
-log = logging.getLogger(__name__)
 
 
 def _env(env: str, task: str, image: bool, kwargs: dict[str, Any]) -> TextEnv:
@@ -84,7 +83,8 @@ class EnvTask:
         }
 
     def replay(self, record: dict[str, Any], messages: list[dict[str, Any]]) -> tuple[float, bool]:
-        """(env reward summed, whether the env ended with a positive reward) of the replies."""
+        """(env reward summed, whether the env ended with a positive reward) of the replies: for
+        an episode no `EnvInteraction` played, which would have said."""
         env = _env(self.env, self.task, False, self.kwargs)
         translator = ActionTranslator(env.actions, env.synonyms, env.default_action)
         total, reward, ended = 0.0, 0.0, False
@@ -147,15 +147,10 @@ class EnvInteraction(BaseInteraction):
         with self._lock:
             self._failures_in_a_row += 1
             failures = self._failures_in_a_row
-        limit = int(self.config.get("max_retries", 3))
-        log.warning("env %s/%s %s failed (%s) on seed %s, episode aborted: %s", env.spec.name,
-                    env.spec.task, call, failure.reason, seed, failure.message)
-        env.restart()
-        if failures > limit:
-            raise EnvGaveUp(f"env {env.spec.name!r} task {env.spec.task!r} failed {failures} "
-                            f"times in a row, the last on seed {seed} ({call}, {failure.reason}: "
-                            f"{failure.message}); the {self.name!r} interaction's max_retries "
-                            f"is {limit}: fix the env or raise max_retries")
+        restart_or_give_up(env, failure, name=env.spec.name, task=env.spec.task, call=call,
+                           seed=seed, failures=failures,
+                           limit=int(self.config.get("max_retries", 3)),
+                           setting=f"the {self.name!r} interaction's max_retries")
 
     def _succeeded(self) -> None:
         with self._lock:
@@ -185,7 +180,7 @@ class EnvInteraction(BaseInteraction):
         parsed = state["translator"].parse(messages[-1]["content"])
         try:
             env.submit_step(parsed.action)
-            observation, reward, terminated, truncated, _ = env.wait_step()
+            observation, reward, terminated, truncated, info = env.wait_step()
         except EnvFailure as failure:
             self._failed(env, failure, "step", state["seed"])
             raise
@@ -196,10 +191,16 @@ class EnvInteraction(BaseInteraction):
                              observation.image if state["image"] else None)
         metrics = {"env_reward": reward, "invalid_actions": float(not parsed.valid)}
         state["truncated"] = truncated and not terminated
+        state["success"] = bool(info.get("success", False))  # as an env slot's turn row
         return terminated or truncated, answer, reward - penalty, metrics
 
     def truncated(self, instance_id: str) -> bool:
         return bool(self.instances[instance_id].get("truncated"))
+
+    def succeeded(self, instance_id: str) -> bool:
+        """The env's `success` on the episode's last step (False before any), as env slots
+        count it: known here, so the task need not replay the episode."""
+        return bool(self.instances[instance_id].get("success"))
 
     def finalize(self, instance_id: str) -> None:
         """The episode's env goes back to the idle ones, for a later episode to reset."""

@@ -14,9 +14,12 @@ class may be this project's synchronous `BaseInteraction` below or a verl-style 
 (`interaction_of`: a file's entries are picked per task by `interaction_kwargs["name"]`, as
 verl does). The protocol is verl's: `start` per
 episode, `generate_response` per reply → (should_terminate, text for the user message, score,
-metrics), `finalize` at the end. One
-addition, `truncated`: an interaction that ended the episode on a time limit (an env's gymnasium
-`truncated`) says so, and the episode is bootstrapped like one cut by the turn limits.
+metrics), `finalize` at the end. Two additions:
+- `truncated`: an interaction that ended the episode on a time limit (an env's gymnasium
+  `truncated`) says so, and the episode is bootstrapped like one cut by the turn limits;
+- `succeeded`: an interaction that knows whether the episode succeeded (an env's `success`)
+  says so when the episode ends, so the task's `success` need not work it out again from the
+  messages (for an env that would mean replaying every step).
 """
 
 from __future__ import annotations
@@ -52,6 +55,12 @@ class BaseInteraction(EpisodeInstances):
         finished (asked only after `generate_response` returned should_terminate)."""
         del instance_id
         return False
+
+    def succeeded(self, instance_id: str) -> bool | None:
+        """Whether the episode succeeded, asked when it ends (before `finalize`); None: this
+        interaction does not know, the task's `success` decides."""
+        del instance_id
+        return None
 
     def finalize(self, instance_id: str) -> None:
         self.instances.pop(instance_id, None)
@@ -159,6 +168,14 @@ def truncated(interaction: Any, instance_id: str) -> bool:
     """Whether the episode the interaction just ended was cut by a time limit (verl's
     interactions do not say: never)."""
     return False if _is_verl(interaction) else bool(interaction.truncated(instance_id))
+
+
+def succeeded(interaction: Any, instance_id: str) -> bool | None:
+    """Whether the interaction says the episode succeeded (None: it does not say; verl's never
+    do)."""
+    ask = None if _is_verl(interaction) else getattr(interaction, "succeeded", None)
+    said = ask(instance_id) if ask is not None else None
+    return None if said is None else bool(said)
 
 
 def finalize_all(episodes: list[tuple[Any, str]], timeout_s: float | None) -> None:

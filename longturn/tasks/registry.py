@@ -6,7 +6,8 @@ A task is any object with (episodes, metrics and reports call it by its `env.tas
   interaction need: `tools_kwargs`, `interaction_kwargs`), the same for the same seed;
 - `reward(record, messages) -> float`: the rule-based reward of a finished conversation, used
   when no interaction scores the replies;
-- `success(record, messages) -> bool`: what evaluation counts as solved.
+- `success(record, messages) -> bool`: what evaluation counts as solved, where the interaction
+  does not say (`BaseInteraction.succeeded`).
 """
 
 from __future__ import annotations
