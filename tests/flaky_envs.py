@@ -22,7 +22,7 @@ class FlakyCorridor:
     `raise_on_reset` and `hang_on_reset`: seeds whose reset raises / hangs (`"all"`: every seed)."""
 
     name = "flaky"
-    steps_in_this_process = 0  # every FlakyCorridor's steps here (a worker counts its own)
+    calls_in_this_process = 0  # every FlakyCorridor's resets and steps here (a worker: its own)
     actions = ["left", "right"]
     default_action = "right"
     synonyms = {"forward": "right", "back": "left"}
@@ -50,6 +50,7 @@ class FlakyCorridor:
         return rule == "all" or (seed is not None and seed in rule)
 
     def reset(self, seed: int | None = None) -> tuple[Observation, dict[str, Any]]:
+        FlakyCorridor.calls_in_this_process += 1
         if self._hit(self.raise_on_reset, seed):
             raise RuntimeError(f"reset of seed {seed} is broken")
         if self._hit(self.hang_on_reset, seed):
@@ -59,7 +60,7 @@ class FlakyCorridor:
 
     def step(self, action: str) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
         self.steps_taken += 1
-        FlakyCorridor.steps_in_this_process += 1
+        FlakyCorridor.calls_in_this_process += 1
         if self.steps_taken == self.raise_on_step:
             raise RuntimeError(f"step {self.steps_taken} is broken")
         if self.steps_taken == self.hang_on_step:

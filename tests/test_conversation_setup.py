@@ -59,6 +59,41 @@ def test_the_interaction_is_picked_by_name():
         ConversationRun.from_params(params(interactions=INTERACTIONS, interaction="ask"))
 
 
+def env_params(env=None, **chat):
+    """BabyAI goto as a chat task, with the env interaction unless `chat` says otherwise."""
+    return parse_params({"env": {"tasks": ["babyai_goto_text"], **(env or {})},
+                         "rollout": {"protocol": "chat", "n_envs": 2, "chat": {
+                             "interactions": str(ROOT / "configs/env_interactions.yaml"),
+                             "interaction": "env", **chat}}})
+
+
+def test_an_env_task_needs_its_interaction_to_open_it():
+    with pytest.raises(SettingError, match=r"env.tasks \['babyai_goto_text'\]: an env task is "
+                                           "opened and played by its interaction"):
+        ConversationRun.from_params(env_params(interactions=None, interaction=None))
+    run = ConversationRun.from_params(env_params({"step_timeout_s": 5}), progress=False)
+    assert run.record("babyai_goto_text", 3)["messages"] == []  # no env built here
+
+
+def test_an_env_interaction_takes_the_runs_env_settings(tmp_path):
+    """One setting means one thing for either protocol: env.workers, env.step_timeout_s,
+    env.max_retries and env.invalid_action_penalty reach the env interaction."""
+    run = ConversationRun.from_params(env_params({"step_timeout_s": 5, "max_retries": 1,
+                                                  "invalid_action_penalty": 0.5}))
+    assert run.settings.interaction.config == {"workers": True, "step_timeout_s": 5,
+                                               "max_retries": 1, "invalid_action_penalty": 0.5}
+    with pytest.raises(SettingError, match=r"env.step_timeout_s \(60\) must be under "
+                                           r"rollout.chat.tool_timeout_s \(60\)"):
+        ConversationRun.from_params(env_params())
+    ConversationRun.from_params(env_params({"workers": False, "step_timeout_s": None}))
+    own = tmp_path / "own.yaml"
+    own.write_text("interactions:\n  - name: env\n    class: longturn.tasks.env_frames:"
+                   "EnvInteraction\n    config: {workers: true}\n")
+    with pytest.raises(SettingError, match=r"own.yaml: interaction 'env' sets workers in its "
+                                           r"config; the run's env.workers sets it"):
+        ConversationRun.from_params(env_params({"step_timeout_s": 5}, interactions=str(own)))
+
+
 def short_rollout(engine, tokenizer, sampling, tasks, settings):
     return [{"input_ids": [1]}]
 

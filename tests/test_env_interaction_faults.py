@@ -82,6 +82,17 @@ def test_a_hanging_worker_times_out_and_a_finished_episodes_worker_is_reused(tok
     assert process(again) == process(whole) != str(os.getpid())  # one worker, two episodes
 
 
+def one_batch(run: ConversationRun, task: str, tokenizer) -> list[dict]:
+    """The samples of one fixed-turn batch of 3 replies in one slot."""
+    collector = conversation_fixed_turns(run, [task], n_envs=1, turns_per_env=3, seed=0)
+    try:
+        return collector.collect(Forward(tokenizer), tokenizer,
+                                 sampling_settings(max_new_tokens=16, seed=0), 0,
+                                 {"run_id": "t"}, progress=False)
+    finally:
+        collector.close()
+
+
 def test_fixed_turn_batches_start_the_slots_next_episode_after_an_abort(tokenizer):
     """With a critic and a window: the aborted episode's replies carry no bootstrap, and its slot
     plays a new episode within the same batch."""
@@ -91,13 +102,7 @@ def test_fixed_turn_batches_start_the_slots_next_episode_after_an_abort(tokenize
                                                 history_turns=1,
                                                 interaction=EnvInteraction({}, "env")),
                           conversation_rollout)
-    collector = conversation_fixed_turns(run, ["flaky"], n_envs=1, turns_per_env=3, seed=0)
-    try:
-        samples = collector.collect(Forward(tokenizer), tokenizer,
-                                    sampling_settings(max_new_tokens=16, seed=0), 0,
-                                    {"run_id": "t"}, progress=False)
-    finally:
-        collector.close()
+    samples = one_batch(run, "flaky", tokenizer)
     episodes = list(dict.fromkeys(s["episode_id"] for s in samples))
     assert len(samples) == 3 and len(episodes) == 2
     first, second = ([s for s in samples if s["episode_id"] == e] for e in episodes)
@@ -109,10 +114,12 @@ def test_fixed_turn_batches_start_the_slots_next_episode_after_an_abort(tokenize
     assert second[0]["replies"][0]["segment_end"] and second[0]["bootstrap_prompt_ids"]
 
 
-def test_success_is_the_env_interactions_and_no_env_steps_in_this_process(tokenizer):
-    """The env behind the interaction says whether the episode succeeded (its `success`, as an
-    env slot's): with `workers` no env takes a step in the trainer's process, neither for whole
-    episodes nor in fixed-turn batches (the task used to replay every reply here at the end)."""
+def test_with_workers_no_env_resets_or_steps_in_this_process(tokenizer):
+    """The env behind the interaction opens each episode (its instructions and first
+    observation) and says whether it succeeded (its `success`, as an env slot's): with `workers`
+    no env resets or steps in the trainer's process, neither for whole episodes nor in
+    fixed-turn batches (the task record used to reset one here, and the task to replay every
+    reply at the end)."""
     from flaky_envs import FlakyCorridor
 
     run = ConversationRun({"corridor": EnvTask(FLAKY, "corridor", image=False, kwargs={
@@ -122,21 +129,25 @@ def test_success_is_the_env_interactions_and_no_env_steps_in_this_process(tokeni
                                                 history_turns=1, interaction=EnvInteraction(
                                                     {"workers": True}, "env")),
                           conversation_rollout)
-    FlakyCorridor.steps_in_this_process = 0
+    FlakyCorridor.calls_in_this_process = 0
     reached, stopped = run.play(Forward(tokenizer), tokenizer,
                                 sampling_settings(max_new_tokens=16),
                                 [run.record("corridor", 2), run.record("longer", 2)], ["a", "b"])
-    collector = conversation_fixed_turns(run, ["corridor"], n_envs=1, turns_per_env=3, seed=0)
-    try:
-        samples = collector.collect(Forward(tokenizer), tokenizer,
-                                    sampling_settings(max_new_tokens=16, seed=0), 0,
-                                    {"run_id": "t"}, progress=False)
-    finally:
-        collector.close()
+    samples = one_batch(run, "corridor", tokenizer)
 
     assert (reached["termination"], reached["success"]) == ("done", True)
     # three replies walk three of six steps: the turn limit ends it, unsolved
     assert (stopped["termination"], stopped["success"]) == ("max_assistant_turns", False)
     ended = [s["replies"][0] for s in samples if s["replies"][0]["termination"]]
     assert ended and all(reply["success"] for reply in ended)
-    assert FlakyCorridor.steps_in_this_process == 0
+    assert FlakyCorridor.calls_in_this_process == 0
+    assert json.loads(reached["messages"])[1]["content"].startswith("Your goal: reach the end")
+
+
+def test_a_reset_that_keeps_failing_stops_with_one_line_naming_the_seed(tokenizer):
+    """A reset runs in the interaction, retried on a restarted env: a seed whose reset always
+    fails stops the stage after `max_retries`, naming it (no traceback out of a task record)."""
+    broken = EnvTask(FLAKY, "corridor", image=False, kwargs={"raise_on_reset": [2]})
+    with pytest.raises(EnvGaveUp, match=r"failed 2 times in a row, the last on seed 2 \(reset, "
+                                        r"env_error: RuntimeError: reset of seed 2 is broken\)"):
+        play(tokenizer, [broken], EnvInteraction({"max_retries": 1, "workers": True}, "env"))

@@ -53,8 +53,9 @@ from longturn.rollout.chat_deltas import ChatDeltas
 from longturn.rollout.history_window import Joined, frame_owners, render_window
 from longturn.rollout.conversation import (DONE, MAX_ASSISTANT_TURNS, MAX_USER_TURNS, TIME_LIMIT,
                                        TOKEN_BUDGET, Conversation)
-from longturn.tasks.interactions import (BaseInteraction, finalize_all, interaction_of, respond,
-                                         start_all, succeeded as interaction_succeeded,
+from longturn.tasks.interactions import (BaseInteraction, finalize_all, interaction_of,
+                                         opening as interaction_opening, respond, start_all,
+                                         succeeded as interaction_succeeded,
                                          truncated as interaction_truncated)
 from longturn.tasks.plugin_loop import run_together
 from longturn.tasks.verl_api import BaseInteraction as VerlInteraction
@@ -286,10 +287,15 @@ def finish_all(episodes: list[Conversation], s: ConversationSettings,
 
 def release_all(episodes: list[Conversation], s: ConversationSettings) -> None:
     """Tools and interaction let go of these episodes, all at once (finished or abandoned)."""
+    _release([ep.episode_id for ep in episodes],
+             [_partner(s, ep) for ep in episodes] if s.interaction is not None else [], s)
+
+
+def _release(ids: list[str], partners: list[Any], s: ConversationSettings) -> None:
     if s.tools is not None:
-        s.tools.release_many([ep.episode_id for ep in episodes], s.tool_timeout_s)
-    if s.interaction is not None:
-        finalize_all([(_partner(s, ep), ep.episode_id) for ep in episodes], s.tool_timeout_s)
+        s.tools.release_many(ids, s.tool_timeout_s)
+    if partners:
+        finalize_all(list(zip(partners, ids)), s.tool_timeout_s)
 
 
 def keep_running(episodes: list[Conversation], s: ConversationSettings) -> bytes | str:
@@ -348,23 +354,46 @@ def chat_deltas(engine: Engine, tokenizer: Any, s: ConversationSettings) -> Chat
 
 def start_episodes(deltas: ChatDeltas, tasks: list[dict[str, Any]], ids: list[str],
                    settings: ConversationSettings) -> list[Conversation]:
-    """New episodes of these task records; their tools and interaction start all at once."""
+    """New episodes of these task records. Their tools and interaction start all at once; an
+    interaction that opens its episode (`opening`: an env's instructions and first observation,
+    from the env it has just reset) gives its first messages."""
     s = settings
-    episodes = []
-    for episode_id, task in zip(ids, tasks):
-        ep = Conversation.begin(episode_id, task, deltas)
-        if s.history_turns is not None:
-            ep.window = _next_window(ep, s, ep.messages, ep.frame_owner)
-        episodes.append(ep)
     # each episode's interaction picked (a wrong name stops here, before any tool instance)
-    partners = [_partner(s, ep) for ep in episodes] if s.interaction is not None else []
-    if s.tools is not None:  # every episode's tools and interaction start at once
-        s.tools.create_many([(ep.episode_id, ep.task.get("tools_kwargs")) for ep in episodes],
+    partners = ([interaction_of(s.interaction, task, i) for task, i in zip(tasks, ids)]
+                if s.interaction is not None else [])
+    if s.tools is not None:
+        s.tools.create_many([(i, task.get("tools_kwargs")) for i, task in zip(ids, tasks)],
                             s.tool_timeout_s)
-    if partners:
-        start_all([(partner, ep.episode_id, ep.task.get("interaction_kwargs", {}))
-                   for partner, ep in zip(partners, episodes)], s.tool_timeout_s)
+    episodes = []
+    try:
+        if partners:
+            start_all([(p, i, task.get("interaction_kwargs", {}))
+                       for p, i, task in zip(partners, ids, tasks)], s.tool_timeout_s)
+        for k, (episode_id, task) in enumerate(zip(ids, tasks)):
+            opened = _opened(task, interaction_opening(partners[k], episode_id)
+                             if partners else None, episode_id)
+            ep = Conversation.begin(episode_id, opened, deltas)
+            if s.history_turns is not None:
+                ep.window = _next_window(ep, s, ep.messages, ep.frame_owner)
+            episodes.append(ep)
+    except BaseException:  # nothing started is left behind (a model without an image side…)
+        _release(ids, partners, s)
+        raise
     return episodes
+
+
+def _opened(task: dict[str, Any], opening: tuple[list[dict], list] | None,
+            episode_id: str) -> dict[str, Any]:
+    """The task record with the messages (and frames) its interaction opened the episode with."""
+    if opening is not None:
+        messages, images = opening
+        task = {**task, "messages": [*task["messages"], *messages],
+                "images": [*(task.get("images") or []), *images]}
+    if not task["messages"]:
+        raise SettingError(f"episode {episode_id}: task {task.get('task', '?')!r} gave no "
+                           "messages and no interaction opened the episode (an env task needs "
+                           "its interaction: configs/env_interactions.yaml)")
+    return task
 
 
 def _partner(s: ConversationSettings, ep: Conversation) -> Any:

@@ -17,6 +17,7 @@ from longturn.engines.base import Engine, SamplingParams
 from longturn.errors import SettingError
 from longturn.rollout.functions import AGENT_ROLLOUT, BUILTIN, resolve_rollout_function
 from longturn.tasks.plugins import import_class
+from longturn.tasks.env_frames import ENV_SETTINGS
 from longturn.tasks.interactions import load_interactions
 from longturn.rollout.conversation import replies_valid
 from longturn.rollout.conversation_rollout import ConversationSettings
@@ -44,6 +45,16 @@ def _interaction(params: Params) -> Any:
     if s.interactions is None:
         return None
     found = load_interactions(s.interactions)
+    env_run = [i for i in found.values() if hasattr(i, "use_env_settings")]
+    for interaction in env_run:  # an env behind the chat protocol: env.* as for env slots
+        interaction.use_env_settings(s.interactions, **{
+            key: getattr(params.env, key) for key in ENV_SETTINGS})
+    timeout = params.env.step_timeout_s if params.env.workers else None
+    if env_run and timeout is not None and timeout >= s.tool_timeout_s:
+        raise SettingError(f"env.step_timeout_s ({timeout:g}) must be under "
+                           f"rollout.chat.tool_timeout_s ({s.tool_timeout_s:g}), which cuts off "
+                           "the interaction's whole call: a hung env step must abort its episode "
+                           "first")
     if s.interaction is None:
         return found
     if s.interaction not in found:
@@ -92,6 +103,13 @@ class ConversationRun:
             interaction=_interaction(params), reward_fn=None, progress=progress)
         run = cls(tasks, settings, _rollout_function(params))
         settings.reward_fn = run.reward
+        opened = [n for n, task in tasks.items() if getattr(task, "opened_by_interaction", False)]
+        if opened and (settings.interaction is None or params.rollout.agent is not None
+                       or params.rollout.slime_generate is not None):
+            raise SettingError(f"env.tasks {opened}: an env task is opened and played by its "
+                               "interaction, in the built-in rollout: set rollout.chat."
+                               "interactions (configs/env_interactions.yaml), without "
+                               "rollout.agent or rollout.slime_generate")
         return run
 
     def record(self, task: str, seed: int) -> dict[str, Any]:

@@ -2,15 +2,19 @@
 
 The episode is one conversation: the system prompt lists the env's actions, each user turn is an
 observation (an `<image>` line for the frame, then the env's text and the answer format), each
-reply's `ACTION:` is one env step. `EnvInteraction` steps the env and answers with the next
-observation (`envs.base.Observation`, whose frame the rollout buffers), ending the episode when
-the env does (on the env's time limit as truncated, bootstrapped like an env slot's time limit);
-an unreadable action runs the env's default action and costs `invalid_penalty`, as in env
-slots. An env that raises, dies or hangs costs its episode alone, aborted as in env slots (the
-interaction's config: `workers`, `step_timeout_s`, `max_retries`). The interaction also says
-whether the episode succeeded (the env's `success`, as env slots count it). Where no
-`EnvInteraction` played the episode (an agent's, a rollout function's), the task's `reward` and
-`success` replay its replies on a fresh env of the same seed, in this process.
+reply's `ACTION:` is one env step. Everything about the env happens in `EnvInteraction`, in the
+env's worker process with `workers`:
+- it resets the env and opens the episode with the system prompt and the first observation
+  (`opening`); the task record only says which env, task and seed;
+- it steps the env with each reply's action and answers with the next observation
+  (`envs.base.Observation`, whose frame the rollout buffers), ending the episode when the env
+  does (on the env's time limit as truncated, bootstrapped like an env slot's time limit); an
+  unreadable action runs the env's default action and costs `invalid_penalty`, as in env slots;
+- it says whether the episode succeeded (`succeeded`: the env's `success`, as env slots count it);
+- an env that raises, dies or hangs costs its episode alone, aborted as in env slots (config:
+  `workers`, `step_timeout_s`, `max_retries`).
+So an env task is played by the built-in rollout with this interaction
+(`configs/env_interactions.yaml`); elsewhere (an agent, no interaction) it stops with one line.
 
 Built in: `babyai_goto_frames` (BabyAI goto with frames) and `babyai_goto_text` (the same task,
 text only). Any other env and task: `EnvTask("crafter", "default")` in a module of yours, named
@@ -26,17 +30,14 @@ from typing import Any
 
 from longturn.agent.prompts import EMPTY_VIEW, answer_format, system_prompt
 from longturn.envs.actions import ActionTranslator
-from longturn.envs.base import Instructions, Observation, TextEnv
+from longturn.envs.base import Instructions, Observation
 from longturn.envs.failures import EnvFailure, restart_or_give_up
 from longturn.envs.local import LocalEnv
-from longturn.envs.registry import EnvSpec, make_env
+from longturn.envs.registry import EnvSpec
 from longturn.envs.workers import WorkerEnv
+from longturn.errors import SettingError
 from longturn.tasks.interactions import BaseInteraction
 from longturn.vision.encoder import IMAGE_PLACEHOLDER
-
-
-def _env(env: str, task: str, image: bool, kwargs: dict[str, Any]) -> TextEnv:
-    return make_env(env, task, **kwargs, **({"image": True} if image else {}))
 
 
 def observation_text(instructions: Instructions, observation: Observation, image: bool) -> str:
@@ -49,72 +50,51 @@ def observation_text(instructions: Instructions, observation: Observation, image
     return "\n".join(lines)
 
 
-def _replies(messages: list[dict[str, Any]]) -> list[str]:
-    return [m["content"] for m in messages if m["role"] == "assistant"]
-
-
 @dataclass(frozen=True)
 class EnvTask:
     """`env.tasks` entry playing `task` of env `env` (a built-in name or a plugin factory)."""
 
+    opened_by_interaction = True  # its record has no messages (ConversationRun checks)
     env: str
     task: str
     image: bool = True
     kwargs: dict[str, Any] = field(default_factory=dict)  # the env's constructor's, as env.kwargs
 
     def record(self, seed: int) -> dict[str, Any]:
-        env = _env(self.env, self.task, self.image, self.kwargs)
-        try:
-            observation, _ = env.reset(seed=seed)
-            instructions = env.instructions
-        finally:
-            env.close()
-        if self.image and observation.image is None:
-            raise ValueError(f"env {self.env!r} task {self.task!r} returned no frame with "
-                             "image on")
-        return {
-            "messages": [{"role": "system", "content": system_prompt(instructions)},
-                         {"role": "user",
-                          "content": observation_text(instructions, observation, self.image)}],
-            "images": [observation.image] if self.image else [],
-            "interaction_kwargs": {"env": self.env, "task": self.task, "seed": int(seed),
-                                   "image": self.image,
-                                   **({"env_kwargs": dict(self.kwargs)} if self.kwargs else {})},
-        }
-
-    def replay(self, record: dict[str, Any], messages: list[dict[str, Any]]) -> tuple[float, bool]:
-        """(env reward summed, whether the env ended with a positive reward) of the replies: for
-        an episode no `EnvInteraction` played, which would have said."""
-        env = _env(self.env, self.task, False, self.kwargs)
-        translator = ActionTranslator(env.actions, env.synonyms, env.default_action)
-        total, reward, ended = 0.0, 0.0, False
-        try:
-            env.reset(seed=int(record["interaction_kwargs"]["seed"]))
-            for reply in _replies(messages):
-                _, reward, terminated, truncated, _ = env.step(translator.parse(reply).action)
-                total += reward
-                if terminated or truncated:
-                    ended = True
-                    break
-        finally:
-            env.close()
-        return total, ended and reward > 0
+        """What the interaction needs to reset the env; no messages: the `EnvInteraction`
+        opens the episode from the env it resets (its instructions and first observation), so
+        no env is built here, in the trainer's process."""
+        return {"messages": [], "images": [],
+                "interaction_kwargs": {"env": self.env, "task": self.task, "seed": int(seed),
+                                       "image": self.image,
+                                       **({"env_kwargs": dict(self.kwargs)} if self.kwargs
+                                          else {})}}
 
     def reward(self, record: dict[str, Any], messages: list[dict[str, Any]]) -> float:
-        return self.replay(record, messages)[0]
+        raise SettingError(self._unplayable(record))
 
     def success(self, record: dict[str, Any], messages: list[dict[str, Any]]) -> bool:
-        return self.replay(record, messages)[1]
+        raise SettingError(self._unplayable(record))
+
+    def _unplayable(self, record: dict[str, Any]) -> str:
+        """Why an env task asked to judge its episode itself was played wrong: only the env
+        behind `EnvInteraction` knows its reward and success (`BaseInteraction.succeeded`)."""
+        return (f"task {record.get('task', self.env)!r} plays env {self.env!r} through "
+                "EnvInteraction, which scores each reply and says whether the episode "
+                "succeeded: play it with the built-in rollout and rollout.chat.interactions: "
+                "configs/env_interactions.yaml")
 
 
 class EnvInteraction(BaseInteraction):
     """Steps the episode's env with each reply's action.
 
-    config: `invalid_penalty` (0.1), subtracted when a reply names no valid action; `workers`
-    (false): each env in a worker process of its own, as env slots with `env.workers`;
-    `step_timeout_s` (30, with workers; under `rollout.chat.tool_timeout_s`, which bounds the
-    whole call): a reset or step that takes longer is cut off;
-    `max_retries` (3). An env that raises, dies or hangs aborts its episode alone, as in env slots:
+    Its settings are env slots' (a run loaded from params gets them from env.*:
+    `use_env_settings`; built directly, from `config`, the defaults in brackets):
+    `invalid_action_penalty` (0.1), subtracted when a reply names no valid action; `workers`
+    (false): each env in a worker process of its own; `step_timeout_s` (30, with workers; under
+    `rollout.chat.tool_timeout_s`, which bounds the whole call): a reset or step that takes
+    longer is cut off; `max_retries` (3). An env that raises, dies or hangs aborts its episode
+    alone, as in env slots:
     `generate_response` raises the `EnvFailure`, the rollout ends the episode as aborted (out of
     the loss, counted by its reason) and the env is restarted; more than `max_retries` failures
     in a row stop the stage (`EnvGaveUp`). An env is kept when its episode ends and reset for a
@@ -126,6 +106,17 @@ class EnvInteraction(BaseInteraction):
         self._idle: dict[str, list[Any]] = {}  # idle envs by their spec's repr
         self._lock = threading.Lock()  # the rollout calls episodes' methods on several threads
         self._failures_in_a_row = 0
+        self._settings_are = f"the {name!r} interaction's "  # where a message says they are set
+
+    def use_env_settings(self, where: str, **settings: Any) -> None:
+        """Take the run's env.* settings (`ENV_SETTINGS`), so one setting means one thing for
+        either protocol; the interaction's own config must not set them too (`where`: its file)."""
+        clash = sorted(set(settings) & set(self.config))
+        if clash:
+            raise SettingError(f"{where}: interaction {self.name!r} sets {', '.join(clash)} in "
+                               f"its config; the run's env.{clash[0]} sets it: remove it there")
+        self.config.update(settings)
+        self._settings_are = "env."
 
     def _spec(self, kwargs: dict[str, Any]) -> EnvSpec:
         image = {"image": True} if kwargs.get("image", True) else {}
@@ -139,7 +130,7 @@ class EnvInteraction(BaseInteraction):
                 return idle.pop()
         if self.config.get("workers", False):
             return WorkerEnv(spec, self.config.get("step_timeout_s", 30.0),
-                             f"the {self.name!r} interaction's step_timeout_s")
+                             f"{self._settings_are}step_timeout_s")
         return LocalEnv(spec.build(), spec)
 
     def _failed(self, env: Any, failure: EnvFailure, call: str, seed: int) -> None:
@@ -150,28 +141,43 @@ class EnvInteraction(BaseInteraction):
         restart_or_give_up(env, failure, name=env.spec.name, task=env.spec.task, call=call,
                            seed=seed, failures=failures,
                            limit=int(self.config.get("max_retries", 3)),
-                           setting=f"the {self.name!r} interaction's max_retries")
+                           setting=f"{self._settings_are}max_retries")
 
     def _succeeded(self) -> None:
         with self._lock:
             self._failures_in_a_row = 0
 
     def start(self, instance_id: str, **kwargs: Any) -> None:
-        """Reset an env for the episode; a failed reset is retried on a restarted env (the
-        task record's own reset of this seed has already worked), up to `max_retries` times."""
+        """Reset an env for the episode (in its worker process with `workers`); a failed reset
+        is retried on a restarted env, and more than `max_retries` failures in a row stop the
+        stage."""
         spec, seed = self._spec(kwargs), int(kwargs["seed"])
         env = self._take(spec)
         while True:
             try:
                 env.submit_reset(seed)
-                env.wait_reset()
+                observation, _ = env.wait_reset()
                 break
             except EnvFailure as failure:
                 self._failed(env, failure, "reset", seed)
         self._succeeded()
+        image = bool(kwargs.get("image", True))
+        if image and observation.image is None:
+            raise SettingError(f"env {spec.name!r} task {spec.task!r} returned no frame with "
+                               "image on")
+        instructions = env.instructions
         self.instances[instance_id] = {
-            "env": env, "spec": spec, "seed": seed, "image": bool(kwargs.get("image", True)),
-            "translator": ActionTranslator(env.actions, env.synonyms, env.default_action)}
+            "env": env, "spec": spec, "seed": seed, "image": image,
+            "translator": ActionTranslator(env.actions, env.synonyms, env.default_action),
+            "opening": ([{"role": "system", "content": system_prompt(instructions)},
+                         {"role": "user",
+                          "content": observation_text(instructions, observation, image)}],
+                        [observation.image] if image else [])}
+
+    def opening(self, instance_id: str) -> tuple[list[dict[str, Any]], list[Any]]:
+        """The env's instructions as the system message and its first observation (with its
+        frame), from the reset in `start`; handed over once."""
+        return self.instances[instance_id].pop("opening")
 
     def generate_response(self, instance_id: str, messages: list[dict[str, Any]]
                           ) -> tuple[bool, Observation, float, dict[str, Any]]:
@@ -185,7 +191,7 @@ class EnvInteraction(BaseInteraction):
             self._failed(env, failure, "step", state["seed"])
             raise
         self._succeeded()
-        penalty = 0.0 if parsed.valid else float(self.config.get("invalid_penalty", 0.1))
+        penalty = 0.0 if parsed.valid else float(self.config.get("invalid_action_penalty", 0.1))
         # the rollout writes the frame's <image> line itself (conversation_rollout: _user_message)
         answer = Observation(observation_text(env.instructions, observation, False),
                              observation.image if state["image"] else None)
@@ -209,6 +215,9 @@ class EnvInteraction(BaseInteraction):
             with self._lock:
                 self._idle.setdefault(repr(state["spec"]), []).append(state["env"])
 
+
+# the env.* settings an EnvInteraction takes from a run's params (`use_env_settings`)
+ENV_SETTINGS = ("workers", "step_timeout_s", "max_retries", "invalid_action_penalty")
 
 BABYAI_GOTO_FRAMES = EnvTask("babyai", "goto", image=True)
 BABYAI_GOTO_TEXT = EnvTask("babyai", "goto", image=False)

@@ -14,7 +14,9 @@ class may be this project's synchronous `BaseInteraction` below or a verl-style 
 (`interaction_of`: a file's entries are picked per task by `interaction_kwargs["name"]`, as
 verl does). The protocol is verl's: `start` per
 episode, `generate_response` per reply → (should_terminate, text for the user message, score,
-metrics), `finalize` at the end. Two additions:
+metrics), `finalize` at the end. Three additions:
+- `opening`: an interaction whose episode begins from its own state (an env it has just reset)
+  gives the episode's first messages, after the task record's own;
 - `truncated`: an interaction that ended the episode on a time limit (an env's gymnasium
   `truncated`) says so, and the episode is bootstrapped like one cut by the turn limits;
 - `succeeded`: an interaction that knows whether the episode succeeded (an env's `success`)
@@ -44,6 +46,13 @@ class BaseInteraction(EpisodeInstances):
     def start(self, instance_id: str, **kwargs: Any) -> None:
         """Begin an episode (kwargs: the task's `interaction_kwargs`, e.g. the ground truth)."""
         self.instances[instance_id] = dict(kwargs)
+
+    def opening(self, instance_id: str) -> tuple[list[dict[str, Any]], list[Any]] | None:
+        """The messages that open the episode, asked right after `start`, and their frames (one
+        per `<image>` line, in order): appended to the task record's messages before the first
+        reply. None: the task's messages are the whole opening."""
+        del instance_id
+        return None
 
     def generate_response(self, instance_id: str, messages: list[dict[str, Any]]
                           ) -> tuple[bool, str, float, dict[str, Any]]:
@@ -168,6 +177,13 @@ def truncated(interaction: Any, instance_id: str) -> bool:
     """Whether the episode the interaction just ended was cut by a time limit (verl's
     interactions do not say: never)."""
     return False if _is_verl(interaction) else bool(interaction.truncated(instance_id))
+
+
+def opening(interaction: Any, instance_id: str) -> tuple[list[dict[str, Any]], list[Any]] | None:
+    """The messages (and frames) the interaction opens the episode with (None: none; verl's
+    never do)."""
+    ask = None if _is_verl(interaction) else getattr(interaction, "opening", None)
+    return ask(instance_id) if ask is not None else None
 
 
 def succeeded(interaction: Any, instance_id: str) -> bool | None:
