@@ -33,7 +33,8 @@ class EnvFailure(Exception):
 
 
 class EnvGaveUp(UserError):
-    """An env slot failed more than env.max_retries times in a row."""
+    """An env (an env slot's, or an env interaction's) failed more than its max_retries times in
+    a row."""
 
 
 def restart_or_give_up(env: Any, failure: EnvFailure, *, name: str, task: str, call: str,

@@ -86,7 +86,8 @@ class EnvTask:
 
 
 class EnvInteraction(BaseInteraction):
-    """Steps the episode's env with each reply's action.
+    """Resets the episode's env, opens the episode with its first observation, steps it with
+    each reply's action and says whether the episode succeeded.
 
     Its settings are env slots' (a run loaded from params gets them from env.*:
     `use_env_settings`; built directly, from `config`, the defaults in brackets):
