@@ -13,6 +13,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from longturn.envs.failures import EnvGaveUp
+from longturn.rollout.collection import episode_seed
 from longturn.rollout.conversation_player import conversation_fixed_turns
 from longturn.rollout.conversation_rollout import conversation_rollout
 from longturn.rollout.conversation_setup import ConversationRun
@@ -151,3 +152,26 @@ def test_a_reset_that_keeps_failing_stops_with_one_line_naming_the_seed(tokenize
     with pytest.raises(EnvGaveUp, match=r"failed 2 times in a row, the last on seed 2 \(reset, "
                                         r"env_error: RuntimeError: reset of seed 2 is broken\)"):
         play(tokenizer, [broken], EnvInteraction({"max_retries": 1, "workers": True}, "env"))
+
+
+@pytest.mark.parametrize("fault, config, reason", [
+    ({"raise_on_reset": "SEED"}, {}, "env_error"),
+    ({"hang_on_reset": "SEED", "hang_s": 30}, {"workers": True, "step_timeout_s": 1.0}, "timeout"),
+])
+def test_a_reset_that_fails_in_a_batch_moves_the_slot_to_its_next_episode(tokenizer, fault,
+                                                                         config, reason):
+    """As an env slot's: the episode whose reset failed never begins, the failure is counted,
+    and the slot starts its next episode (next seed) in the same batch."""
+    bad = episode_seed(0, 0, 0, 1)  # the slot's second episode
+    kwargs = {"length": 2, **{k: [bad] if v == "SEED" else v for k, v in fault.items()}}
+    run = ConversationRun({"c": EnvTask(FLAKY, "corridor", image=False, kwargs=kwargs)},
+                          conversation_settings(max_assistant_turns=10, max_user_turns=10,
+                                                history_turns=1,
+                                                interaction=EnvInteraction(config, "env")),
+                          conversation_rollout)
+    samples = one_batch(run, "c", tokenizer)
+
+    episodes = list(dict.fromkeys(s["episode_id"] for s in samples))
+    assert episodes == ["train-r0-e0-0", "train-r0-e0-2"]  # e0-1 never began
+    assert samples[-1]["aborted_resets"] == [reason]
+    assert sample_metrics(samples)["episodes_aborted"] == 1

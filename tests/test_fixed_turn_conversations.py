@@ -138,7 +138,7 @@ def test_an_episode_queued_at_a_batchs_end_is_kept_by_the_checkpoint(tokenizer):
     try:
         for it in range(4):
             played.collect(CyclingEngine(tokenizer), tokenizer, sampling, it, {}, progress=False)
-        queued = sorted(played.player.pending.values(), key=lambda s: s.slot)
+        queued = sorted((s for s, _ in played.player.pending.values()), key=lambda s: s.slot)
         assert [s.episode_id for s in queued] == ["train-r0-e0-3", "train-r0-e1-3"]
         resumed.load_state(played.state())
         assert resumed.episode_counts == played.episode_counts == [4, 4]

@@ -27,9 +27,9 @@ from longturn.rollout.chat_deltas import ChatDeltas
 from longturn.rollout.collection import (EpisodeGroups, EpisodeStart, FixedTurnBatches, Samples,
                                          slot_index)
 from longturn.rollout.conversation import Conversation
-from longturn.rollout.conversation_rollout import (chat_deltas, finish_all, keep_running,
-                                                   lock_step, release_all, resume_running,
-                                                   start_episodes)
+from longturn.rollout.conversation_rollout import (begin_episodes, chat_deltas, finish_all,
+                                                   keep_running, lock_step, open_episodes,
+                                                   release_all, release_opened, resume_running)
 from longturn.rollout.conversation_setup import ConversationRun
 from longturn.rollout.samples import samples_from_episodes
 
@@ -44,7 +44,8 @@ class ConversationPlayer:
             raise SettingError("fixed-turn batches of conversations need rollout.context window")
         self.run, self.n_slots, self.rank = run, n_slots, rank
         self.episodes: list[Conversation | None] = [None] * n_slots
-        self.pending: dict[int, EpisodeStart] = {}  # started, begun at the next lock-step
+        # opened (tools and interaction started), begun at the next lock-step: (start, record)
+        self.pending: dict[int, tuple[EpisodeStart, dict[str, Any]]] = {}
         self.emitted = [0] * n_slots  # replies of the slot's episode already in a batch
         self.deltas: ChatDeltas | None = None
         self.said_not_kept = False  # the warning that running episodes cannot be kept, once
@@ -53,18 +54,28 @@ class ConversationPlayer:
         return [i for i, ep in enumerate(self.episodes) if ep is None and i not in self.pending]
 
     def start(self, starts: list[EpisodeStart]) -> list[EpisodeStart]:
-        """Queue these episodes: they begin together (their tools and interaction started at
-        once) at the next lock-step, where the template deltas are known."""
-        self.pending.update((s.slot, s) for s in starts)
-        return []
+        """Open these episodes, their tools and interaction started at once (an env behind the
+        interaction resets now); those whose start failed come back with why, as an env slot's
+        failed reset. The others begin at the next lock-step, where the template deltas are
+        known."""
+        if not starts:
+            return []
+        opened = open_episodes([self.run.record(s.task, s.seed) for s in starts],
+                               [s.episode_id for s in starts], self.run.settings)
+        failed = []
+        for s, outcome in zip(starts, opened):
+            if isinstance(outcome, str):
+                failed.append(dataclasses.replace(s, failure=outcome))
+            else:
+                self.pending[s.slot] = (s, outcome)
+        return failed
 
     def _begin_pending(self) -> None:
         if not self.pending:
             return
         slots = sorted(self.pending)
-        starts = [self.pending.pop(i) for i in slots]
-        records = [self.run.record(s.task, s.seed) for s in starts]
-        begun = start_episodes(self.deltas, records, [s.episode_id for s in starts],
+        starts, opened = zip(*(self.pending.pop(i) for i in slots))
+        begun = begin_episodes(self.deltas, list(opened), [s.episode_id for s in starts],
                                self.run.settings)
         for i, ep in zip(slots, begun):
             self.episodes[i], self.emitted[i] = ep, 0
@@ -130,7 +141,8 @@ class ConversationPlayer:
         """The episodes queued to begin, and the running ones with their tools' and
         interaction's state when every one of those can keep it (`keep_running`); else a
         resumed run starts new episodes in their slots (said once)."""
-        out: dict[str, Any] = {"pending": list(self.pending.values())} if self.pending else {}
+        out: dict[str, Any] = ({"pending": [s for s, _ in self.pending.values()]}
+                               if self.pending else {})
         running = [i for i, ep in enumerate(self.episodes) if ep is not None]
         if not running:
             return out
@@ -158,11 +170,16 @@ class ConversationPlayer:
         self.start(state.get("pending", []))
 
     def close(self) -> None:
-        """Abandon the running episodes: tools and the interaction release them."""
+        """Abandon the running and the opened episodes: tools and the interaction release
+        them."""
         running = [ep for ep in self.episodes if ep is not None]
+        pending = list(self.pending.values())
         self.episodes, self.pending = [None] * self.n_slots, {}
         if running:
             release_all(running, self.run.settings)
+        if pending:
+            release_opened([task for _, task in pending], [s.episode_id for s, _ in pending],
+                           self.run.settings)
 
 
 def conversation_fixed_turns(run: ConversationRun, tasks: list[str], n_envs: int,

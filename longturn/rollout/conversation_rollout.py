@@ -354,9 +354,26 @@ def chat_deltas(engine: Engine, tokenizer: Any, s: ConversationSettings) -> Chat
 
 def start_episodes(deltas: ChatDeltas, tasks: list[dict[str, Any]], ids: list[str],
                    settings: ConversationSettings) -> list[Conversation]:
-    """New episodes of these task records. Their tools and interaction start all at once; an
-    interaction that opens its episode (`opening`: an env's instructions and first observation,
-    from the env it has just reset) gives its first messages."""
+    """New episodes of these task records, played whole: opened (`open_episodes`; a start that
+    failed is tried again on the same task, the env behind it restarted, until the interaction
+    gives up), then begun."""
+    opened: list[dict[str, Any] | str] = [""] * len(tasks)
+    todo = list(range(len(tasks)))
+    while todo:
+        again = open_episodes([tasks[k] for k in todo], [ids[k] for k in todo], settings)
+        for k, outcome in zip(todo, again):
+            opened[k] = outcome
+        todo = [k for k in todo if isinstance(opened[k], str)]
+    return begin_episodes(deltas, opened, ids, settings)  # type: ignore[arg-type]
+
+
+def open_episodes(tasks: list[dict[str, Any]], ids: list[str],
+                  settings: ConversationSettings) -> list[dict[str, Any] | str]:
+    """Start every episode's tools and interaction, all at once. Per episode its task record as
+    the model will first see it (with the messages its interaction opened it with: `opening`,
+    an env's instructions and first observation from the env it has just reset), or why its
+    start failed (an env that failed to reset; the interaction restarted it, and this episode's
+    tools and interaction are released)."""
     s = settings
     # each episode's interaction picked (a wrong name stops here, before any tool instance)
     partners = ([interaction_of(s.interaction, task, i) for task, i in zip(tasks, ids)]
@@ -364,22 +381,45 @@ def start_episodes(deltas: ChatDeltas, tasks: list[dict[str, Any]], ids: list[st
     if s.tools is not None:
         s.tools.create_many([(i, task.get("tools_kwargs")) for i, task in zip(ids, tasks)],
                             s.tool_timeout_s)
+    try:
+        failed = (start_all([(p, i, task.get("interaction_kwargs", {}))
+                             for p, i, task in zip(partners, ids, tasks)], s.tool_timeout_s)
+                  if partners else [None] * len(tasks))
+        out = [why if why is not None else _opened(
+                   task, interaction_opening(partners[k], i) if partners else None, i)
+               for k, (task, i, why) in enumerate(zip(tasks, ids, failed))]
+    except BaseException:
+        _release(ids, partners, s)
+        raise
+    lost = [k for k, outcome in enumerate(out) if isinstance(outcome, str)]
+    if lost:
+        _release([ids[k] for k in lost], [partners[k] for k in lost], s)
+    return out
+
+
+def begin_episodes(deltas: ChatDeltas, opened: list[dict[str, Any]], ids: list[str],
+                   settings: ConversationSettings) -> list[Conversation]:
+    """The conversations of these opened episodes (`open_episodes`), rendered; if rendering
+    fails (a model without an image side…), their tools and interaction are released."""
+    s = settings
     episodes = []
     try:
-        if partners:
-            start_all([(p, i, task.get("interaction_kwargs", {}))
-                       for p, i, task in zip(partners, ids, tasks)], s.tool_timeout_s)
-        for k, (episode_id, task) in enumerate(zip(ids, tasks)):
-            opened = _opened(task, interaction_opening(partners[k], episode_id)
-                             if partners else None, episode_id)
-            ep = Conversation.begin(episode_id, opened, deltas)
+        for episode_id, task in zip(ids, opened):
+            ep = Conversation.begin(episode_id, task, deltas)
             if s.history_turns is not None:
                 ep.window = _next_window(ep, s, ep.messages, ep.frame_owner)
             episodes.append(ep)
-    except BaseException:  # nothing started is left behind (a model without an image side…)
-        _release(ids, partners, s)
+    except BaseException:
+        release_opened(opened, ids, s)
         raise
     return episodes
+
+
+def release_opened(opened: list[dict[str, Any]], ids: list[str],
+                   s: ConversationSettings) -> None:
+    """Tools and interaction let go of opened episodes that never began."""
+    _release(ids, [interaction_of(s.interaction, task, i) for task, i in zip(opened, ids)]
+             if s.interaction is not None else [], s)
 
 
 def _opened(task: dict[str, Any], opening: tuple[list[dict], list] | None,

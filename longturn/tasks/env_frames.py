@@ -11,8 +11,9 @@ env's worker process with `workers`:
   does (on the env's time limit as truncated, bootstrapped like an env slot's time limit); an
   unreadable action runs the env's default action and costs `invalid_penalty`, as in env slots;
 - it says whether the episode succeeded (`succeeded`: the env's `success`, as env slots count it);
-- an env that raises, dies or hangs costs its episode alone, aborted as in env slots (config:
-  `workers`, `step_timeout_s`, `max_retries`).
+- an env that raises, dies or hangs costs its episode alone, aborted as in env slots; a reset
+  that fails means the episode never begins (`start` raises the `EnvFailure`), as an env slot's
+  failed reset (settings: `workers`, `step_timeout_s`, `max_retries`).
 So an env task is played by the built-in rollout with this interaction
 (`configs/env_interactions.yaml`); elsewhere (an agent, no interaction) it stops with one line.
 
@@ -149,18 +150,18 @@ class EnvInteraction(BaseInteraction):
             self._failures_in_a_row = 0
 
     def start(self, instance_id: str, **kwargs: Any) -> None:
-        """Reset an env for the episode (in its worker process with `workers`); a failed reset
-        is retried on a restarted env, and more than `max_retries` failures in a row stop the
-        stage."""
+        """Reset an env for the episode (in its worker process with `workers`). A reset that
+        fails raises its `EnvFailure` once the env is restarted (the episode does not begin, as
+        an env slot's failed reset), or past `max_retries` failures in a row `EnvGaveUp`."""
         spec, seed = self._spec(kwargs), int(kwargs["seed"])
         env = self._take(spec)
-        while True:
-            try:
-                env.submit_reset(seed)
-                observation, _ = env.wait_reset()
-                break
-            except EnvFailure as failure:
-                self._failed(env, failure, "reset", seed)
+        try:
+            env.submit_reset(seed)
+            observation, _ = env.wait_reset()
+        except EnvFailure as failure:
+            self._failed(env, failure, "reset", seed)
+            self._give_back(spec, env)
+            raise
         self._succeeded()
         image = bool(kwargs.get("image", True))
         if image and observation.image is None:
@@ -213,8 +214,11 @@ class EnvInteraction(BaseInteraction):
         """The episode's env goes back to the idle ones, for a later episode to reset."""
         state = self.instances.pop(instance_id, None)
         if state is not None:
-            with self._lock:
-                self._idle.setdefault(repr(state["spec"]), []).append(state["env"])
+            self._give_back(state["spec"], state["env"])
+
+    def _give_back(self, spec: EnvSpec, env: Any) -> None:
+        with self._lock:
+            self._idle.setdefault(repr(spec), []).append(env)
 
 
 # the env.* settings an EnvInteraction takes from a run's params (`use_env_settings`)

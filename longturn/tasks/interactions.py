@@ -29,6 +29,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from longturn.envs.failures import EnvFailure
 from longturn.errors import SettingError
 from longturn.tasks import verl_api
 from longturn.tasks.plugin_loop import CallTimedOut, invoke, run_together, within
@@ -44,7 +45,9 @@ class BaseInteraction(EpisodeInstances):
         self.instances: dict[str, dict[str, Any]] = {}
 
     def start(self, instance_id: str, **kwargs: Any) -> None:
-        """Begin an episode (kwargs: the task's `interaction_kwargs`, e.g. the ground truth)."""
+        """Begin an episode (kwargs: the task's `interaction_kwargs`, e.g. the ground truth).
+        An `EnvFailure` raised here (an env behind it that failed to reset) means the episode
+        does not begin: the rollout tries it again, or its slot's next one."""
         self.instances[instance_id] = dict(kwargs)
 
     def opening(self, instance_id: str) -> tuple[list[dict[str, Any]], list[Any]] | None:
@@ -155,11 +158,21 @@ def interaction_of(chosen: Any, task: dict[str, Any], episode_id: str) -> Any:
     return chosen[name]
 
 
-def start_all(episodes: list[tuple[Any, str, dict[str, Any]]], timeout_s: float | None) -> None:
-    """Begin each (its interaction, episode id, the task's interaction_kwargs), all at once."""
-    run_together([lambda i=interaction, e=episode, k=kwargs: _timed(
-        i, "start_interaction" if _is_verl(i) else "start", timeout_s, e, **k)
-        for interaction, episode, kwargs in episodes])
+def start_all(episodes: list[tuple[Any, str, dict[str, Any]]], timeout_s: float | None
+              ) -> list[str | None]:
+    """Begin each (its interaction, episode id, the task's interaction_kwargs), all at once.
+    Per episode None, or why it could not begin: the reason of the `EnvFailure` its `start`
+    raised (an env behind it that failed to reset; the interaction has restarted it)."""
+    async def start(interaction: Any, episode: str, kwargs: dict[str, Any]) -> str | None:
+        try:
+            await _timed(interaction, "start_interaction" if _is_verl(interaction) else "start",
+                         timeout_s, episode, **kwargs)
+        except EnvFailure as failure:
+            return failure.reason
+        return None
+
+    return run_together([lambda i=interaction, e=episode, k=kwargs: start(i, e, k)
+                         for interaction, episode, kwargs in episodes])
 
 
 async def respond(interaction: Any, instance_id: str, messages: list[dict[str, Any]],
