@@ -3,17 +3,18 @@
 The episode is one conversation: the system prompt lists the env's actions, each user turn is an
 observation (an `<image>` line for the frame, then the env's text and the answer format), each
 reply's `ACTION:` is one env step. Everything about the env happens in `EnvInteraction`, in the
-env's worker process with `workers`:
+env's worker process with `env.workers`:
 - it resets the env and opens the episode with the system prompt and the first observation
   (`opening`); the task record only says which env, task and seed;
 - it steps the env with each reply's action and answers with the next observation
   (`envs.base.Observation`, whose frame the rollout buffers), ending the episode when the env
   does (on the env's time limit as truncated, bootstrapped like an env slot's time limit); an
-  unreadable action runs the env's default action and costs `invalid_penalty`, as in env slots;
+  unreadable action runs the env's default action and costs `env.invalid_action_penalty`, as in
+  env slots;
 - it says whether the episode succeeded (`succeeded`: the env's `success`, as env slots count it);
 - an env that raises, dies or hangs costs its episode alone, aborted as in env slots; a reset
   that fails means the episode never begins (`start` raises the `EnvFailure`), as an env slot's
-  failed reset (settings: `workers`, `step_timeout_s`, `max_retries`).
+  failed reset (`env.workers`, `env.step_timeout_s`, `env.max_retries`, as for env slots).
 So an env task is played by the built-in rollout with this interaction
 (`configs/env_interactions.yaml`); elsewhere (an agent, no interaction) it stops with one line.
 
