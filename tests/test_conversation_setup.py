@@ -92,6 +92,10 @@ def test_an_env_interaction_takes_the_runs_env_settings(tmp_path):
     with pytest.raises(SettingError, match=r"own.yaml: interaction 'env' sets workers in its "
                                            r"config; the run's env.workers sets it"):
         ConversationRun.from_params(env_params({"step_timeout_s": 5}, interactions=str(own)))
+    own.write_text(own.read_text().replace("workers: true", "invalid_penalty: 0.2"))
+    with pytest.raises(SettingError, match=r"sets invalid_penalty in its config; the run's "
+                                           r"env.invalid_action_penalty sets it"):
+        ConversationRun.from_params(env_params({"step_timeout_s": 5}, interactions=str(own)))
 
 
 def short_rollout(engine, tokenizer, sampling, tasks, settings):

@@ -114,6 +114,10 @@ class EnvInteraction(BaseInteraction):
     def use_env_settings(self, where: str, **settings: Any) -> None:
         """Take the run's env.* settings (`ENV_SETTINGS`), so one setting means one thing for
         either protocol; the interaction's own config must not set them too (`where`: its file)."""
+        if "invalid_penalty" in self.config:  # its name before it became env.*'s
+            raise SettingError(f"{where}: interaction {self.name!r} sets invalid_penalty in its "
+                               "config; the run's env.invalid_action_penalty sets it: remove it "
+                               "there")
         clash = sorted(set(settings) & set(self.config))
         if clash:
             raise SettingError(f"{where}: interaction {self.name!r} sets {', '.join(clash)} in "
