@@ -287,15 +287,17 @@ def finish_all(episodes: list[Conversation], s: ConversationSettings,
 
 def release_all(episodes: list[Conversation], s: ConversationSettings) -> None:
     """Tools and interaction let go of these episodes, all at once (finished or abandoned)."""
-    _release([ep.episode_id for ep in episodes],
-             [_partner(s, ep) for ep in episodes] if s.interaction is not None else [], s)
+    release_opened([ep.task for ep in episodes], [ep.episode_id for ep in episodes], s)
 
 
-def _release(ids: list[str], partners: list[Any], s: ConversationSettings) -> None:
+def release_opened(tasks: list[dict[str, Any]], ids: list[str], s: ConversationSettings) -> None:
+    """Tools and interaction let go of the episodes of these task records (begun or not), all
+    at once."""
     if s.tools is not None:
         s.tools.release_many(ids, s.tool_timeout_s)
-    if partners:
-        finalize_all(list(zip(partners, ids)), s.tool_timeout_s)
+    if s.interaction is not None:
+        finalize_all([(interaction_of(s.interaction, task, i), i) for task, i in zip(tasks, ids)],
+                     s.tool_timeout_s)
 
 
 def keep_running(episodes: list[Conversation], s: ConversationSettings) -> bytes | str:
@@ -389,11 +391,11 @@ def open_episodes(tasks: list[dict[str, Any]], ids: list[str],
                    task, interaction_opening(partners[k], i) if partners else None, i)
                for k, (task, i, why) in enumerate(zip(tasks, ids, failed))]
     except BaseException:
-        _release(ids, partners, s)
+        release_opened(tasks, ids, s)
         raise
     lost = [k for k, outcome in enumerate(out) if isinstance(outcome, str)]
     if lost:
-        _release([ids[k] for k in lost], [partners[k] for k in lost], s)
+        release_opened([tasks[k] for k in lost], [ids[k] for k in lost], s)
     return out
 
 
@@ -413,13 +415,6 @@ def begin_episodes(deltas: ChatDeltas, opened: list[dict[str, Any]], ids: list[s
         release_opened(opened, ids, s)
         raise
     return episodes
-
-
-def release_opened(opened: list[dict[str, Any]], ids: list[str],
-                   s: ConversationSettings) -> None:
-    """Tools and interaction let go of opened episodes that never began."""
-    _release(ids, [interaction_of(s.interaction, task, i) for task, i in zip(opened, ids)]
-             if s.interaction is not None else [], s)
 
 
 def _opened(task: dict[str, Any], opening: tuple[list[dict], list] | None,

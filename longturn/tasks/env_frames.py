@@ -114,14 +114,10 @@ class EnvInteraction(BaseInteraction):
     def use_env_settings(self, where: str, **settings: Any) -> None:
         """Take the run's env.* settings (`ENV_SETTINGS`), so one setting means one thing for
         either protocol; the interaction's own config must not set them too (`where`: its file)."""
-        if "invalid_penalty" in self.config:  # its name before it became env.*'s
-            raise SettingError(f"{where}: interaction {self.name!r} sets invalid_penalty in its "
-                               "config; the run's env.invalid_action_penalty sets it: remove it "
-                               "there")
-        clash = sorted(set(settings) & set(self.config))
-        if clash:
-            raise SettingError(f"{where}: interaction {self.name!r} sets {', '.join(clash)} in "
-                               f"its config; the run's env.{clash[0]} sets it: remove it there")
+        if self.config:  # every setting it has is env.*'s (an older file's keys among them)
+            raise SettingError(f"{where}: interaction {self.name!r} sets "
+                               f"{', '.join(sorted(self.config))} in its config; its settings are "
+                               f"the run's env.{', env.'.join(settings)}: give it `config: {{}}`")
         self.config.update(settings)
         self._settings_are = "env."
 
