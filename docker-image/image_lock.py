@@ -10,7 +10,7 @@ imported as a package: a `docker/` folder at the root would shadow the `docker` 
     python docker-image/image_lock.py     # rewrite both locks (needs PyPI)
 
 The resolution is `pip install --dry-run --report` with `--platform` tags for that glibc and
-`--only-binary :all:`. A few pins are published only as sdists (pure-Python packages); they are
+`--only-binary :all:`, reading wheels' metadata by HTTP range requests (`resolve` says why). A few pins are published only as sdists (pure-Python packages); they are
 built to wheels first (as the image build does) and offered through `--find-links`, and the lock
 marks them `# sdist`. tests/test_image.py runs the same resolution on the committed locks.
 """
@@ -95,13 +95,18 @@ def build_wheels(requirements: list[str], dest: Path) -> None:
 
 def resolve(requirements: list[str], wheels: Path, python: str = PYTHON) -> dict[str, dict]:
     """{normalized name: {"version", "url"}} that pip would install for the image's platform
-    (CPython `python`: tests/test_python_versions.py checks every version pyproject admits)."""
+    (CPython `python`: tests/test_python_versions.py checks every version pyproject admits).
+
+    fast-deps: pip reads each wheel's METADATA by HTTP range requests instead of downloading
+    it. PyPI as reached from our machines serves no PEP 658 `.metadata` files, so a plain dry
+    run downloads every wheel: 4.1 GB of temp files for the SGLang lock alone, and the six
+    resolutions of the test suite, side by side, filled a CI machine's disk. With it: 3 MB."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         tags = [arg for tag in platform_tags() for arg in ("--platform", tag)]
-        done = _pip("install", "--dry-run", "--ignore-installed", "--quiet", "--report",
-                    str(report), *tags, "--python-version", python, "--only-binary", ":all:",
-                    "--find-links", str(wheels), *requirements)
+        done = _pip("install", "--dry-run", "--use-feature=fast-deps", "--ignore-installed",
+                    "--quiet", "--report", str(report), *tags, "--python-version", python,
+                    "--only-binary", ":all:", "--find-links", str(wheels), *requirements)
         if done.returncode != 0:
             raise ResolutionError(done.stderr.strip()[-3000:])
         installs = json.loads(report.read_text())["install"]

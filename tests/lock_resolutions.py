@@ -3,7 +3,8 @@ the image's platform (tests/test_image.py) and the pinned environment for each C
 requires-python admits (tests/test_python_versions.py).
 
 Why: both modules need the GPU lock's sdist-only pins built into wheels first, and the six
-resolutions are pip subprocesses that keep a core busy for about a minute and a half in all. They
+resolutions are pip subprocesses that take minutes, mostly waiting on PyPI (both modules: 169 s
+alone; torch's metadata alone is 35 s of HTTP range requests, see image_lock.resolve). They
 start in the background as the session's first test starts (only when a selected test needs
 them), while the suite's single-threaded tests leave a core idle, and the fixture waits for
 them. One module after the other they took about 106 s of the suite on 2 cores. They run at the

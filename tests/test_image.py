@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,43 @@ def test_image_lock_resolves_for_the_image_platform_pin_for_pin(lock_resolutions
     assert got == lock.pins(path), "the lock is incomplete or inconsistent: regenerate it"
     built = {n for n, entry in resolved.items() if entry["url"].startswith(wheels.as_uri())}
     assert built == {lock.normalize(p.split("==")[0]) for p in lock.sdist_pins(path)}
+
+
+def _disk_bytes(folder: Path) -> int:
+    """Bytes the files take on disk: pip's lazy wheel is a sparse file of the wheel's size."""
+    total = 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(root, name)).st_blocks * 512
+            except OSError:  # pip removed it between the listing and the size
+                pass
+    return total
+
+
+@pytest.mark.network
+def test_resolving_reads_wheel_metadata_without_downloading_the_wheel(tmp_path, monkeypatch):
+    """nvidia-cublas's wheel is 423 MB (one of torch's CUDA wheels, with few files: its metadata
+    is read in a second). PyPI as reached here serves no `.metadata` files, so a dry run without
+    fast-deps downloaded every wheel into the temp dir: 17.5 GB at once for the suite's six
+    resolutions, more than a CI machine had free."""
+    lock = image_lock()
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))  # pip's temp files, where the watcher looks
+    peak, done = [0], threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.05):
+            peak[0] = max(peak[0], _disk_bytes(temp))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        cublas = lock.pins(lock.GPU_LOCK)["nvidia-cublas"]
+        resolved = lock.resolve(["--no-deps", f"nvidia-cublas=={cublas}"], tmp_path)
+    finally:
+        done.set()
+        watcher.join()
+    assert resolved["nvidia-cublas"]["version"] == cublas
+    assert peak[0] < 50 * 2**20, f"pip wrote {peak[0] / 2**20:.0f} MB of temp files"
