@@ -55,12 +55,29 @@ def test_an_env_that_raises_aborts_its_episode_alone(tokenizer):
             metrics["termination/done"]) == (1, 1, 1)
 
 
-def test_failures_in_a_row_past_max_retries_stop_the_rollout_naming_the_env(tokenizer):
+def test_failures_of_different_envs_do_not_add_up(tokenizer):
+    """Counted per env, as env slots count theirs: three envs failing once each, at once on
+    threads, are three aborted episodes, not three failures in a row."""
     tasks = [EnvTask(FLAKY, "corridor", image=False, kwargs={"raise_on_step": 1})] * 3
-    # the three steps fail at once, on threads: the 2nd and the 3rd failure each stop the stage
+    played = play(tokenizer, tasks, EnvInteraction({"max_retries": 1}, "env"))
+    assert [(r["termination"], r["aborted"]) for r in played] == [("env_error", True)] * 3
+
+
+def test_an_env_whose_first_step_always_fails_stops_the_stage_as_an_env_slot(tokenizer):
+    """Every episode resets, then its first step raises: a reset that works does not clear the
+    failures in a row (an env slot's rule, tests/test_env_workers.py), so the slot's 3rd
+    episode stops the stage with one line naming the env. They used to be cleared by each
+    reset: the slot lost every episode and the stage never stopped."""
+    run = ConversationRun({"c": EnvTask(FLAKY, "corridor", image=False,
+                                        kwargs={"raise_on_step": 1})},
+                          conversation_settings(max_assistant_turns=10, max_user_turns=10,
+                                                history_turns=1, interaction=EnvInteraction(
+                                                    {"max_retries": 2}, "env")),
+                          conversation_rollout)
     with pytest.raises(EnvGaveUp, match=r"env 'flaky_envs:FlakyCorridor' task 'corridor' failed "
-                                        r"[23] times in a row.*max_retries is 1"):
-        play(tokenizer, tasks, EnvInteraction({"max_retries": 1}, "env"))
+                                        r"3 times in a row, the last on seed \d+ \(step, "
+                                        r"env_error: .*max_retries is 2"):
+        one_batch(run, "c", tokenizer, turns=8)
 
 
 def test_a_hanging_worker_times_out_and_a_finished_episodes_worker_is_reused(tokenizer, caplog):
@@ -83,9 +100,9 @@ def test_a_hanging_worker_times_out_and_a_finished_episodes_worker_is_reused(tok
     assert process(again) == process(whole) != str(os.getpid())  # one worker, two episodes
 
 
-def one_batch(run: ConversationRun, task: str, tokenizer) -> list[dict]:
-    """The samples of one fixed-turn batch of 3 replies in one slot."""
-    collector = conversation_fixed_turns(run, [task], n_envs=1, turns_per_env=3, seed=0)
+def one_batch(run: ConversationRun, task: str, tokenizer, turns: int = 3) -> list[dict]:
+    """The samples of one fixed-turn batch of `turns` replies in one slot."""
+    collector = conversation_fixed_turns(run, [task], n_envs=1, turns_per_env=turns, seed=0)
     try:
         return collector.collect(Forward(tokenizer), tokenizer,
                                  sampling_settings(max_new_tokens=16, seed=0), 0,

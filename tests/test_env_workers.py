@@ -195,6 +195,32 @@ def test_more_than_max_retries_failures_in_a_row_stop_with_one_line(tokenizer) -
     assert "env.max_retries is 3" in message
 
 
+class FirstStepFails(FlakyCorridor):
+    """Every episode's first step raises (the same env goes on after a failure: it was handed
+    in built)."""
+
+    def reset(self, seed=None):
+        self.stepped = False
+        return super().reset(seed)
+
+    def step(self, action):
+        if not self.stepped:
+            self.stepped = True
+            raise RuntimeError("the first step is broken")
+        return super().step(action)
+
+
+def test_a_reset_that_works_does_not_clear_the_failures_in_a_row(tokenizer) -> None:
+    """Every episode resets, then its first step raises: the slot's 3rd episode stops the
+    stage (the chat protocol's env interaction counts the same way:
+    tests/test_env_interaction_faults.py)."""
+    c = collector(lambda task: FirstStepFails(), max_retries=2, n_envs=1)
+    with pytest.raises(EnvGaveUp, match=r"failed 3 times in a row, the last on seed \d+ "
+                                        r"\(step, env_error: .*env.max_retries is 2"):
+        c.collect(ScriptedEngine(tokenizer), tokenizer, sampling_settings(), iteration=0,
+                  progress=False)
+
+
 # --------------------------------------------------------------------------- stages
 
 

@@ -100,7 +100,8 @@ class EnvInteraction(BaseInteraction):
     alone, as in env slots:
     `generate_response` raises the `EnvFailure`, the rollout ends the episode as aborted (out of
     the loss, counted by its reason) and the env is restarted; more than `max_retries` failures
-    in a row stop the stage (`EnvGaveUp`). An env is kept when its episode ends and reset for a
+    of one env in a row (a reset that works does not clear them, a step does) stop the stage
+    (`EnvGaveUp`). An env is kept when its episode ends and reset for a
     later one of the same env and task, so a worker process is started once per running episode,
     not once per episode."""
 
@@ -108,7 +109,9 @@ class EnvInteraction(BaseInteraction):
         super().__init__(config, name)
         self._idle: dict[str, list[Any]] = {}  # idle envs by their spec's repr
         self._lock = threading.Lock()  # the rollout calls episodes' methods on several threads
-        self._failures_in_a_row = 0
+        # failures in a row of each env (by id: kept here or idle for the interaction's life),
+        # counted as an env slot counts its env's: a successful step clears it, a reset does not
+        self._failures: dict[int, int] = {}
         self._settings_are = f"the {name!r} interaction's "  # where a message says they are set
 
     def use_env_settings(self, where: str, **settings: Any) -> None:
@@ -137,18 +140,17 @@ class EnvInteraction(BaseInteraction):
         return LocalEnv(spec.build(), spec)
 
     def _failed(self, env: Any, failure: EnvFailure, call: str, seed: int) -> None:
-        """Restart the env; past `max_retries` failures in a row, stop the stage."""
+        """Restart the env; past `max_retries` failures of this env in a row, stop the stage."""
         with self._lock:
-            self._failures_in_a_row += 1
-            failures = self._failures_in_a_row
+            failures = self._failures[id(env)] = self._failures.get(id(env), 0) + 1
         restart_or_give_up(env, failure, name=env.spec.name, task=env.spec.task, call=call,
                            seed=seed, failures=failures,
                            limit=int(self.config.get("max_retries", 3)),
                            setting=f"{self._settings_are}max_retries")
 
-    def _succeeded(self) -> None:
+    def _stepped(self, env: Any) -> None:
         with self._lock:
-            self._failures_in_a_row = 0
+            self._failures.pop(id(env), None)
 
     def start(self, instance_id: str, **kwargs: Any) -> None:
         """Reset an env for the episode (in its worker process with `workers`). A reset that
@@ -163,7 +165,6 @@ class EnvInteraction(BaseInteraction):
             self._failed(env, failure, "reset", seed)
             self._give_back(spec, env)
             raise
-        self._succeeded()
         image = bool(kwargs.get("image", True))
         if image and observation.image is None:
             raise SettingError(f"env {spec.name!r} task {spec.task!r} returned no frame with "
@@ -193,7 +194,7 @@ class EnvInteraction(BaseInteraction):
         except EnvFailure as failure:
             self._failed(env, failure, "step", state["seed"])
             raise
-        self._succeeded()
+        self._stepped(env)
         penalty = 0.0 if parsed.valid else float(self.config.get("invalid_action_penalty", 0.1))
         # the rollout writes the frame's <image> line itself (conversation_rollout: _user_message)
         answer = Observation(observation_text(env.instructions, observation, False),
