@@ -3,6 +3,8 @@ example (assistant messages among its first messages) is not the model's."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from transformers import AutoTokenizer
 
 from endpoint_engines import ScriptedEngine
@@ -12,6 +14,7 @@ from longturn.run.conversation_validation import (conversation_gate_failures,
                                                 validate_conversation_tasks)
 from longturn.run.validation import TaskValidation
 
+ROOT = Path(__file__).resolve().parents[1]
 SAMPLING = SamplingParams(max_new_tokens=48, temperature=1.0, top_p=1.0, top_k=0, seed=3)
 
 
@@ -51,3 +54,20 @@ def test_the_gate_says_when_the_rollout_did_not_count_tool_calls():
     counted = {**metrics, "tool_calls_per_episode": 0.0}
     (failure,) = conversation_gate_failures([TaskValidation("calc", metrics=counted)], 0.5)
     assert failure.endswith("(no tool call was made)"), failure
+
+
+def test_an_env_tasks_replies_that_name_no_action_fail_the_gate(smollm2_tokenizer_dir):
+    """The env behind the interaction reads each reply as an action: replies that name none are
+    invalid, as with the action protocol (they used to pass as replies without a failed call)."""
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_tokenizer_dir)
+    params = parse_params({
+        "env": {"tasks": ["babyai_goto_text"], "workers": False, "step_timeout_s": None},
+        "rollout": {"protocol": "chat", "chat": {
+            "max_assistant_turns": 2,
+            "interactions": str(ROOT / "configs/env_interactions.yaml")}}})
+    engine = ScriptedEngine(tokenizer, lambda prompt: "I will look around first.")
+    (result,) = validate_conversation_tasks(engine, tokenizer, params, SAMPLING, [1])
+    assert result.metrics["turns"] == 2 and result.metrics["valid_action_ratio"] == 0.0
+    (failure,) = conversation_gate_failures([result], 0.5)
+    assert failure.endswith("valid-reply ratio 0.00 < validation.min_valid_action_ratio 0.50 "
+                            "(2 of 2 replies named no valid action of the env)"), failure

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from longturn.envs.actions import ParsedAction
 from longturn.rollout.chat_deltas import ChatDeltas
 from longturn.rollout.history_window import WindowPrompt, frame_owners
 from longturn.tasks.tools import is_error_text
@@ -68,7 +69,10 @@ class Conversation:
     segments: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of sampled ids
     segment_rewards: list[float] = field(default_factory=list)
     finish_reasons: list[str | None] = field(default_factory=list)  # per reply: stop | length
-    reply_valid: list[bool] = field(default_factory=list)  # per reply: no tool call of it failed
+    # per reply: no tool call of it failed, and the action it named was valid (an env's)
+    reply_valid: list[bool] = field(default_factory=list)
+    # per reply, what an env's interaction read it as (`read_as_action`; None: not an action)
+    reply_actions: list[dict[str, Any] | None] = field(default_factory=list)
     assistant_turns: int = 0
     user_turns: int = 0
     tool_calls: int = 0
@@ -92,6 +96,11 @@ class Conversation:
         """Pickled without its template deltas (they hold the tokenizer): a resumed run's
         player gives it its own."""
         return {**self.__dict__, "deltas": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """A checkpoint resumes across an upgrade: one pickled before replies were read as
+        actions has none."""
+        self.__dict__.update({"reply_actions": [None] * len(state["segments"]), **state})
 
     @classmethod
     def begin(cls, episode_id: str, task: dict[str, Any], deltas: ChatDeltas) -> "Conversation":
@@ -135,6 +144,7 @@ class Conversation:
         self.segment_rewards.append(0.0)
         self.finish_reasons.append(finish_reason)
         self.reply_valid.append(True)  # until one of its tool calls fails
+        self.reply_actions.append(None)
         self._context(self.deltas.close_reply(reply_ids))
         content = self.deltas.reply_content(reply_ids)
         self.messages.append({"role": "assistant", "content": content})
@@ -162,6 +172,13 @@ class Conversation:
         for key, v in (metrics or {}).items():
             if isinstance(v, (int, float)):
                 self.metrics[key] = self.metrics.get(key, 0.0) + float(v)
+
+    def read_as_action(self, parsed: ParsedAction) -> None:
+        """The latest reply, as an env read it: the action columns an env slot's turn row has;
+        a reply that named no valid action is not valid."""
+        self.reply_actions[-1] = {"raw_action": parsed.raw_action, "action": parsed.action,
+                                  "action_failure": parsed.failure}
+        self.reply_valid[-1] = self.reply_valid[-1] and parsed.valid
 
     def end(self, reason: str) -> None:
         if reason not in REASONS:
@@ -235,6 +252,7 @@ class Conversation:
             "segment_rewards": self.segment_rewards[first:],
             "reply_finish_reasons": self.finish_reasons[first:],
             "reply_valid": self.reply_valid[first:],
+            "reply_actions": self.reply_actions[first:],
             "reward": float(sum(self.segment_rewards)), "termination": self.reason,
             "truncated": self.reason != DONE and not self.aborted, "aborted": self.aborted,
             # a part's frames are those its windows show (`_window_record`)

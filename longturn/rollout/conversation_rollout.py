@@ -54,7 +54,9 @@ from longturn.rollout.history_window import Joined, frame_owners, render_window
 from longturn.rollout.conversation import (DONE, MAX_ASSISTANT_TURNS, MAX_USER_TURNS, TIME_LIMIT,
                                        TOKEN_BUDGET, Conversation)
 from longturn.tasks.interactions import (BaseInteraction, finalize_all, interaction_of,
-                                         opening as interaction_opening, respond, start_all,
+                                         opening as interaction_opening,
+                                         read_action as interaction_read_action, respond,
+                                         start_all,
                                          succeeded as interaction_succeeded,
                                          truncated as interaction_truncated)
 from longturn.tasks.plugin_loop import run_together
@@ -234,6 +236,9 @@ def _after_text(ep: Conversation, answer: tuple | None, s: ConversationSettings
         return None
     stop, text, score, metrics = answer
     ep.reward(0.0 if score is None else score, metrics)  # verl allows a turn without a score
+    parsed = interaction_read_action(_partner(s, ep), ep.episode_id)
+    if parsed is not None:
+        ep.read_as_action(parsed)
     if stop:
         ep.end(TIME_LIMIT if interaction_truncated(_partner(s, ep), ep.episode_id) else DONE)
         return None

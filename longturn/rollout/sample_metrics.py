@@ -195,9 +195,12 @@ def action_mix(samples: list[Sample], actions: Iterable[str],
     """Share of the replies parsed into an action that executed each one (every rank's when
     `sum_over_ranks` is given): a policy collapsing onto one action shows here first. Keys are
     `action_mix/<action>` with spaces as underscores; actions outside `actions` (a plug-in env's
-    free text) are counted under `action_mix/other`. No key when nothing was parsed into an
-    action and no action is named (chat)."""
-    names = list(dict.fromkeys(actions)) + ["other"]
+    free text) are counted under `action_mix/other`. No key when no action is named (chat: the
+    actions an env's interaction read are in the samples, for the audit, not counted here)."""
+    names = list(dict.fromkeys(actions))
+    if not names:
+        return {}
+    names.append("other")
     counts = np.zeros(len(names), dtype=np.float64)
     index = {name: i for i, name in enumerate(names)}
     for reply in _replies(samples):

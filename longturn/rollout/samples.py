@@ -93,6 +93,8 @@ def _episode_replies(record: Row, ids: list[int], starts: list[int], ends: list[
     finish_reasons = list(record.get("reply_finish_reasons") or [None] * len(starts))
     # whether none of each reply's tool calls failed (None: the record does not say)
     valid = list(record.get("reply_valid") or [None] * len(starts))
+    # what an env read each reply as (raw_action, action, action_failure), where one did
+    actions = list(record.get("reply_actions") or [None] * len(starts))
     cut = bool(record.get("cut"))
     replies = []
     for k, (start, end) in enumerate(zip(starts, ends)):
@@ -107,7 +109,7 @@ def _episode_replies(record: Row, ids: list[int], starts: list[int], ends: list[
             # an agent that raised or hung (serve/agent_rollout.py): no reply of it trains
             "aborted": bool(record.get("aborted")), "segment_end": last and cut,
             "termination": record.get("termination") if ended else None,
-            "finish_reason": finish_reasons[k], "action_valid": valid[k],
+            "finish_reason": finish_reasons[k], "action_valid": valid[k], **(actions[k] or {}),
             "next_value": record.get("bootstrap_value") if last else None,
             # what the model saw since the previous reply (GiGPO's anchor state), or the state
             # the record names for the reply (an agent's call: what it sent)

@@ -3,8 +3,9 @@ with the base model, tools and interaction, and check that the prompts fit and t
 
 Per task it measures: the first context's length against the token budget, replies per episode, tool
 calls per episode and how many of them did not fail (`tool_call_validity`), the share of replies
-none of whose tool calls failed (`valid_action_ratio`, the training metric of the same name: a reply
-without a call counts as valid), success, why episodes ended, and the tokenization check of each
+none of whose tool calls failed and, on an env's task, that named a valid action
+(`valid_action_ratio`, the training metric of the same name: a reply without a call or an action
+to read counts as valid), success, why episodes ended, and the tokenization check of each
 episode (in `strict` a mismatch stops the stage with the first differing span). A task fails the
 gate when its first context does not leave room for a reply or when `valid_action_ratio` is below
 `validation.min_valid_action_ratio`, as with the action protocol.
@@ -63,8 +64,13 @@ def conversation_gate_failures(results: list[TaskValidation], min_ratio: float) 
                             f"{m['max_tokens']}")
         if m["valid_action_ratio"] < min_ratio:
             validity = m["tool_call_validity"]  # NaN when no call was made
+            read = [reply for s in r.samples for reply in s["replies"]
+                    if reply["action"] is not None]  # replies an env read as its actions
             if not m["turns"]:
                 why = "no reply was made"
+            elif read:
+                why = (f"{sum(not reply['action_valid'] for reply in read)} of {len(read)} "
+                       "replies named no valid action of the env")
             elif math.isnan(m["tool_calls_per_episode"]):  # a slime Sample's: not counted
                 why = "the rollout does not count tool calls"
             elif math.isnan(validity):

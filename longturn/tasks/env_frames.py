@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from longturn.agent.prompts import EMPTY_VIEW, answer_format, system_prompt
-from longturn.envs.actions import ActionTranslator
+from longturn.envs.actions import ActionTranslator, ParsedAction
 from longturn.envs.base import Instructions, Observation
 from longturn.envs.failures import EnvFailure, restart_or_give_up
 from longturn.envs.local import LocalEnv
@@ -202,6 +202,7 @@ class EnvInteraction(BaseInteraction):
         metrics = {"env_reward": reward, "invalid_actions": float(not parsed.valid)}
         state["truncated"] = truncated and not terminated
         state["success"] = bool(info.get("success", False))  # as an env slot's turn row
+        state["parsed"] = parsed
         return terminated or truncated, answer, reward - penalty, metrics
 
     def truncated(self, instance_id: str) -> bool:
@@ -211,6 +212,11 @@ class EnvInteraction(BaseInteraction):
         """The env's `success` on the episode's last step (False before any), as env slots
         count it: known here, so the task need not replay the episode."""
         return bool(self.instances[instance_id].get("success"))
+
+    def read_action(self, instance_id: str) -> ParsedAction:
+        """The action the last reply named (or the default one it fell back to), as an env
+        slot's turn row records it."""
+        return self.instances[instance_id]["parsed"]
 
     def finalize(self, instance_id: str) -> None:
         """The episode's env goes back to the idle ones, for a later episode to reset."""

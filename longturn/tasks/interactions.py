@@ -14,14 +14,17 @@ class may be this project's synchronous `BaseInteraction` below or a verl-style 
 (`interaction_of`: a file's entries are picked per task by `interaction_kwargs["name"]`, as
 verl does). The protocol is verl's: `start` per
 episode, `generate_response` per reply → (should_terminate, text for the user message, score,
-metrics), `finalize` at the end. Three additions:
+metrics), `finalize` at the end. Four additions:
 - `opening`: an interaction whose episode begins from its own state (an env it has just reset)
   gives the episode's first messages, after the task record's own;
 - `truncated`: an interaction that ended the episode on a time limit (an env's gymnasium
   `truncated`) says so, and the episode is bootstrapped like one cut by the turn limits;
 - `succeeded`: an interaction that knows whether the episode succeeded (an env's `success`)
   says so when the episode ends, so the task's `success` need not work it out again from the
-  messages (for an env that would mean replaying every step).
+  messages (for an env that would mean replaying every step);
+- `read_action`: an interaction that reads each reply as an env's action (THINK/ACTION) says what
+  it read, so the reply's sample carries the action columns an env slot's does (raw action,
+  action executed, validity and why not) and a reply that named no valid action counts invalid.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from longturn.envs.actions import ParsedAction
 from longturn.envs.failures import EnvFailure
 from longturn.errors import SettingError
 from longturn.tasks import verl_api
@@ -71,6 +75,13 @@ class BaseInteraction(EpisodeInstances):
     def succeeded(self, instance_id: str) -> bool | None:
         """Whether the episode succeeded, asked when it ends (before `finalize`); None: this
         interaction does not know, the task's `success` decides."""
+        del instance_id
+        return None
+
+    def read_action(self, instance_id: str) -> ParsedAction | None:
+        """What the episode's last reply was read as, asked after each `generate_response`: the
+        env action it named (or the default action it fell back to). None: replies are not
+        actions."""
         del instance_id
         return None
 
@@ -205,6 +216,13 @@ def succeeded(interaction: Any, instance_id: str) -> bool | None:
     ask = None if _is_verl(interaction) else getattr(interaction, "succeeded", None)
     said = ask(instance_id) if ask is not None else None
     return None if said is None else bool(said)
+
+
+def read_action(interaction: Any, instance_id: str) -> ParsedAction | None:
+    """The action the interaction read the episode's last reply as (None: it does not read
+    actions; verl's never do)."""
+    ask = None if _is_verl(interaction) else getattr(interaction, "read_action", None)
+    return ask(instance_id) if ask is not None else None
 
 
 def finalize_all(episodes: list[tuple[Any, str]], timeout_s: float | None) -> None:
