@@ -19,20 +19,25 @@ from longturn.envs.base import Instructions, Observation
 class FlakyCorridor:
     """Walk right to the end of a corridor. `hang_on_step` / `raise_on_step`: the n-th step
     (1-based) this env object takes since it was built hangs for `hang_s` seconds / raises;
-    `raise_on_reset` and `hang_on_reset`: seeds whose reset raises / hangs (`"all"`: every seed)."""
+    `raise_on_reset` and `hang_on_reset`: seeds whose reset raises / hangs (`"all"`: every seed);
+    `raise_on_first_resets`: the first n resets of each seed in this process raise (a restarted
+    env is a new object: the count is the class's)."""
 
     name = "flaky"
     calls_in_this_process = 0  # every FlakyCorridor's resets and steps here (a worker: its own)
+    resets_of_seed: dict[int | None, int] = {}  # in this process, for `raise_on_first_resets`
     actions = ["left", "right"]
     default_action = "right"
     synonyms = {"forward": "right", "back": "left"}
 
     def __init__(self, task: str = "corridor", length: int = 6, hang_on_step: int | None = None,
                  raise_on_step: int | None = None, raise_on_reset: list[int] | str = (),
-                 hang_on_reset: list[int] | str = (), hang_s: float = 60.0):
+                 hang_on_reset: list[int] | str = (), hang_s: float = 60.0,
+                 raise_on_first_resets: int = 0):
         self.task, self.length, self.hang_s = task, length, hang_s
         self.hang_on_step, self.raise_on_step = hang_on_step, raise_on_step
         self.raise_on_reset, self.hang_on_reset = raise_on_reset, hang_on_reset
+        self.raise_on_first_resets = raise_on_first_resets
         self.steps_taken = 0
         self.position = 0
 
@@ -51,7 +56,8 @@ class FlakyCorridor:
 
     def reset(self, seed: int | None = None) -> tuple[Observation, dict[str, Any]]:
         FlakyCorridor.calls_in_this_process += 1
-        if self._hit(self.raise_on_reset, seed):
+        resets = FlakyCorridor.resets_of_seed[seed] = FlakyCorridor.resets_of_seed.get(seed, 0) + 1
+        if self._hit(self.raise_on_reset, seed) or resets <= self.raise_on_first_resets:
             raise RuntimeError(f"reset of seed {seed} is broken")
         if self._hit(self.hang_on_reset, seed):
             time.sleep(self.hang_s)

@@ -84,8 +84,8 @@ def test_an_episode_pickled_before_replies_were_read_as_actions_resumes(tokenize
     settings = conversation_settings(max_assistant_turns=4, max_user_turns=10,
                                      interaction=EnvInteraction({}, "env"))
     engine, sampling = Scripted(tokenizer), sampling_settings(max_new_tokens=16)
-    (ep,) = start_episodes(chat_deltas(engine, tokenizer, settings), [corridor.record(2)],
-                           ["e"], settings)
+    (ep,), _ = start_episodes(chat_deltas(engine, tokenizer, settings), [corridor.record(2)],
+                              ["e"], settings)
     lock_step(engine, [ep], settings, sampling, 0)
     state = pickle.loads(pickle.dumps(ep)).__dict__  # as a checkpoint keeps it
     del state["reply_actions"]

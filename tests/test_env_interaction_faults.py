@@ -8,22 +8,28 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
+import pandas as pd
 import pytest
 from transformers import AutoTokenizer
 
 from longturn.envs.failures import EnvGaveUp
+from longturn.params.config import parse_params
 from longturn.rollout.collection import episode_seed
-from longturn.rollout.conversation_player import conversation_fixed_turns
+from longturn.rollout.conversation_player import conversation_episodes, conversation_fixed_turns
 from longturn.rollout.conversation_rollout import conversation_rollout
 from longturn.rollout.conversation_setup import ConversationRun
 from longturn.rollout.sample_metrics import sample_metrics
 from longturn.rollout.samples import samples_from_episodes
+from longturn.run.evaluation import conversation_plan, evaluate
 from longturn.tasks.env_frames import EnvInteraction, EnvTask
+from flaky_envs import FlakyCorridor
 from settings_from_params import conversation_settings, sampling_settings
 from test_conversation_time_limit import Forward  # `ACTION: forward`, the corridor's `right`
 
 FLAKY = "flaky_envs:FlakyCorridor"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -138,8 +144,6 @@ def test_with_workers_no_env_resets_or_steps_in_this_process(tokenizer):
     no env resets or steps in the trainer's process, neither for whole episodes nor in
     fixed-turn batches (the task record used to reset one here, and the task to replay every
     reply at the end)."""
-    from flaky_envs import FlakyCorridor
-
     run = ConversationRun({"corridor": EnvTask(FLAKY, "corridor", image=False, kwargs={
                               "length": 2}),
                            "longer": EnvTask(FLAKY, "corridor", image=False)},
@@ -192,3 +196,51 @@ def test_a_reset_that_fails_in_a_batch_moves_the_slot_to_its_next_episode(tokeni
     assert episodes == ["train-r0-e0-0", "train-r0-e0-2"]  # e0-1 never began
     assert samples[-1]["aborted_resets"] == [reason]
     assert sample_metrics(samples)["episodes_aborted"] == 1
+
+
+# an env task whose reset of seed 1001 always raises (params name it `module:OBJECT`)
+RESET_1001_FAILS = EnvTask(FLAKY, "corridor", image=False, kwargs={"raise_on_reset": [1001]})
+
+
+def test_an_evaluation_job_whose_reset_failed_is_counted_and_the_others_play(tokenizer, tmp_path):
+    """As an env slot's evaluation (tests/test_env_workers.py): the job is an aborted row of no
+    reply and the evaluation goes on. It used to be retried on the same seed until the env gave
+    up, which stopped the evaluation."""
+    params = parse_params({
+        "env": {"tasks": ["test_env_interaction_faults:RESET_1001_FAILS"], "workers": False,
+                "step_timeout_s": None},
+        "rollout": {"protocol": "chat", "chat": {
+            "interactions": str(ROOT / "configs/env_interactions.yaml")}},
+        "eval": {"episodes_per_task": 4, "parallel_envs": 2, "seed": 1000}})
+    metrics = evaluate(conversation_plan, Forward(tokenizer), tokenizer, params, tmp_path, "base",
+                       progress=False)
+    episodes = pd.read_parquet(tmp_path / "episodes.parquet").set_index("episode_seed")
+    assert episodes["aborted"].to_dict() == {1000: False, 1001: True, 1002: False, 1003: False}
+    assert episodes.loc[1001, ["length", "termination"]].tolist() == [0, "env_error"]
+    overall = metrics["overall"]
+    assert (overall["episodes"], overall["aborted_episodes"], overall["termination/env_error"]) \
+        == (4, 1, 1)
+
+
+def test_a_groups_start_that_failed_is_tried_again_and_counted(tokenizer):
+    """Critic-free groups share a seed, so a member whose reset failed is tried again on it (as
+    an env slot's group member is) and the failure is counted in the batch (`aborted_resets`),
+    as env slots count theirs."""
+    FlakyCorridor.resets_of_seed.clear()
+    run = ConversationRun({"c": EnvTask(FLAKY, "corridor", image=False,
+                                        kwargs={"length": 2, "raise_on_first_resets": 1})},
+                          conversation_settings(max_assistant_turns=10, max_user_turns=10,
+                                                interaction=EnvInteraction({}, "env")),
+                          conversation_rollout)
+    collector = conversation_episodes(run, ["c"], n_envs=2, group_size=2, seed=0)
+    try:
+        samples = collector.collect(Forward(tokenizer), tokenizer,
+                                    sampling_settings(max_new_tokens=16, seed=0), 0,
+                                    {"run_id": "t"}, progress=False)
+    finally:
+        collector.close()
+    assert [s["episode_seed"] for s in samples] == [episode_seed(0, 0, 0, 0)] * 2  # one group
+    assert all(s["replies"][-1]["termination"] == "done" for s in samples)
+    assert samples[-1]["aborted_resets"] == ["env_error"]
+    metrics = sample_metrics(samples)
+    assert (metrics["episodes_ended"], metrics["episodes_aborted"]) == (3, 1)

@@ -323,8 +323,8 @@ def test_a_part_of_a_running_episode_gives_what_its_whole_record_gives(image_tok
     Its samples must be exactly those the whole record gives for the same replies."""
     engine, _, task, settings = frames_episode(image_tokenizer, max_assistant_turns=50,
                                                max_user_turns=50)
-    [ep] = start_episodes(chat_deltas(engine, image_tokenizer, settings), [task], ["part"],
-                          settings)
+    [ep], _ = start_episodes(chat_deltas(engine, image_tokenizer, settings), [task], ["part"],
+                             settings)
     try:
         for step in range(7):
             lock_step(engine, [ep], settings, sampling_settings(seed=0), step)

@@ -16,7 +16,7 @@ from typing import Any, Callable
 from longturn.engines.base import Engine, SamplingParams
 from longturn.rollout.conversation_setup import ConversationRun
 from longturn.rollout.episode_jobs import EpisodeJob
-from longturn.rollout.sample_metrics import episode_row
+from longturn.rollout.sample_metrics import episode_row, unstarted_row
 from longturn.rollout.samples import sample_from_episode, samples_from_episodes
 
 
@@ -26,7 +26,9 @@ def play_conversations(run: ConversationRun, engine: Engine, tokenizer: Any,
                        on_episode: Callable[[dict[str, Any], list[dict[str, Any]]], None],
                        on_chunk: Callable[[], None] = lambda: None) -> None:
     """Play every chunk of `width` jobs that has a job not in `finished`; each episode's row and
-    samples go to `on_episode(episode, samples)`, then `on_chunk()` once per chunk played."""
+    samples go to `on_episode(episode, samples)`, then `on_chunk()` once per chunk played. A job
+    whose start failed (the built-in rollout, told not to retry it: `retry_failed_starts`) is an
+    aborted row of no sample, as an env slot's evaluation writes it."""
     for start in range(0, len(jobs), width):
         chunk = jobs[start:start + width]
         if all(job.episode_id in finished for job in chunk):
@@ -36,6 +38,11 @@ def play_conversations(run: ConversationRun, engine: Engine, tokenizer: Any,
                           [job.episode_id for job in chunk])
         for slot, record in enumerate(played, start):  # slots unique over the chunks
             record.update(extra, env_index=slot)
+            if record.get("unstarted"):  # its start failed: counted, and the next job plays
+                on_episode(unstarted_row(extra.get("run_id"), extra.get("policy_version"),
+                                         "chat", record["task"], record["episode_id"],
+                                         record["episode_seed"], record["termination"]), [])
+                continue
             samples = samples_from_episodes([record])
             on_episode(episode_row(samples), samples)
         on_chunk()

@@ -25,7 +25,7 @@ from longturn.engines.base import Engine, SamplingParams
 from longturn.errors import SettingError
 from longturn.rollout.chat_deltas import ChatDeltas
 from longturn.rollout.collection import (EpisodeGroups, EpisodeStart, FixedTurnBatches, Samples,
-                                         slot_index)
+                                         count_failed_starts, slot_index)
 from longturn.rollout.conversation import Conversation
 from longturn.rollout.conversation_rollout import (begin_episodes, chat_deltas, finish_all,
                                                    keep_running, lock_step, open_episodes,
@@ -127,12 +127,15 @@ class ConversationPlayer:
 
     def play_out(self, engine: Engine, tokenizer: Any, sampling: SamplingParams,
                  iteration: int, starts: list[EpisodeStart], progress: bool) -> Samples:
-        """The run's rollout function plays every episode (their samples in slot order)."""
+        """The run's rollout function plays every episode (their samples in slot order); the
+        starts it tried again (`failed_starts`) are counted as an env slot's are."""
         seed = None if sampling.seed is None else sampling.seed + iteration * 1_000_003
         self.run.settings.progress = progress
-        return samples_from_episodes(self.run.play(
-            engine, tokenizer, dataclasses.replace(sampling, seed=seed),
-            [self.run.record(s.task, s.seed) for s in starts], [s.episode_id for s in starts]))
+        records = self.run.play(engine, tokenizer, dataclasses.replace(sampling, seed=seed),
+                                [self.run.record(s.task, s.seed) for s in starts],
+                                [s.episode_id for s in starts])
+        return count_failed_starts(samples_from_episodes(records),
+                                   [why for r in records for why in r.get("failed_starts", ())])
 
     def action_names(self) -> list[str]:
         return []

@@ -91,6 +91,11 @@ class ConversationSettings:
     interaction: BaseInteraction | VerlInteraction | dict[str, Any] | None
     reward_fn: Callable[[dict[str, Any], list[dict[str, Any]]], float] | None
     progress: bool
+    # what the built-in rollout does with an episode whose start failed (an env whose reset
+    # failed; its env restarted): try the same task record again, as a group's members share
+    # it; or (an evaluation's jobs) return it as `unstarted`, as an env slot's evaluation does.
+    # The caller's choice, not a setting.
+    retry_failed_starts: bool = True
 
     @classmethod
     def from_config(cls, section: ChatParams, *, history_turns: int | None,
@@ -337,10 +342,21 @@ def resume_running(kept: bytes, s: ConversationSettings) -> list[Conversation]:
 def conversation_rollout(engine: Engine, tokenizer: Any, sampling: SamplingParams,
                      tasks: list[dict[str, Any]], settings: ConversationSettings,
                      id_prefix: str = "seq") -> list[dict[str, Any]]:
-    """Play every task to its end; one record per task, in task order."""
-    episodes = start_episodes(chat_deltas(engine, tokenizer, settings), tasks,
-                              [f"{id_prefix}-{i}" for i in range(len(tasks))], settings)
-    bar = tqdm(total=len(tasks), desc="episodes", unit="ep", disable=not settings.progress,
+    """Play every task to its end; one record per task, in task order. An episode whose start
+    failed and was tried again has the reasons in `failed_starts`; without
+    `settings.retry_failed_starts` it is an `unstarted` record."""
+    ids = [f"{id_prefix}-{i}" for i in range(len(tasks))]
+    deltas = chat_deltas(engine, tokenizer, settings)
+    retried: list[list[str]] = [[] for _ in tasks]
+    if settings.retry_failed_starts:
+        (episodes, retried), failed = start_episodes(deltas, tasks, ids, settings), {}
+    else:
+        opened = open_episodes(tasks, ids, settings)
+        failed = {k: why for k, why in enumerate(opened) if isinstance(why, str)}
+        began = [k for k in range(len(tasks)) if k not in failed]
+        episodes = begin_episodes(deltas, [opened[k] for k in began],  # type: ignore[misc]
+                                  [ids[k] for k in began], settings)
+    bar = tqdm(total=len(episodes), desc="episodes", unit="ep", disable=not settings.progress,
                leave=False)
     step = 0
     while any(not ep.done for ep in episodes):
@@ -349,7 +365,25 @@ def conversation_rollout(engine: Engine, tokenizer: Any, sampling: SamplingParam
         bar.refresh()
         step += 1
     bar.close()
-    return finish_all(episodes, settings)
+    finished = iter(finish_all(episodes, settings))
+    records = [_unstarted_record(tasks[k], ids[k], failed[k]) if k in failed else next(finished)
+               for k in range(len(tasks))]
+    for record, reasons in zip(records, retried):
+        if reasons:
+            record["failed_starts"] = reasons
+    return records
+
+
+def _unstarted_record(task: dict[str, Any], episode_id: str, reason: str) -> dict[str, Any]:
+    """The record of an episode whose start failed for `reason` (env_error or timeout): aborted,
+    no token, no reply."""
+    return {"episode_id": episode_id, "task": task.get("task", ""),
+            "episode_seed": int(task.get("seed", 0)), "input_ids": [], "loss_mask": [],
+            "engine_logprobs": [], "segment_starts": [], "segment_ends": [],
+            "segment_rewards": [], "reply_finish_reasons": [], "reply_valid": [],
+            "reply_actions": [], "reward": 0.0, "termination": reason, "truncated": False,
+            "aborted": True, "unstarted": True, "images": None, "image_starts": None,
+            "messages": "[]", "success": False}
 
 
 def chat_deltas(engine: Engine, tokenizer: Any, s: ConversationSettings) -> ChatDeltas:
@@ -360,18 +394,21 @@ def chat_deltas(engine: Engine, tokenizer: Any, s: ConversationSettings) -> Chat
 
 
 def start_episodes(deltas: ChatDeltas, tasks: list[dict[str, Any]], ids: list[str],
-                   settings: ConversationSettings) -> list[Conversation]:
+                   settings: ConversationSettings) -> tuple[list[Conversation], list[list[str]]]:
     """New episodes of these task records, played whole: opened (`open_episodes`; a start that
     failed is tried again on the same task, the env behind it restarted, until the interaction
-    gives up), then begun."""
+    gives up), then begun. Also, per episode, why each of its failed starts failed."""
     opened: list[dict[str, Any] | str] = [""] * len(tasks)
+    failures: list[list[str]] = [[] for _ in tasks]
     todo = list(range(len(tasks)))
     while todo:
         again = open_episodes([tasks[k] for k in todo], [ids[k] for k in todo], settings)
         for k, outcome in zip(todo, again):
             opened[k] = outcome
+            if isinstance(outcome, str):
+                failures[k].append(outcome)
         todo = [k for k in todo if isinstance(opened[k], str)]
-    return begin_episodes(deltas, opened, ids, settings)  # type: ignore[arg-type]
+    return begin_episodes(deltas, opened, ids, settings), failures  # type: ignore[arg-type]
 
 
 def open_episodes(tasks: list[dict[str, Any]], ids: list[str],

@@ -26,7 +26,7 @@ from longturn.rollout.collection import (EpisodeGroups, EpisodeStart, FixedTurnB
                                          play_in_lock_step, slot_index, task_of)
 from longturn.rollout.episode_jobs import EpisodeJob, play_jobs
 from longturn.rollout.env_slots import AgentSettings, EnvSlot, generate_turns, prompt_frames
-from longturn.rollout.sample_metrics import episode_row
+from longturn.rollout.sample_metrics import episode_row, unstarted_row
 from longturn.rollout.samples import sample_from_turn
 
 
@@ -202,12 +202,9 @@ def play_episodes(
         ended(episode_row(samples), samples)
 
     def unstarted(slot: int, job: EpisodeJob, reason: str) -> None:
-        ended({"run_id": extra.get("run_id"), "policy_version": extra.get("policy_version"),
-               "env_name": player.slots[slot].env.name, "task": job.task,
-               "episode_id": job.episode_id, "episode_seed": job.seed, "success": False,
-               "return": 0.0, "env_return": 0.0, "length": 0, "valid_actions": 0,
-               "valid_action_ratio": 0.0, "terminated": False, "truncated": False,
-               "aborted": True, "termination": reason}, [])
+        ended(unstarted_row(extra.get("run_id"), extra.get("policy_version"),
+                            player.slots[slot].env.name, job.task, job.episode_id, job.seed,
+                            reason), [])
 
     try:
         play_jobs(player, engine, tokenizer, sampling, jobs, finished, played, unstarted,

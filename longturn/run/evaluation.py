@@ -196,6 +196,7 @@ def conversation_plan(engine: Engine, tokenizer: Any, params: Params, sampling: 
     each chunk a call of its own, and the journal is written after each."""
     run = ConversationRun.from_params(params, list(params.eval.tasks or params.env.tasks),
                                       progress)
+    run.settings.retry_failed_starts = False  # a job whose start failed is counted, not retried
     width = params.eval.parallel_envs
 
     def play(jobs: list[EpisodeJob], journal: EvalJournal) -> None:
