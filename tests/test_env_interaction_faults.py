@@ -16,7 +16,7 @@ from transformers import AutoTokenizer
 
 from longturn.envs.failures import EnvGaveUp
 from longturn.params.config import parse_params
-from longturn.rollout.collection import episode_seed
+from longturn.rollout.collection import FixedTurnBatches, episode_seed
 from longturn.rollout.conversation_player import conversation_episodes, conversation_fixed_turns
 from longturn.rollout.conversation_rollout import conversation_rollout
 from longturn.rollout.conversation_setup import ConversationRun
@@ -244,3 +244,39 @@ def test_a_groups_start_that_failed_is_tried_again_and_counted(tokenizer):
     assert samples[-1]["aborted_resets"] == ["env_error"]
     metrics = sample_metrics(samples)
     assert (metrics["episodes_ended"], metrics["episodes_aborted"]) == (3, 1)
+
+
+def test_a_start_made_again_on_resume_that_fails_is_counted(tokenizer):
+    """A checkpoint keeps the episodes opened but not begun; a resumed run opens them again. One
+    whose reset now fails is counted in the next batch (`aborted_resets`), as any failed start
+    (it used to be dropped unseen), and its slot starts its next episode."""
+    def collector(**faults) -> FixedTurnBatches:
+        run = ConversationRun({"c": EnvTask(FLAKY, "corridor", image=False,
+                                            kwargs={"length": 2, **faults})},
+                              conversation_settings(max_assistant_turns=10, max_user_turns=10,
+                                                    history_turns=1,
+                                                    interaction=EnvInteraction({}, "env")),
+                              conversation_rollout)
+        return conversation_fixed_turns(run, ["c"], n_envs=1, turns_per_env=2, seed=0)
+
+    def collect(c: FixedTurnBatches, iteration: int) -> list[dict]:
+        return c.collect(Forward(tokenizer), tokenizer, sampling_settings(max_new_tokens=16,
+                                                                          seed=0),
+                         iteration, {"run_id": "t"}, progress=False)
+
+    first = collector()
+    try:
+        collect(first, 0)
+        (pending,) = [start for start, _ in first.player.pending.values()]  # ended at the last
+        state = first.state()
+    finally:
+        first.close()
+    resumed = collector(raise_on_reset=[pending.seed])  # its reset fails from now on
+    try:
+        resumed.load_state(state)
+        samples = collect(resumed, 1)
+    finally:
+        resumed.close()
+    assert samples[-1]["aborted_resets"] == ["env_error"]
+    assert pending.episode_id not in {s["episode_id"] for s in samples}
+    assert sample_metrics(samples)["episodes_aborted"] == 1

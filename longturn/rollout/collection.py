@@ -110,8 +110,9 @@ class SlotPlayer(Protocol):
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps of the running episodes."""
 
-    def load_state(self, state: dict[str, Any]) -> None:
-        """Replace the running episodes by a checkpoint's (`state`; {} for none)."""
+    def load_state(self, state: dict[str, Any]) -> list[EpisodeStart]:
+        """Replace the running episodes by a checkpoint's (`state`; {} for none); the starts it
+        had to make again (a conversation opened but not begun) that failed, with why."""
 
     def close(self) -> None:
         """Let go of every running episode and env."""
@@ -164,6 +165,7 @@ class FixedTurnBatches:
         self.player, self.tasks, self.turns_per_env = player, tasks, turns_per_env
         self.seed, self.rank, self.run_id = seed, rank, run_id
         self.episode_counts = [0] * player.n_slots
+        self.restored_failures: list[str] = []  # starts made again on resume that failed
 
     def start_idle(self) -> list[str]:
         """A new episode in every idle slot; a slot whose start failed tries its next seed. Why
@@ -181,7 +183,7 @@ class FixedTurnBatches:
                 extra: dict[str, Any] | None = None, progress: bool = True) -> Samples:
         """Play turns_per_env lock-steps; the samples complete in each, in order, with `extra`
         (run_id, policy_version) and the iteration set."""
-        failures = self.start_idle()
+        failures, self.restored_failures = self.restored_failures + self.start_idle(), []
         samples: Samples = []
         for step in tqdm(range(self.turns_per_env), desc=f"rollout {iteration}", unit="step",
                          disable=not progress):
@@ -203,7 +205,9 @@ class FixedTurnBatches:
 
     def load_state(self, blob: bytes) -> None:
         state = saved_state(blob)
-        self.player.load_state(state)  # checks its slots (and closes a mismatch's envs) first
+        # checks its slots (and closes a mismatch's envs) first
+        failed = self.player.load_state(state)
+        self.restored_failures = [s.failure or "" for s in failed]  # counted in the next batch
         self.episode_counts = restored_counters(state, self.episode_counts)
 
     def close(self) -> None:

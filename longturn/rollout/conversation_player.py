@@ -10,7 +10,9 @@ replies handed on as samples (rollout/samples.py `samples_from_episodes`).
   its window as the prompt, chained by slot and lock-step like an env slot's turns. A checkpoint
   keeps the running episodes with their tools' and interaction's state (`episode_state`), so a
   resumed run goes on with them as an env slot's does; where a plug-in cannot keep its state (a
-  verl-style one), a resumed run starts new episodes (the episode counters resume).
+  verl-style one), a resumed run starts new episodes (the episode counters resume). An episode
+  opened but not yet begun is opened again on resume; if that start fails it is counted in the
+  next batch, as any failed start.
 - Whole episodes (critic-free groups; the whole episode as context, verl / slime's way; a
   rollout function of the user's own): the run's rollout function plays every slot's episode.
 """
@@ -159,7 +161,9 @@ class ConversationPlayer:
             self.said_not_kept = True
         return out
 
-    def load_state(self, state: dict[str, Any]) -> None:
+    def load_state(self, state: dict[str, Any]) -> list[EpisodeStart]:
+        """The running episodes kept (`state`), and the episodes opened but not begun, opened
+        again; those whose start failed come back, as from `start`."""
         self.close()
         running = state.get("running")
         if running:
@@ -170,7 +174,7 @@ class ConversationPlayer:
             episodes = resume_running(running["episodes"], self.run.settings)
             for i, ep, emitted in zip(running["slots"], episodes, running["emitted"]):
                 self.episodes[i], self.emitted[i] = ep, emitted
-        self.start(state.get("pending", []))
+        return self.start(state.get("pending", []))
 
     def close(self) -> None:
         """Abandon the running and the opened episodes: tools and the interaction release

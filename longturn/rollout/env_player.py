@@ -114,9 +114,11 @@ class EnvPlayer:
         run continues the same episodes."""
         return {"slots": self.slots}
 
-    def load_state(self, state: dict[str, Any]) -> None:
+    def load_state(self, state: dict[str, Any]) -> list[EpisodeStart]:
+        """The checkpoint's slots, envs and running episodes as they were: no start is made
+        again."""
         if "slots" not in state:
-            return
+            return []
         if len(state["slots"]) != len(self.slots):
             for slot in state["slots"]:
                 slot.env.close()
@@ -125,6 +127,7 @@ class EnvPlayer:
         self.close()
         self.slots = state["slots"]
         self.running = [True] * self.n_slots
+        return []
 
     def close(self) -> None:
         """Close every env (and stop its worker process)."""
