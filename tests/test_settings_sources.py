@@ -99,7 +99,7 @@ def test_conversation_settings_come_from_rollout_chat_and_context_plus_the_loade
     assert settings == ConversationSettings(
         max_assistant_turns=6, max_user_turns=0, max_tokens=999, max_tool_response_chars=77,
         tool_timeout_s=60.0, tokenization_check="off", history_turns=None, tools=None,
-        interaction=None, reward_fn=reward, progress=False)
+        interaction=None, reward_fn=reward, progress=False, retry_failed_starts=True)
 
 
 def test_group_params_come_from_the_algo_section_as_metadata_records_it():

@@ -94,8 +94,8 @@ class ConversationSettings:
     # what the built-in rollout does with an episode whose start failed (an env whose reset
     # failed; its env restarted): try the same task record again, as a group's members share
     # it; or (an evaluation's jobs) return it as `unstarted`, as an env slot's evaluation does.
-    # The caller's choice, not a setting.
-    retry_failed_starts: bool = True
+    # The caller's choice, not a setting: `from_config` says retry, an evaluation turns it off.
+    retry_failed_starts: bool
 
     @classmethod
     def from_config(cls, section: ChatParams, *, history_turns: int | None,
@@ -113,7 +113,8 @@ class ConversationSettings:
                    max_tool_response_chars=section.max_tool_response_chars,
                    tool_timeout_s=section.tool_timeout_s,
                    tokenization_check=section.tokenization_check, history_turns=history_turns,
-                   tools=tools, interaction=interaction, reward_fn=reward_fn, progress=progress)
+                   tools=tools, interaction=interaction, reward_fn=reward_fn, progress=progress,
+                   retry_failed_starts=True)
 
 
 def _tool_turn(ep: Conversation, results: list[ToolResult], limit: int
