@@ -203,26 +203,28 @@ def truncated(interaction: Any, instance_id: str) -> bool:
     return False if _is_verl(interaction) else bool(interaction.truncated(instance_id))
 
 
-def opening(interaction: Any, instance_id: str) -> tuple[list[dict[str, Any]], list[Any]] | None:
-    """The messages (and frames) the interaction opens the episode with (None: none; verl's
-    never do)."""
-    ask = None if _is_verl(interaction) else getattr(interaction, "opening", None)
+def _optional(interaction: Any, hook: str, instance_id: str) -> Any:
+    """This project's optional hook `hook` of the interaction, asked about the episode (None
+    where it has none: verl's never do)."""
+    ask = None if _is_verl(interaction) else getattr(interaction, hook, None)
     return ask(instance_id) if ask is not None else None
 
 
+def opening(interaction: Any, instance_id: str) -> tuple[list[dict[str, Any]], list[Any]] | None:
+    """The messages (and frames) the interaction opens the episode with (None: none)."""
+    return _optional(interaction, "opening", instance_id)
+
+
 def succeeded(interaction: Any, instance_id: str) -> bool | None:
-    """Whether the interaction says the episode succeeded (None: it does not say; verl's never
-    do)."""
-    ask = None if _is_verl(interaction) else getattr(interaction, "succeeded", None)
-    said = ask(instance_id) if ask is not None else None
+    """Whether the interaction says the episode succeeded (None: it does not say)."""
+    said = _optional(interaction, "succeeded", instance_id)
     return None if said is None else bool(said)
 
 
 def read_action(interaction: Any, instance_id: str) -> ParsedAction | None:
     """The action the interaction read the episode's last reply as (None: it does not read
-    actions; verl's never do)."""
-    ask = None if _is_verl(interaction) else getattr(interaction, "read_action", None)
-    return ask(instance_id) if ask is not None else None
+    actions)."""
+    return _optional(interaction, "read_action", instance_id)
 
 
 def finalize_all(episodes: list[tuple[Any, str]], timeout_s: float | None) -> None:
