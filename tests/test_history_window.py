@@ -272,7 +272,8 @@ def test_a_window_of_no_turns_is_refused_by_name():
     params = Params()
     with pytest.raises(SettingError, match="prompt.history_turns 0"):
         ConversationSettings.from_config(params.rollout.chat, history_turns=0, tools=None,
-                                         interaction=None, reward_fn=None, progress=False)
+                                         interaction=None, reward_fn=None, progress=False,
+                                         action_prompt=None)
     assert params.rollout.context == "window"  # the default: Verlog's history window
     assert parse_params({"rollout": {"context": "episode"}}).rollout.context == "episode"
 

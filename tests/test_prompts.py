@@ -5,8 +5,9 @@ from dataclasses import replace
 
 import pytest
 
-from longturn.agent.memory import HistoryWindow
-from longturn.agent.prompts import PromptTooLong, build_messages, build_prompt, history_reply
+from longturn.agent.memory import HistoryEntry, HistoryWindow, PastTurn
+from longturn.agent.prompts import (ActionPrompt, ActionView, PromptTooLong, build_messages,
+                                    build_prompt, history_reply)
 from longturn.envs.babyai import BabyAITextEnv
 from longturn.engines.base import Completion
 from longturn.envs.registry import translator_for
@@ -30,8 +31,9 @@ def env():
 def test_messages_structure(env):
     window = HistoryWindow(2)
     for i in range(3):
-        window.add(f"obs {i}", f"THINK: t{i}\nACTION: go forward")
-    msgs = build_messages(env.instructions, window.entries(), "a wall 1 step forward")
+        window.add(PastTurn(f"obs {i}", f"THINK: t{i}\nACTION: go forward", "go forward", True))
+    msgs = build_messages(env.instructions, [HistoryEntry(t.observation, t.reply)
+                                           for t in window.entries()], "a wall 1 step forward")
     roles = [m["role"] for m in msgs]
     demos = len(env.instructions.demonstrations)
     assert demos >= 1
@@ -63,10 +65,12 @@ def test_system_prompt_and_demo_are_a_shared_prefix(tokenizer):
 def test_budget_drops_oldest_history_first(tokenizer, env):
     window = HistoryWindow(3)
     for i in range(3):
-        window.add("a wall 2 steps left\n" * 10, "ACTION: turn left " + "x " * 40)
-    full = build_prompt(tokenizer, env.instructions, window.entries(), "now", 4096)
+        window.add(PastTurn("a wall 2 steps left\n" * 10, "ACTION: turn left " + "x " * 40,
+                            "turn left", True))
+    history = [HistoryEntry(t.observation, t.reply) for t in window.entries()]
+    full = build_prompt(tokenizer, env.instructions, history, "now", 4096)
     assert full.history_used == 3 and full.history_dropped == 0
-    tight = build_prompt(tokenizer, env.instructions, window.entries(), "now", len(full.ids) - 1)
+    tight = build_prompt(tokenizer, env.instructions, history, "now", len(full.ids) - 1)
     assert tight.history_dropped >= 1 and tight.history_used == 3 - tight.history_dropped
     assert len(tight.ids) <= len(full.ids) - 1
     assert tight.text.endswith("<|im_start|>assistant\n")  # the tail is never cut
@@ -88,14 +92,13 @@ def test_history_reply_modes():
 def test_history_window_keeps_its_last_turns_through_a_checkpoint():
     """A checkpoint pickles the env slots, their windows inside."""
     w = HistoryWindow(2)
-    w.add("a", "b")
-    w.add("c", "d")
-    w.add("e", "f")
+    for observation in "ace":
+        w.add(PastTurn(observation, "ACTION: go forward", "go forward", True))
     clone = pickle.loads(pickle.dumps(w))
-    clone.add("g", "h")
+    clone.add(PastTurn("g", "h", "turn left", False))
     assert [e.observation for e in clone.entries()] == ["e", "g"] and len(w.entries()) == 2
     zero = HistoryWindow(0)
-    zero.add("a", "b")
+    zero.add(PastTurn("a", "b", "turn left", True))
     assert zero.entries() == []
 
 
@@ -129,3 +132,27 @@ def test_the_whole_episode_as_context_keeps_every_past_turn(tokenizer):
     assert all(f"probe {turn}." in prompts["episode"].text for turn in range(5))
     assert prompts["episode"].history_dropped == 0
     assert "probe 4." in prompts["window"].text and "probe 0." not in prompts["window"].text
+
+
+def test_a_window_pickled_when_it_kept_rendered_replies_resumes_showing_them(tokenizer, env):
+    """A checkpoint resumes across an upgrade: an env slot's window pickled when it kept each
+    reply as shown (`HistoryEntry`) shows the same replies after it (`PastTurn`s now), under
+    the settings it was shown with."""
+    old = HistoryWindow(2)
+    old._turns.extend([HistoryEntry("a wall 1 step left", "THINK: x\nACTION: turn left"),
+                       HistoryEntry("a wall 2 steps left", "ACTION: go forward")])
+    resumed = pickle.loads(pickle.dumps(old))
+    assert all(isinstance(t, PastTurn) for t in resumed.entries())
+    shown = ActionPrompt("output", "default_action", 4096, False)
+    view = ActionView(env.instructions, resumed.entries(), "now")
+    expected = build_prompt(tokenizer, env.instructions, list(old._turns), "now", 4096, False)
+    assert shown.render(tokenizer, view, None).ids == expected.ids
+    # a run that showed only actions kept "ACTION: x": it shows the same action again
+    actions = HistoryWindow(2)
+    actions._turns.append(HistoryEntry("a wall 1 step left", "ACTION: turn left"))
+    [turn] = pickle.loads(pickle.dumps(actions)).entries()
+    assert turn == PastTurn("a wall 1 step left", "ACTION: turn left", "turn left", True)
+    as_actions = replace(shown, history_content="action").render(
+        tokenizer, ActionView(env.instructions, [turn], "now"), None)
+    assert as_actions.ids == build_prompt(tokenizer, env.instructions, list(actions._turns),
+                                          "now", 4096, False).ids

@@ -11,13 +11,15 @@ import pytest
 from pydantic import BaseModel
 
 from longturn.algo.group_advantages import GroupParams
+from longturn.agent.prompts import ActionPrompt
 from longturn.algo.trainer import TrainerSettings
 from longturn.params.config import parse_params
 from longturn.engines.base import SamplingParams
 from longturn.rollout.env_slots import AgentSettings
 from longturn.rollout.conversation_rollout import ConversationSettings
 
-SETTINGS_CLASSES = [TrainerSettings, AgentSettings, SamplingParams, ConversationSettings, GroupParams]
+SETTINGS_CLASSES = [TrainerSettings, AgentSettings, ActionPrompt, SamplingParams,
+                    ConversationSettings, GroupParams]
 
 
 def declared_defaults(cls: type) -> list[str]:
@@ -72,9 +74,10 @@ def test_agent_settings_come_from_the_prompt_and_env_sections():
     windowed = PARAMS.model_copy(deep=True)
     windowed.rollout.context = "window"
     assert AgentSettings.from_params(windowed) == AgentSettings(
-        history_turns=3, history_content="action", invalid_in_history="raw_output",
-        max_prompt_tokens=512, demonstration=False, invalid_action_penalty=0.5, max_turns=7,
-        max_retries=1)
+        history_turns=3, prompt=ActionPrompt(history_content="action",
+                                             invalid_in_history="raw_output",
+                                             max_prompt_tokens=512, demonstration=False),
+        invalid_action_penalty=0.5, max_turns=7, max_retries=1)
     # the whole episode as context: every past turn, as far as prompt.max_prompt_tokens holds
     assert AgentSettings.from_params(PARAMS).history_turns is None
     # both protocols read rollout.context in one place: Params.history_window
@@ -95,10 +98,12 @@ def test_conversation_settings_come_from_rollout_chat_and_context_plus_the_loade
 
     settings = ConversationSettings.from_config(
         PARAMS.rollout.chat, history_turns=PARAMS.history_window, tools=None, interaction=None,
-        reward_fn=reward, progress=False)
+        reward_fn=reward, progress=False, action_prompt=ActionPrompt.from_config(PARAMS.prompt))
     assert settings == ConversationSettings(
         max_assistant_turns=6, max_user_turns=0, max_tokens=999, max_tool_response_chars=77,
-        tool_timeout_s=60.0, tokenization_check="off", history_turns=None, tools=None,
+        tool_timeout_s=60.0, tokenization_check="off", history_turns=None,
+        action_prompt=ActionPrompt(history_content="action", invalid_in_history="raw_output",
+                                   max_prompt_tokens=512, demonstration=False), tools=None,
         interaction=None, reward_fn=reward, progress=False, retry_failed_starts=True)
 
 

@@ -3,8 +3,8 @@ at toy size: arithmetic with the calculator tool (profile calculator_window) on 
 and BabyAI goto with frames (profile vision_window) on a tiny random LLaVA. Training collects
 Verlog's fixed-turn batches (episodes carried over, a cut one bootstrapped) and writes one
 sample per reply whose prompt is that reply's window: the task and the last N turns, nothing
-older, with the frames of those turns only; the advantages are finite and `longturn audit gae`
-recomputes them from the files. And bench/turn_cost.py --conversation, the cost of a late reply
+older (for BabyAI an env slot's prompt: past observations as text, the current one's frame
+alone); the advantages are finite and `longturn audit gae` recomputes them from the files. And bench/turn_cost.py --conversation, the cost of a late reply
 against an early one in both contexts, runs in its tiny mode."""
 
 from __future__ import annotations
@@ -126,19 +126,22 @@ def test_babyai_frames_trained_with_a_window(tmp_path, smollm2_tokenizer_dir):
     part = repo / "data/train/trajectories/iteration=0000/part-00.parquet"
     assert audit_samples_file(part) < 1e-4
     audit_gae(repo)
-    image_id = AutoTokenizer.from_pretrained(llava).convert_tokens_to_ids("<image>")
+    tokenizer = AutoTokenizer.from_pretrained(llava)
+    image_id = tokenizer.convert_tokens_to_ids("<image>")
     longest = 0
     for rows in episodes(part):
         longest = max(longest, len(rows))
         for k, row in enumerate(rows):
-            # the first observation's frame, and the frame after the previous reply: no older one
-            assert len(row.images) == len(row.image_starts) == min(k, TURNS) + 1
-            assert row.images[0] == rows[0].images[0]
-            for start in row.image_starts:  # each frame at its placeholders, in the prompt
-                assert list(row.prompt_ids[start:start + TOKENS_PER_IMAGE]) == \
-                    [image_id] * TOKENS_PER_IMAGE
-        if rows[-1].replies[0]["truncated"]:  # cut short: the critic sees the next window
-            assert len(rows[-1].bootstrap_images) == len(rows[-1].bootstrap_image_starts) >= 1
+            # an env slot's prompt: the last TURNS steps as text, the current observation's
+            # frame alone, at its placeholders
+            text = tokenizer.decode(row.prompt_ids)
+            assert text.count("<|im_start|>user\nObservation:\n") == min(k, TURNS)
+            assert len(row.images) == len(row.image_starts) == 1
+            (start,) = row.image_starts
+            assert list(row.prompt_ids[start:start + TOKENS_PER_IMAGE]) == \
+                [image_id] * TOKENS_PER_IMAGE
+        if rows[-1].replies[0]["truncated"]:  # cut short: the critic sees the next observation
+            assert len(rows[-1].bootstrap_images) == len(rows[-1].bootstrap_image_starts) == 1
     assert longest > TURNS + 1, "no episode ran past its window"
 
 

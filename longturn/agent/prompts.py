@@ -7,14 +7,18 @@ does not fit, `PromptTooLong` is raised. A prompt is never cut in the middle.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from longturn.agent.token_cache import expand_image_tokens, token_ids
-from longturn.agent.memory import HistoryEntry
+from longturn.agent.memory import HistoryEntry, PastTurn
 from longturn.instructions import Instructions
 from longturn.errors import UserError
 from longturn.vision.encoder import IMAGE_PLACEHOLDER
+
+if TYPE_CHECKING:
+    from longturn.params.config import PromptParams
 
 EMPTY_VIEW = "(nothing noteworthy in view)"
 
@@ -66,7 +70,8 @@ def _view(text: str) -> str:
     return text if text.strip() else EMPTY_VIEW
 
 
-def _current(instructions: Instructions, goal: str, observation: str) -> str:
+def current_turn(instructions: Instructions, goal: str, observation: str) -> str:
+    """The user turn of the current observation: the goal, the view, the answer format."""
     return (f"Your goal: {goal}.\nCurrent observation:\n{_view(observation)}\n\n"
             + answer_format(instructions))
 
@@ -81,12 +86,13 @@ def build_messages(
     # each worked turn is shown exactly as a real one, answer format included: with the format on
     # the last one only, SmolLM2-135M said `turn left` on 55% of zero-shot goto turns
     for demo_goal, demo_obs, demo_reply in instructions.demonstrations if demonstration else ():
-        messages.append({"role": "user", "content": _current(instructions, demo_goal, demo_obs)})
+        messages.append({"role": "user", "content": current_turn(instructions, demo_goal, demo_obs)})
         messages.append({"role": "assistant", "content": demo_reply})
     for entry in history:
         messages.append({"role": "user", "content": "Observation:\n" + _view(entry.observation)})
         messages.append({"role": "assistant", "content": entry.reply})
-    messages.append({"role": "user", "content": _current(instructions, instructions.goal, observation)})
+    messages.append({"role": "user",
+                     "content": current_turn(instructions, instructions.goal, observation)})
     return messages
 
 
@@ -134,3 +140,45 @@ def build_prompt(
         f"the prompt for the current observation alone is {len(ids)} tokens, over "
         f"prompt.max_prompt_tokens={max_prompt_tokens}; raise the budget or shorten the instructions"
     )
+
+
+@dataclass(frozen=True)
+class ActionView:
+    """What an action prompt of the next reply is built from, whoever plays the env (an env
+    slot, or the interaction behind a conversation: its `action_view`): the env's instructions,
+    its past steps of this episode (oldest first), the current observation and its frame."""
+
+    instructions: Instructions
+    past: Sequence[PastTurn]
+    observation: str
+    frame: Any = None
+
+
+@dataclass(frozen=True)
+class ActionPrompt:
+    """How an action prompt shows the past (prompt.*), whichever rollout plays the env: an env
+    slot, or a conversation of an env with a history window, so the same step reads the same.
+    No defaults of its own: the prompt section's are the ones (`from_config`)."""
+
+    history_content: Literal["output", "action"]
+    invalid_in_history: Literal["default_action", "raw_output"]
+    max_prompt_tokens: int
+    demonstration: bool
+
+    @classmethod
+    def from_config(cls, section: PromptParams) -> "ActionPrompt":
+        return cls(history_content=section.history_content,
+                   invalid_in_history=section.invalid_in_history,
+                   max_prompt_tokens=section.max_prompt_tokens,
+                   demonstration=section.demonstration)
+
+    def render(self, tokenizer: Any, view: ActionView, turns: int | None,
+               image_token: tuple[int, int] | None = None) -> Prompt:
+        """The prompt of `view` with its last `turns` past steps (None: all of them), the
+        oldest dropped first to fit `max_prompt_tokens` (`build_prompt`)."""
+        past = list(view.past) if turns is None else list(view.past)[-turns:] if turns else []
+        history = [HistoryEntry(t.observation, history_reply(
+            t.reply, t.action, t.valid, self.history_content, self.invalid_in_history))
+            for t in past]
+        return build_prompt(tokenizer, view.instructions, history, view.observation,
+                            self.max_prompt_tokens, self.demonstration, view.frame, image_token)

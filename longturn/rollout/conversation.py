@@ -166,6 +166,12 @@ class Conversation:
         self.image_starts += [len(self.ids) + s for s in starts]
         self.images += images
 
+    def keep_frame(self, frame: np.ndarray) -> None:
+        """Keep a frame no message of the episode carries (an ended episode's last observation,
+        which its bootstrap prompt shows): it has no place in the sequence."""
+        self.images.append(frame)
+        self.frame_owner.append(len(self.messages))
+
     def reward(self, value: float, metrics: dict[str, Any] | None = None) -> None:
         """Credit the latest reply; numeric metrics are summed per episode."""
         self.segment_rewards[-1] += float(value)

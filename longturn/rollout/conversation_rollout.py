@@ -44,16 +44,18 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from tqdm.auto import tqdm
 
+from longturn.agent.prompts import ActionPrompt, ActionView
 from longturn.engines.base import (Engine, SamplingParams, engine_image_token,
                                    generate_with_frames)
 from longturn.envs.base import Observation
 from longturn.envs.failures import EnvFailure
 from longturn.errors import SettingError
 from longturn.rollout.chat_deltas import ChatDeltas
-from longturn.rollout.history_window import Joined, frame_owners, render_window
+from longturn.rollout.history_window import Joined, WindowPrompt, frame_owners, render_window
 from longturn.rollout.conversation import (DONE, MAX_ASSISTANT_TURNS, MAX_USER_TURNS, TIME_LIMIT,
                                        TOKEN_BUDGET, Conversation)
 from longturn.tasks.interactions import (BaseInteraction, finalize_all, interaction_of,
+                                         action_view as interaction_action_view,
                                          opening as interaction_opening,
                                          read_action as interaction_read_action, respond,
                                          start_all,
@@ -85,6 +87,9 @@ class ConversationSettings:
     tool_timeout_s: float  # one tool or interaction call, past which it is cut off
     tokenization_check: str
     history_turns: int | None  # the past turns a reply's window shows; None: the whole episode
+    # with a window, how an episode whose interaction plays an env (its `action_view`) is shown:
+    # as an env slot's prompt is (prompt.*, THINK/ACTION), or (None) as its own messages
+    action_prompt: ActionPrompt | None
     tools: ToolBox | None
     # one interaction for every episode, or a file's by name (each task's interaction_kwargs
     # name picks its own: tasks/interactions.py interaction_of)
@@ -102,9 +107,11 @@ class ConversationSettings:
                     tools: ToolBox | None,
                     interaction: BaseInteraction | VerlInteraction | dict[str, Any] | None,
                     reward_fn: Callable[[dict[str, Any], list[dict[str, Any]]], float] | None,
-                    progress: bool) -> ConversationSettings:
-        """rollout.chat's limits and the window's turns (`Params.history_window`, as an env
-        slot's window), plus what the run loaded from its files."""
+                    progress: bool, action_prompt: ActionPrompt | None
+                    ) -> ConversationSettings:
+        """rollout.chat's limits, the window's turns (`Params.history_window`, as an env slot's
+        window) and how an env is shown in it (prompt.*), plus what the run loaded from its
+        files."""
         if history_turns is not None and history_turns < 1:
             raise SettingError("rollout.context window with prompt.history_turns 0 "
                                "would show no reply and no tool result: set it to 1 or more")
@@ -113,8 +120,8 @@ class ConversationSettings:
                    max_tool_response_chars=section.max_tool_response_chars,
                    tool_timeout_s=section.tool_timeout_s,
                    tokenization_check=section.tokenization_check, history_turns=history_turns,
-                   tools=tools, interaction=interaction, reward_fn=reward_fn, progress=progress,
-                   retry_failed_starts=True)
+                   action_prompt=action_prompt, tools=tools, interaction=interaction,
+                   reward_fn=reward_fn, progress=progress, retry_failed_starts=True)
 
 
 def _tool_turn(ep: Conversation, results: list[ToolResult], limit: int
@@ -532,10 +539,32 @@ def _generate(engine: Engine, active: list[Conversation], sampling: SamplingPara
 
 
 def _next_window(ep: Conversation, s: ConversationSettings,
-                 messages: Sequence[dict[str, Any]], owners: Sequence[int]):
-    """The window of `messages` (the episode's, or with the ones about to be appended)."""
+                 messages: Sequence[dict[str, Any]], owners: Sequence[int]) -> WindowPrompt:
+    """The window of `messages` (the episode's, or with the ones about to be appended); an
+    episode of an env shown as the action protocol shows it, its interaction's `action_view`
+    (`_action_window`)."""
+    view = (interaction_action_view(_partner(s, ep), ep.episode_id)
+            if s.action_prompt is not None and s.interaction is not None else None)
+    if view is not None:
+        return _action_window(ep, s.action_prompt, s.history_turns, view, owners)
     return render_window(ep.deltas, messages, owners, ep.head, s.history_turns,
                          f"episode {ep.episode_id}")
+
+
+def _action_window(ep: Conversation, shown: ActionPrompt, turns: int | None, view: ActionView,
+                   owners: Sequence[int]) -> WindowPrompt:
+    """An env slot's prompt of the episode's next reply: its env's instructions, its last
+    `turns` steps as prompt.* shows them (the oldest dropped to fit prompt.max_prompt_tokens),
+    the current observation and its frame only. That frame is the episode's newest, once its
+    observation is appended; an ended episode's last observation never is, so its frame is
+    kept for the bootstrap here."""
+    prompt = shown.render(ep.deltas.tokenizer, view, turns, ep.deltas.image_token)
+    if view.frame is None:
+        return WindowPrompt(prompt.ids, [], [])
+    if ep.done and (not ep.images or ep.images[-1] is not view.frame):
+        ep.keep_frame(view.frame)
+        owners = ep.frame_owner
+    return WindowPrompt(prompt.ids, [len(owners) - 1], prompt.image_starts)
 
 
 def _room(ep: Conversation, s: ConversationSettings) -> int:

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from longturn.agent.prompts import ActionPrompt
 from longturn.params.config import Params
 from longturn.engines.base import Engine, SamplingParams
 from longturn.errors import SettingError
@@ -100,7 +101,8 @@ class ConversationRun:
         settings = ConversationSettings.from_config(
             s, history_turns=params.history_window,
             tools=ToolBox(load_tools(s.tools)) if s.tools is not None else None,
-            interaction=_interaction(params), reward_fn=None, progress=progress)
+            interaction=_interaction(params), reward_fn=None, progress=progress,
+            action_prompt=ActionPrompt.from_config(params.prompt))
         run = cls(tasks, settings, _rollout_function(params))
         settings.reward_fn = run.reward
         opened = [n for n, task in tasks.items() if getattr(task, "opened_by_interaction", False)]

@@ -115,8 +115,8 @@ class EnvPlayer:
         return {"slots": self.slots}
 
     def load_state(self, state: dict[str, Any]) -> list[EpisodeStart]:
-        """The checkpoint's slots, envs and running episodes as they were: no start is made
-        again."""
+        """The checkpoint's slots, envs and running episodes as they were, under this run's
+        settings: no start is made again."""
         if "slots" not in state:
             return []
         if len(state["slots"]) != len(self.slots):
@@ -126,6 +126,8 @@ class EnvPlayer:
                                f"{len(self.slots)}: resume with the same rollout.n_envs")
         self.close()
         self.slots = state["slots"]
+        for slot in self.slots:  # this run's settings (a slot pickled before an upgrade has
+            slot.settings = self.settings  # the fields of its time)
         self.running = [True] * self.n_slots
         return []
 

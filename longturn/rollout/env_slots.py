@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from longturn.agent.memory import HistoryWindow
-from longturn.agent.prompts import Prompt, build_prompt, history_reply
+from longturn.agent.memory import HistoryWindow, PastTurn
+from longturn.agent.prompts import ActionPrompt, ActionView, Prompt
 from longturn.params.config import Params
 from longturn.engines.base import (Completion, Engine, SamplingParams, engine_image_token,
                                    generate_with_frames)
@@ -40,10 +40,7 @@ class AgentSettings:
     and env sections, the one place defaults live."""
 
     history_turns: int | None  # None: every past turn (rollout.context episode)
-    history_content: str
-    invalid_in_history: str
-    max_prompt_tokens: int
-    demonstration: bool
+    prompt: ActionPrompt  # how the past is shown (a conversation of an env shows it so too)
     invalid_action_penalty: float
     max_turns: int | None
     max_retries: int
@@ -51,10 +48,7 @@ class AgentSettings:
     @classmethod
     def from_params(cls, params: Params) -> "AgentSettings":
         p, e = params.prompt, params.env
-        return cls(history_turns=params.history_window,
-                   history_content=p.history_content,
-                   invalid_in_history=p.invalid_in_history,
-                   max_prompt_tokens=p.max_prompt_tokens, demonstration=p.demonstration,
+        return cls(history_turns=params.history_window, prompt=ActionPrompt.from_config(p),
                    invalid_action_penalty=e.invalid_action_penalty, max_turns=e.max_turns,
                    max_retries=e.max_retries)
 
@@ -129,9 +123,9 @@ class EnvSlot:
         observation's frame when the env gives one (`image_token`: the engine's image
         placeholder, `engine.vision.placeholder`)."""
         if self._prompt is None or self._prompt[0] is not tokenizer:
-            prompt = build_prompt(tokenizer, self.env.instructions, self.history.entries(),
-                                  self.observation, self.settings.max_prompt_tokens,
-                                  self.settings.demonstration, self.frame, image_token)
+            view = ActionView(self.env.instructions, self.history.entries(), self.observation,
+                              self.frame)  # the window keeps the last history_turns turns
+            prompt = self.settings.prompt.render(tokenizer, view, None, image_token)
             self._prompt = (tokenizer, prompt)
         return self._prompt[1]
 
@@ -163,10 +157,7 @@ class EnvSlot:
                    success=bool(info.get("success", False)), aborted=False,
                    done=bool(terminated or truncated))
         row["termination"] = reason_of(row) if row["done"] else None
-        s = self.settings
-        reply = history_reply(response_text, parsed.action, parsed.valid,
-                              s.history_content, s.invalid_in_history)  # type: ignore[arg-type]
-        self.history.add(self.observation, reply)
+        self.history.add(PastTurn(self.observation, response_text, parsed.action, parsed.valid))
         self.observation, self.frame = obs.text, obs.image
         self.turn += 1
         self._prompt = None

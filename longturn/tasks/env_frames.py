@@ -30,7 +30,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from longturn.agent.prompts import EMPTY_VIEW, answer_format, system_prompt
+from longturn.agent.memory import PastTurn
+from longturn.agent.prompts import ActionView, current_turn, system_prompt
 from longturn.envs.actions import ActionTranslator, ParsedAction
 from longturn.envs.base import Instructions, Observation
 from longturn.envs.failures import EnvFailure, restart_or_give_up
@@ -43,13 +44,10 @@ from longturn.vision.encoder import IMAGE_PLACEHOLDER
 
 
 def observation_text(instructions: Instructions, observation: Observation, image: bool) -> str:
-    """One user turn: the frame's placeholder (with images), the goal, the text view and the
-    answer format."""
-    view = observation.text if observation.text.strip() else EMPTY_VIEW
-    lines = [IMAGE_PLACEHOLDER] if image else []
-    lines += [f"Your goal: {instructions.goal}.", f"Current observation:\n{view}", "",
-              answer_format(instructions)]
-    return "\n".join(lines)
+    """One user turn: the frame's placeholder (with images), then the turn an env slot's prompt
+    ends with (the goal, the text view, the answer format)."""
+    turn = current_turn(instructions, instructions.goal, observation.text)
+    return f"{IMAGE_PLACEHOLDER}\n{turn}" if image else turn
 
 
 @dataclass(frozen=True)
@@ -171,7 +169,8 @@ class EnvInteraction(BaseInteraction):
                                "image on")
         instructions = env.instructions
         self.instances[instance_id] = {
-            "env": env, "spec": spec, "seed": seed, "image": image,
+            "env": env, "spec": spec, "seed": seed, "image": image, "observation": observation,
+            "past": [],  # the episode's steps (PastTurn), for `action_view`
             "translator": ActionTranslator(env.actions, env.synonyms, env.default_action),
             "opening": ([{"role": "system", "content": system_prompt(instructions)},
                          {"role": "user",
@@ -195,6 +194,9 @@ class EnvInteraction(BaseInteraction):
             self._failed(env, failure, "step", state["seed"])
             raise
         self._stepped(env)
+        state["past"].append(PastTurn(state["observation"].text, messages[-1]["content"],
+                                      parsed.action, parsed.valid))
+        state["observation"] = observation
         penalty = 0.0 if parsed.valid else float(self.config.get("invalid_action_penalty", 0.1))
         # the rollout writes the frame's <image> line itself (conversation_rollout: _user_message)
         answer = Observation(observation_text(env.instructions, observation, False),
@@ -217,6 +219,14 @@ class EnvInteraction(BaseInteraction):
         """The action the last reply named (or the default one it fell back to), as an env
         slot's turn row records it."""
         return self.instances[instance_id]["parsed"]
+
+    def action_view(self, instance_id: str) -> ActionView:
+        """The episode as an env slot's prompt shows it: the env's instructions, its steps so
+        far, the current observation and (with `image`) its frame."""
+        state = self.instances[instance_id]
+        observation = state["observation"]
+        return ActionView(state["env"].instructions, state["past"], observation.text,
+                          observation.image if state["image"] else None)
 
     def finalize(self, instance_id: str) -> None:
         """The episode's env goes back to the idle ones, for a later episode to reset."""

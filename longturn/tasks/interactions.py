@@ -14,7 +14,7 @@ class may be this project's synchronous `BaseInteraction` below or a verl-style 
 (`interaction_of`: a file's entries are picked per task by `interaction_kwargs["name"]`, as
 verl does). The protocol is verl's: `start` per
 episode, `generate_response` per reply → (should_terminate, text for the user message, score,
-metrics), `finalize` at the end. Four additions:
+metrics), `finalize` at the end. Five additions:
 - `opening`: an interaction whose episode begins from its own state (an env it has just reset)
   gives the episode's first messages, after the task record's own;
 - `truncated`: an interaction that ended the episode on a time limit (an env's gymnasium
@@ -24,7 +24,10 @@ metrics), `finalize` at the end. Four additions:
   messages (for an env that would mean replaying every step);
 - `read_action`: an interaction that reads each reply as an env's action (THINK/ACTION) says what
   it read, so the reply's sample carries the action columns an env slot's does (raw action,
-  action executed, validity and why not) and a reply that named no valid action counts invalid.
+  action executed, validity and why not) and a reply that named no valid action counts invalid;
+- `action_view`: an interaction that plays an env gives the episode as an env slot's prompt
+  shows it (its instructions, past steps and current observation), so a conversation of an env
+  can be given the action protocol's prompts, byte for byte an env slot's.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from longturn.agent.prompts import ActionView
 from longturn.envs.actions import ParsedAction
 from longturn.envs.failures import EnvFailure
 from longturn.errors import SettingError
@@ -82,6 +86,13 @@ class BaseInteraction(EpisodeInstances):
         """What the episode's last reply was read as, asked after each `generate_response`: the
         env action it named (or the default action it fell back to). None: replies are not
         actions."""
+        del instance_id
+        return None
+
+    def action_view(self, instance_id: str) -> ActionView | None:
+        """The episode as an action prompt shows it (the env's instructions, its steps, the
+        current observation), asked for each reply's prompt when the rollout renders the action
+        protocol's prompts. None: this interaction plays no env."""
         del instance_id
         return None
 
@@ -225,6 +236,12 @@ def read_action(interaction: Any, instance_id: str) -> ParsedAction | None:
     """The action the interaction read the episode's last reply as (None: it does not read
     actions)."""
     return _optional(interaction, "read_action", instance_id)
+
+
+def action_view(interaction: Any, instance_id: str) -> ActionView | None:
+    """The episode as the interaction's env shows it to an action prompt (None: it plays no
+    env)."""
+    return _optional(interaction, "action_view", instance_id)
 
 
 def finalize_all(episodes: list[tuple[Any, str]], timeout_s: float | None) -> None:

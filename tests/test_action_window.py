@@ -1,0 +1,135 @@
+"""An env played as a conversation with a history window is given the action protocol's prompts,
+byte for byte what an env slot gives for the same steps: the env's instructions and worked
+examples, its last N steps as prompt.* shows them (past observations short, a reply or only its
+action, an invalid one as the default action), the oldest dropped to fit
+prompt.max_prompt_tokens, and the current observation with its frame alone. Both players run
+the same fixed-turn batches on the same seeds; every sample's prompt, reply and bootstrap
+prompt (and frames) must agree, so one rollout can play both."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from longturn.agent.prompts import ActionPrompt
+from longturn.engines.base import Completion
+from longturn.envs.local import LocalEnv
+from longturn.envs.registry import EnvSpec
+from longturn.params.config import Params
+from longturn.rollout.conversation_player import conversation_fixed_turns
+from longturn.rollout.conversation_rollout import conversation_rollout
+from longturn.rollout.conversation_setup import ConversationRun
+from longturn.rollout.env_player import env_fixed_turns
+from longturn.tasks.env_frames import EnvInteraction, EnvTask
+from longturn.vision.frames import from_png
+from settings_from_params import agent_settings, conversation_settings, sampling_settings
+from test_history_window import WIDTH, image_tokenizer, tokenizer  # noqa: F401 (fixtures)
+
+# what the engine answers, picked by the prompt: a valid reply, one of no action, an unknown
+# action, one with its action alone and one too long to keep whole in a tight budget
+REPLIES = ["THINK: the goal is ahead.\nACTION: go forward", "I am not sure what to do.",
+           "THINK: hmm.\nACTION: jump", "ACTION: turn left",
+           "THINK: " + "the room is large and I should look around first " * 4
+           + "\nACTION: turn right"]
+
+
+class ByPrompt:
+    """Answers each prompt with a reply its ids pick, so two players given the same prompts get
+    the same replies; keeps every prompt and its frames."""
+
+    def __init__(self, tokenizer, image_id: int | None = None):
+        end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.replies = [tokenizer.encode(text, add_special_tokens=False) + [end]
+                        for text in REPLIES]
+        if image_id is not None:
+            self.vision = SimpleNamespace(placeholder=(image_id, WIDTH))
+
+    def generate(self, prompt_ids, sampling, images=None):
+        return [Completion(list(ids), [-0.5] * len(ids), "stop") for ids in
+                (self.replies[(sum(p) + len(p)) % len(self.replies)] for p in prompt_ids)]
+
+
+def play_both(tokenizer, engine, image: bool, iterations: int = 2, **prompt):
+    """Two iterations of fixed-turn batches (2 slots × 4 lock-steps, episodes of at most 5
+    steps) by env slots and by conversations of the same env: each one's samples by (episode,
+    turn)."""
+    shown = replace(ActionPrompt.from_config(Params().prompt),
+                    **{k: prompt.pop(k) for k in list(prompt) if k != "history_turns"})
+    turns = prompt["history_turns"]
+    kwargs = {"num_dists": 1, **({"image": True} if image else {})}
+    slots = env_fixed_turns(lambda task: LocalEnv(EnvSpec("babyai", task, kwargs).build(),
+                                                  EnvSpec("babyai", task, kwargs)),
+                            ["goto"], n_envs=2, turns_per_env=4, seed=5, run_id="t",
+                            settings=agent_settings(history_turns=turns, prompt=shown,
+                                                    max_turns=5))
+    settings = conversation_settings(history_turns=turns, action_prompt=shown,
+                                     interaction=EnvInteraction({}, "env"),
+                                     max_assistant_turns=5, max_user_turns=10, max_tokens=8000)
+    task = EnvTask("babyai", "goto", image=image, kwargs={"num_dists": 1})
+    conversations = conversation_fixed_turns(
+        ConversationRun({"goto": task}, settings, conversation_rollout), ["goto"], n_envs=2,
+        turns_per_env=4, seed=5, run_id="t")
+    out = []
+    for collector in (slots, conversations):
+        samples = [s for i in range(iterations) for s in collector.collect(
+            engine, tokenizer, sampling_settings(max_new_tokens=64), i, progress=False)]
+        collector.close()
+        out.append({(s["episode_id"], s["replies"][0]["turn"]): s for s in samples})
+    return out
+
+
+def assert_same_samples(by_slots, by_conversations):
+    assert by_slots.keys() == by_conversations.keys()
+    for key, a in by_slots.items():
+        b = by_conversations[key]
+        (ra,), (rb,) = a["replies"], b["replies"]
+        assert a["prompt_ids"] == b["prompt_ids"], key
+        assert (a["response_ids"], a["env_index"], ra["step"]) == \
+            (b["response_ids"], b["env_index"], rb["step"]), key
+        for column in ("action", "raw_action", "action_valid", "action_failure", "reward",
+                       "terminated", "truncated", "segment_end"):
+            assert ra[column] == rb[column], (key, column)
+        assert a["bootstrap_prompt_ids"] == b["bootstrap_prompt_ids"], key
+        for prefix in ("", "bootstrap_"):
+            # no frame: None in an env slot's sample, [] in a window's
+            assert (a[f"{prefix}image_starts"] or []) == (b[f"{prefix}image_starts"] or []), key
+            for x, y in zip(a[f"{prefix}images"] or [], b[f"{prefix}images"] or [], strict=True):
+                np.testing.assert_array_equal(from_png(x), from_png(y))
+
+
+@pytest.mark.parametrize("prompt", [
+    {"history_turns": 1},  # the default: one past step, the reply in full, invalid as default
+    {"history_turns": 3, "history_content": "action", "demonstration": False},
+    {"history_turns": 2, "invalid_in_history": "raw_output"},
+], ids=["default", "actions-only", "raw-invalid"])
+def test_conversations_of_an_env_are_given_an_env_slots_prompts(tokenizer, prompt):
+    by_slots, by_conversations = play_both(tokenizer, ByPrompt(tokenizer), False, **prompt)
+    replies = [s["replies"][0] for s in by_slots.values()]
+    assert len(replies) == 16  # 2 slots × 4 lock-steps × 2 iterations
+    assert {r["action_failure"] for r in replies} >= {None, "no_action", "unknown_action"}
+    assert any(r["truncated"] for r in replies)  # an episode hit env.max_turns: bootstrapped
+    assert any(r["segment_end"] and not r["truncated"] for r in replies)  # a batch cut one
+    assert_same_samples(by_slots, by_conversations)
+
+
+def test_the_oldest_steps_are_dropped_alike_to_fit_the_prompt_budget(tokenizer):
+    by_slots, by_conversations = play_both(tokenizer, ByPrompt(tokenizer), False,
+                                           history_turns=4, max_prompt_tokens=700)
+    longest = max(len(s["prompt_ids"]) for s in by_slots.values())
+    assert longest <= 700
+    assert {s["replies"][0]["history_dropped"] for s in by_slots.values()} > {0}
+    assert_same_samples(by_slots, by_conversations)
+
+
+def test_with_frames_each_prompt_shows_its_current_observations_frame_alone(image_tokenizer):
+    image_id = image_tokenizer.convert_tokens_to_ids("<image>")
+    by_slots, by_conversations = play_both(image_tokenizer,
+                                           ByPrompt(image_tokenizer, image_id), True,
+                                           history_turns=2)
+    for sample in by_conversations.values():
+        assert len(sample["images"]) == 1 and sample["prompt_ids"].count(image_id) == WIDTH
+    assert any(s["bootstrap_images"] for s in by_conversations.values())
+    assert_same_samples(by_slots, by_conversations)
