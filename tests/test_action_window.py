@@ -4,7 +4,10 @@ examples, its last N steps as prompt.* shows them (past observations short, a re
 action, an invalid one as the default action), the oldest dropped to fit
 prompt.max_prompt_tokens, and the current observation with its frame alone. Both players run
 the same fixed-turn batches on the same seeds; every sample's prompt, reply and bootstrap
-prompt (and frames) must agree, so one rollout can play both."""
+prompt (and frames) must agree, and so must what the sample says of them (texts, the action
+read, the env's reward, the observation answered), so one rollout can play both. Not yet alike:
+an episode cut by the turn limit ends as `time_limit` in an env slot (env.max_turns) and
+`max_assistant_turns` in a conversation."""
 
 from __future__ import annotations
 
@@ -86,11 +89,12 @@ def assert_same_samples(by_slots, by_conversations):
     for key, a in by_slots.items():
         b = by_conversations[key]
         (ra,), (rb,) = a["replies"], b["replies"]
-        assert a["prompt_ids"] == b["prompt_ids"], key
-        assert (a["response_ids"], a["env_index"], ra["step"]) == \
-            (b["response_ids"], b["env_index"], rb["step"]), key
-        for column in ("action", "raw_action", "action_valid", "action_failure", "reward",
-                       "terminated", "truncated", "segment_end"):
+        for column in ("prompt_ids", "prompt_text", "response_ids", "env_index", "env_name",
+                       "task", "episode_seed"):
+            assert a[column] == b[column], (key, column)
+        for column in ("step", "response_text", "action", "raw_action", "action_valid",
+                       "action_failure", "env_reward", "reward", "terminated", "truncated",
+                       "segment_end", "history_dropped", "observation"):
             assert ra[column] == rb[column], (key, column)
         assert a["bootstrap_prompt_ids"] == b["bootstrap_prompt_ids"], key
         for prefix in ("", "bootstrap_"):

@@ -73,6 +73,7 @@ class Conversation:
     reply_valid: list[bool] = field(default_factory=list)
     # per reply, what an env's interaction read it as (`read_as_action`; None: not an action)
     reply_actions: list[dict[str, Any] | None] = field(default_factory=list)
+    reply_texts: list[str | None] = field(default_factory=list)  # per reply: its content
     assistant_turns: int = 0
     user_turns: int = 0
     tool_calls: int = 0
@@ -99,8 +100,9 @@ class Conversation:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """A checkpoint resumes across an upgrade: one pickled before replies were read as
-        actions has none."""
-        self.__dict__.update({"reply_actions": [None] * len(state["segments"]), **state})
+        actions, or their texts kept, has none."""
+        self.__dict__.update({"reply_actions": [None] * len(state["segments"]),
+                              "reply_texts": [None] * len(state["segments"]), **state})
 
     @classmethod
     def begin(cls, episode_id: str, task: dict[str, Any], deltas: ChatDeltas) -> "Conversation":
@@ -147,6 +149,7 @@ class Conversation:
         self.reply_actions.append(None)
         self._context(self.deltas.close_reply(reply_ids))
         content = self.deltas.reply_content(reply_ids)
+        self.reply_texts.append(content)
         self.messages.append({"role": "assistant", "content": content})
         self.assistant_turns += 1
         return content
@@ -179,11 +182,13 @@ class Conversation:
             if isinstance(v, (int, float)):
                 self.metrics[key] = self.metrics.get(key, 0.0) + float(v)
 
-    def read_as_action(self, parsed: ParsedAction) -> None:
-        """The latest reply, as an env read it: the action columns an env slot's turn row has;
-        a reply that named no valid action is not valid."""
+    def read_as_action(self, parsed: ParsedAction, env_reward: float | None = None) -> None:
+        """The latest reply, as an env read it: the action columns an env slot's turn row has
+        (and the env's reward for it, before the invalid-action penalty, where the interaction
+        said it); a reply that named no valid action is not valid."""
         self.reply_actions[-1] = {"raw_action": parsed.raw_action, "action": parsed.action,
-                                  "action_failure": parsed.failure}
+                                  "action_failure": parsed.failure,
+                                  "env_reward": None if env_reward is None else float(env_reward)}
         self.reply_valid[-1] = self.reply_valid[-1] and parsed.valid
 
     def end(self, reason: str) -> None:
@@ -239,6 +244,10 @@ class Conversation:
             "window_prompts": [list(w.ids) for _, w in windows],
             "window_frames": [[local[j] for j in w.frames] for _, w in windows],
             "window_image_starts": [list(w.starts) for _, w in windows]}
+        if windows and windows[0][1].observation is not None:  # an env slot's prompts
+            out.update(reply_observations=[w.observation for _, w in windows],
+                       window_texts=[w.text for _, w in windows],
+                       window_history_dropped=[w.history_dropped for _, w in windows])
         if first:
             out["images"] = [to_png(self.images[j]) for j in local]
         if bootstrap is not None:
@@ -259,6 +268,7 @@ class Conversation:
             "reply_finish_reasons": self.finish_reasons[first:],
             "reply_valid": self.reply_valid[first:],
             "reply_actions": self.reply_actions[first:],
+            "reply_texts": self.reply_texts[first:], "env_name": self.task.get("env_name"),
             "reward": float(sum(self.segment_rewards)), "termination": self.reason,
             "truncated": self.reason != DONE and not self.aborted, "aborted": self.aborted,
             # a part's frames are those its windows show (`_window_record`)

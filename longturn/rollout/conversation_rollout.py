@@ -251,7 +251,7 @@ def _after_text(ep: Conversation, answer: tuple | None, s: ConversationSettings
     ep.reward(0.0 if score is None else score, metrics)  # verl allows a turn without a score
     parsed = interaction_read_action(_partner(s, ep), ep.episode_id)
     if parsed is not None:
-        ep.read_as_action(parsed)
+        ep.read_as_action(parsed, (metrics or {}).get("env_reward"))
     if stop:
         ep.end(TIME_LIMIT if interaction_truncated(_partner(s, ep), ep.episode_id) else DONE)
         return None
@@ -559,12 +559,14 @@ def _action_window(ep: Conversation, shown: ActionPrompt, turns: int | None, vie
     observation is appended; an ended episode's last observation never is, so its frame is
     kept for the bootstrap here."""
     prompt = shown.render(ep.deltas.tokenizer, view, turns, ep.deltas.image_token)
+    said = {"text": prompt.text, "history_dropped": prompt.history_dropped,
+            "observation": view.observation}
     if view.frame is None:
-        return WindowPrompt(prompt.ids, [], [])
+        return WindowPrompt(prompt.ids, [], [], **said)
     if ep.done and (not ep.images or ep.images[-1] is not view.frame):
         ep.keep_frame(view.frame)
         owners = ep.frame_owner
-    return WindowPrompt(prompt.ids, [len(owners) - 1], prompt.image_starts)
+    return WindowPrompt(prompt.ids, [len(owners) - 1], prompt.image_starts, **said)
 
 
 def _room(ep: Conversation, s: ConversationSettings) -> int:

@@ -29,13 +29,13 @@ _TURN_REPLY_COLUMNS = ("turn", "step", "response_text", "raw_action", "action", 
                        "success", "aborted", "segment_end", "termination", "finish_reason",
                        "history_dropped", "next_value", "logprob_gap", "observation")
 # a conversation record's columns that a sample keeps as they are
-_EPISODE_COLUMNS = ("run_id", "policy_version", "iteration", "task", "episode_id",
+_EPISODE_COLUMNS = ("run_id", "policy_version", "iteration", "env_name", "task", "episode_id",
                     "episode_seed", "group_id", "images", "image_starts", "messages", "metrics",
                     "tokenization_check", "tool_calls", "tool_errors", "user_turns",
                     "assistant_turns")
 # a windowed episode's columns on each of its samples, and its conversation's on the last one
-_WINDOW_ROW_COLUMNS = ("run_id", "policy_version", "iteration", "task", "episode_id",
-                       "episode_seed", "group_id")
+_WINDOW_ROW_COLUMNS = ("run_id", "policy_version", "iteration", "env_name", "task",
+                       "episode_id", "episode_seed", "group_id")
 _CONVERSATION_COLUMNS = ("messages", "metrics", "tokenization_check", "tool_calls",
                          "tool_errors", "user_turns", "assistant_turns")
 # a conversation record's per-token lists (as long as input_ids), cut where the response begins
@@ -95,6 +95,7 @@ def _episode_replies(record: Row, ids: list[int], starts: list[int], ends: list[
     valid = list(record.get("reply_valid") or [None] * len(starts))
     # what an env read each reply as (raw_action, action, action_failure), where one did
     actions = list(record.get("reply_actions") or [None] * len(starts))
+    texts = list(record.get("reply_texts") or [None] * len(starts))  # each reply's content
     cut = bool(record.get("cut"))
     replies = []
     for k, (start, end) in enumerate(zip(starts, ends)):
@@ -110,6 +111,7 @@ def _episode_replies(record: Row, ids: list[int], starts: list[int], ends: list[
             "aborted": bool(record.get("aborted")), "segment_end": last and cut,
             "termination": record.get("termination") if ended else None,
             "finish_reason": finish_reasons[k], "action_valid": valid[k], **(actions[k] or {}),
+            "response_text": texts[k],
             "next_value": record.get("bootstrap_value") if last else None,
             # what the model saw since the previous reply (GiGPO's anchor state), or the state
             # the record names for the reply (an agent's call: what it sent)
@@ -139,18 +141,22 @@ def samples_from_window(record: Row, env_index: int) -> list[Row]:
     starts, ends = list(record["segment_starts"]), list(record["segment_ends"])
     pngs = list(record.get("images") or [])
     packed = _episode_replies(record, ids, starts, ends, 0)  # flags on the last, observations
+    # an env slot's prompts (an env's episode) say their text and what history they dropped
+    texts = record.get("window_texts") or [None] * len(starts)
+    dropped = record.get("window_history_dropped") or [None] * len(starts)
     out = []
     for k, (start, end) in enumerate(zip(starts, ends)):
         sample = _blank_sample()
         sample.update({name: record.get(name) for name in _WINDOW_ROW_COLUMNS})
         sample.update(
             env_index=int(env_index), prompt_ids=list(record["window_prompts"][k]),
+            prompt_text=texts[k],
             response_ids=ids[start:end], loss_mask=[1] * (end - start),
             engine_logprobs=list(record["engine_logprobs"][start:end]),
             images=[pngs[j] for j in record["window_frames"][k]],
             image_starts=list(record["window_image_starts"][k]),
             replies=[{**packed[k], "start": 0, "end": end - start,
-                      "step": int(record["reply_steps"][k])}])
+                      "step": int(record["reply_steps"][k]), "history_dropped": dropped[k]}])
         out.append(sample)
     last = out[-1]
     last.update({name: record.get(name) for name in _CONVERSATION_COLUMNS})

@@ -64,7 +64,7 @@ class EnvTask:
         """What the interaction needs to reset the env; no messages: the `EnvInteraction`
         opens the episode from the env it resets (its instructions and first observation), so
         no env is built here, in the trainer's process."""
-        return {"messages": [], "images": [],
+        return {"messages": [], "images": [], "env_name": self.env,
                 "interaction_kwargs": {"env": self.env, "task": self.task, "seed": int(seed),
                                        "image": self.image,
                                        **({"env_kwargs": dict(self.kwargs)} if self.kwargs
