@@ -5,9 +5,8 @@ action, an invalid one as the default action), the oldest dropped to fit
 prompt.max_prompt_tokens, and the current observation with its frame alone. Both players run
 the same fixed-turn batches on the same seeds; every sample's prompt, reply and bootstrap
 prompt (and frames) must agree, and so must what the sample says of them (texts, the action
-read, the env's reward, the observation answered), so one rollout can play both. Not yet alike:
-an episode cut by the turn limit ends as `time_limit` in an env slot (env.max_turns) and
-`max_assistant_turns` in a conversation."""
+read, the env's reward, the observation answered, an episode cut by env.max_turns), so one
+rollout can play both."""
 
 from __future__ import annotations
 
@@ -69,8 +68,8 @@ def play_both(tokenizer, engine, image: bool, iterations: int = 2, **prompt):
                             settings=agent_settings(history_turns=turns, prompt=shown,
                                                     max_turns=5))
     settings = conversation_settings(history_turns=turns, action_prompt=shown,
-                                     interaction=EnvInteraction({}, "env"),
-                                     max_assistant_turns=5, max_user_turns=10, max_tokens=8000)
+                                     interaction=EnvInteraction({"max_turns": 5}, "env"),
+                                     max_assistant_turns=50, max_user_turns=50, max_tokens=8000)
     task = EnvTask("babyai", "goto", image=image, kwargs={"num_dists": 1})
     conversations = conversation_fixed_turns(
         ConversationRun({"goto": task}, settings, conversation_rollout), ["goto"], n_envs=2,
@@ -94,7 +93,7 @@ def assert_same_samples(by_slots, by_conversations):
             assert a[column] == b[column], (key, column)
         for column in ("step", "response_text", "action", "raw_action", "action_valid",
                        "action_failure", "env_reward", "reward", "terminated", "truncated",
-                       "segment_end", "history_dropped", "observation"):
+                       "segment_end", "history_dropped", "observation", "termination"):
             assert ra[column] == rb[column], (key, column)
         assert a["bootstrap_prompt_ids"] == b["bootstrap_prompt_ids"], key
         for prefix in ("", "bootstrap_"):

@@ -77,11 +77,12 @@ def test_an_env_task_needs_its_interaction_to_open_it():
 
 def test_an_env_interaction_takes_the_runs_env_settings(tmp_path):
     """One setting means one thing for either protocol: env.workers, env.step_timeout_s,
-    env.max_retries and env.invalid_action_penalty reach the env interaction."""
+    env.max_retries, env.invalid_action_penalty and env.max_turns reach the env interaction."""
     run = ConversationRun.from_params(env_params({"step_timeout_s": 5, "max_retries": 1,
                                                   "invalid_action_penalty": 0.5}))
     assert run.settings.interaction.config == {"workers": True, "step_timeout_s": 5,
-                                               "max_retries": 1, "invalid_action_penalty": 0.5}
+                                               "max_retries": 1, "invalid_action_penalty": 0.5,
+                                               "max_turns": None}
     with pytest.raises(SettingError, match=r"env.step_timeout_s \(60\) must be under "
                                            r"rollout.chat.tool_timeout_s \(60\)"):
         ConversationRun.from_params(env_params())

@@ -1,6 +1,7 @@
 """An env episode cut by its time limit (gymnasium `truncated`) in a conversation: recorded as
 truncated (`time_limit`) and bootstrapped with the critic's value of the final context, as env
-slots do; an episode the env terminated is `done` and gets 0 after its last reply. The episodes
+slots do; an episode the env terminated is a `failure` (no success; named as an env slot's)
+and gets 0 after its last reply. The episodes
 are scored as packed samples (one row holding all their replies), as the trainer scores them."""
 
 from __future__ import annotations
@@ -94,11 +95,11 @@ def episodes(tiny_model_dir):
 def test_the_time_limit_is_recorded_as_truncated(episodes):
     by_ending, _ = episodes
     assert [(r["termination"], r["truncated"], r["assistant_turns"])
-            for r, _ in by_ending.values()] == [("done", False, 2), ("time_limit", True, 2)]
+            for r, _ in by_ending.values()] == [("failure", False, 2), ("time_limit", True, 2)]
     # the sample says the same on its last reply
     assert [(s["replies"][-1]["termination"], s["replies"][-1]["truncated"],
              s["replies"][-1]["terminated"], len(s["replies"])) for _, s in by_ending.values()] \
-        == [("done", False, True, 2), ("time_limit", True, False, 2)]
+        == [("failure", False, True, 2), ("time_limit", True, False, 2)]
 
 
 def test_a_truncated_episode_is_bootstrapped_and_a_terminated_one_is_not(episodes):

@@ -52,13 +52,14 @@ def test_an_env_that_raises_aborts_its_episode_alone(tokenizer):
 
     assert (broken["termination"], broken["aborted"], broken["truncated"],
             broken["assistant_turns"]) == ("env_error", True, False, 2)
-    assert (whole["termination"], whole["aborted"], whole["assistant_turns"]) == ("done", False, 6)
+    assert (whole["termination"], whole["aborted"], whole["assistant_turns"]) == \
+        ("success", False, 6)  # named as an env slot's episode
     samples = samples_from_episodes([broken, whole])
     assert [r["aborted"] for r in samples[0]["replies"]] == [True, True]  # out of the loss
     assert samples[0]["replies"][-1]["termination"] == "env_error"
     metrics = sample_metrics(samples)
     assert (metrics["episodes_aborted"], metrics["termination/env_error"],
-            metrics["termination/done"]) == (1, 1, 1)
+            metrics["termination/success"]) == (1, 1, 1)
 
 
 def test_failures_of_different_envs_do_not_add_up(tokenizer):
@@ -96,7 +97,7 @@ def test_a_hanging_worker_times_out_and_a_finished_episodes_worker_is_reused(tok
 
     assert (hung["termination"], hung["aborted"], hung["assistant_turns"]) == ("timeout", True, 2)
     assert "no answer to step within 2 s (the 'env' interaction's step_timeout_s)" in caplog.text
-    assert (whole["termination"], whole["aborted"]) == ("done", False)
+    assert (whole["termination"], whole["aborted"]) == ("success", False)
 
     def process(record: dict) -> str:  # each observation names the process that made it
         messages = json.loads(record["messages"])  # system, the task's observation, a reply,
@@ -157,7 +158,7 @@ def test_with_workers_no_env_resets_or_steps_in_this_process(tokenizer):
                                 [run.record("corridor", 2), run.record("longer", 2)], ["a", "b"])
     samples = one_batch(run, "corridor", tokenizer)
 
-    assert (reached["termination"], reached["success"]) == ("done", True)
+    assert (reached["termination"], reached["success"]) == ("success", True)
     # three replies walk three of six steps: the turn limit ends it, unsolved
     assert (stopped["termination"], stopped["success"]) == ("max_assistant_turns", False)
     ended = [s["replies"][0] for s in samples if s["replies"][0]["termination"]]
@@ -240,7 +241,7 @@ def test_a_groups_start_that_failed_is_tried_again_and_counted(tokenizer):
     finally:
         collector.close()
     assert [s["episode_seed"] for s in samples] == [episode_seed(0, 0, 0, 0)] * 2  # one group
-    assert all(s["replies"][-1]["termination"] == "done" for s in samples)
+    assert all(s["replies"][-1]["termination"] == "success" for s in samples)
     assert samples[-1]["aborted_resets"] == ["env_error"]
     metrics = sample_metrics(samples)
     assert (metrics["episodes_ended"], metrics["episodes_aborted"]) == (3, 1)

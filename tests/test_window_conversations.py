@@ -4,8 +4,9 @@ and BabyAI goto with frames (profile vision_window) on a tiny random LLaVA. Trai
 Verlog's fixed-turn batches (episodes carried over, a cut one bootstrapped) and writes one
 sample per reply whose prompt is that reply's window: the task and the last N turns, nothing
 older (for BabyAI an env slot's prompt: past observations as text, the current one's frame
-alone); the advantages are finite and `longturn audit gae` recomputes them from the files. And bench/turn_cost.py --conversation, the cost of a late reply
-against an early one in both contexts, runs in its tiny mode."""
+alone); the advantages are finite and `longturn audit gae` recomputes them from the files. And
+bench/turn_cost.py --conversation, the cost of a late reply against an early one in both
+contexts, runs in its tiny mode."""
 
 from __future__ import annotations
 

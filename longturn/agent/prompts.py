@@ -86,7 +86,8 @@ def build_messages(
     # each worked turn is shown exactly as a real one, answer format included: with the format on
     # the last one only, SmolLM2-135M said `turn left` on 55% of zero-shot goto turns
     for demo_goal, demo_obs, demo_reply in instructions.demonstrations if demonstration else ():
-        messages.append({"role": "user", "content": current_turn(instructions, demo_goal, demo_obs)})
+        messages.append({"role": "user",
+                         "content": current_turn(instructions, demo_goal, demo_obs)})
         messages.append({"role": "assistant", "content": demo_reply})
     for entry in history:
         messages.append({"role": "user", "content": "Observation:\n" + _view(entry.observation)})

@@ -111,10 +111,11 @@ def _show_turns(frame: pd.DataFrame, where: str, with_prompt: bool, turn: int | 
 
 
 def _is_conversation(frame: pd.DataFrame) -> bool:
-    """A chat-protocol episode: it stores its conversation (`messages`), or its replies carry no
-    text of their own (a window's or an agent call's text is in the conversation of the
-    episode's last sample, not written while the episode goes on)."""
-    return bool(frame["messages"].notna().any() or frame["response_text"].isna().all())
+    """A chat-protocol episode: it stores its conversation (`messages`), or its prompts carry no
+    text of their own (a packed episode's, a chat window's or an agent call's context is in the
+    conversation of the episode's last sample, not written while the episode goes on; a window
+    of an env's episode writes an env slot's prompt text, and reads like its turns)."""
+    return bool(frame["messages"].notna().any() or frame["prompt_text"].isna().all())
 
 
 def show_episode(run: Run, episode_id: str, with_prompt: bool = True,

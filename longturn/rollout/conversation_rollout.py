@@ -48,6 +48,7 @@ from longturn.agent.prompts import ActionPrompt, ActionView
 from longturn.engines.base import (Engine, SamplingParams, engine_image_token,
                                    generate_with_frames)
 from longturn.envs.base import Observation
+from longturn.envs import termination as envs_termination
 from longturn.envs.failures import EnvFailure
 from longturn.errors import SettingError
 from longturn.rollout.chat_deltas import ChatDeltas
@@ -271,7 +272,9 @@ def _finish(ep: Conversation, s: ConversationSettings, tool_rewards: dict[str, f
     """Credit the tools' episode rewards, run the check; in a window, keep the window a next
     reply would have seen when the episode was cut short (its bootstrap). The record of the
     replies from `first` on (`Conversation.record`), with `success` when the interaction says
-    (an env's), else None: the task decides (ConversationRun.succeeded)."""
+    (an env's), else None: the task decides (ConversationRun.succeeded). An env's episode that
+    ended on its own is named as an env slot's is (envs/termination.py: success, failure,
+    time_limit)."""
     if ep.windows:  # an aborted episode trains on nothing: no bootstrap
         ep.window = (None if ep.reason == DONE or ep.aborted
                      else _next_window(ep, s, ep.messages, ep.frame_owner))
@@ -285,7 +288,11 @@ def _finish(ep: Conversation, s: ConversationSettings, tool_rewards: dict[str, f
                                   where=f"episode {ep.episode_id}").outcome
     said = (interaction_succeeded(_partner(s, ep), ep.episode_id) if s.interaction is not None
             else None)
-    return {**ep.record(first), "success": said}
+    record = {**ep.record(first), "success": said}
+    if said is not None and ep.reason in (DONE, TIME_LIMIT):  # an env's: its own words for it
+        record["termination"] = (envs_termination.SUCCESS if said else
+                                 envs_termination.FAILURE if ep.reason == DONE else TIME_LIMIT)
+    return record
 
 
 def finish_all(episodes: list[Conversation], s: ConversationSettings,

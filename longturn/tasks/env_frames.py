@@ -91,7 +91,8 @@ class EnvInteraction(BaseInteraction):
 
     Its settings are env slots' (a run loaded from params gets them from env.*:
     `use_env_settings`; built directly, from `config`, the defaults in brackets):
-    `invalid_action_penalty` (0.1), subtracted when a reply names no valid action; `workers`
+    `invalid_action_penalty` (0.1), subtracted when a reply names no valid action; `max_turns`
+    (none): the env steps after which the episode is cut as a time limit (`truncated`); `workers`
     (false): each env in a worker process of its own; `step_timeout_s` (30, with workers; under
     `rollout.chat.tool_timeout_s`, which bounds the whole call): a reset or step that takes
     longer is cut off; `max_retries` (3). An env that raises, dies or hangs aborts its episode
@@ -202,6 +203,8 @@ class EnvInteraction(BaseInteraction):
         answer = Observation(observation_text(env.instructions, observation, False),
                              observation.image if state["image"] else None)
         metrics = {"env_reward": reward, "invalid_actions": float(not parsed.valid)}
+        limit = self.config.get("max_turns")
+        truncated = truncated or bool(limit and len(state["past"]) >= limit)  # as env slots cut
         state["truncated"] = truncated and not terminated
         state["success"] = bool(info.get("success", False))  # as an env slot's turn row
         state["parsed"] = parsed
@@ -240,7 +243,8 @@ class EnvInteraction(BaseInteraction):
 
 
 # the env.* settings an EnvInteraction takes from a run's params (`use_env_settings`)
-ENV_SETTINGS = ("workers", "step_timeout_s", "max_retries", "invalid_action_penalty")
+ENV_SETTINGS = ("workers", "step_timeout_s", "max_retries", "invalid_action_penalty",
+                "max_turns")
 
 BABYAI_GOTO_FRAMES = EnvTask("babyai", "goto", image=True)
 BABYAI_GOTO_TEXT = EnvTask("babyai", "goto", image=False)
