@@ -218,6 +218,7 @@ def test_an_evaluation_job_whose_reset_failed_is_counted_and_the_others_play(tok
     episodes = pd.read_parquet(tmp_path / "episodes.parquet").set_index("episode_seed")
     assert episodes["aborted"].to_dict() == {1000: False, 1001: True, 1002: False, 1003: False}
     assert episodes.loc[1001, ["length", "termination"]].tolist() == [0, "env_error"]
+    assert set(episodes["env_name"]) == {FLAKY}  # the env the task names, on every row
     overall = metrics["overall"]
     assert (overall["episodes"], overall["aborted_episodes"], overall["termination/env_error"]) \
         == (4, 1, 1)

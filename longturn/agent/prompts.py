@@ -177,7 +177,8 @@ class ActionPrompt:
                image_token: tuple[int, int] | None = None) -> Prompt:
         """The prompt of `view` with its last `turns` past steps (None: all of them), the
         oldest dropped first to fit `max_prompt_tokens` (`build_prompt`)."""
-        past = list(view.past) if turns is None else list(view.past)[-turns:] if turns else []
+        past = list(view.past)
+        past = past if turns is None else past[max(0, len(past) - turns):]
         history = [HistoryEntry(t.observation, history_reply(
             t.reply, t.action, t.valid, self.history_content, self.invalid_in_history))
             for t in past]

@@ -40,7 +40,8 @@ def play_conversations(run: ConversationRun, engine: Engine, tokenizer: Any,
             record.update(extra, env_index=slot)
             if record.get("unstarted"):  # its start failed: counted, and the next job plays
                 on_episode(unstarted_row(extra.get("run_id"), extra.get("policy_version"),
-                                         "chat", record["task"], record["episode_id"],
+                                         record.get("env_name") or "chat", record["task"],
+                                         record["episode_id"],
                                          record["episode_seed"], record["termination"]), [])
                 continue
             samples = samples_from_episodes([record])

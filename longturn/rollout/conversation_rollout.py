@@ -48,8 +48,8 @@ from longturn.agent.prompts import ActionPrompt, ActionView
 from longturn.engines.base import (Engine, SamplingParams, engine_image_token,
                                    generate_with_frames)
 from longturn.envs.base import Observation
-from longturn.envs import termination as envs_termination
 from longturn.envs.failures import EnvFailure
+from longturn.envs.termination import reason_of
 from longturn.errors import SettingError
 from longturn.rollout.chat_deltas import ChatDeltas
 from longturn.rollout.history_window import Joined, WindowPrompt, frame_owners, render_window
@@ -289,9 +289,9 @@ def _finish(ep: Conversation, s: ConversationSettings, tool_rewards: dict[str, f
     said = (interaction_succeeded(_partner(s, ep), ep.episode_id) if s.interaction is not None
             else None)
     record = {**ep.record(first), "success": said}
-    if said is not None and ep.reason in (DONE, TIME_LIMIT):  # an env's: its own words for it
-        record["termination"] = (envs_termination.SUCCESS if said else
-                                 envs_termination.FAILURE if ep.reason == DONE else TIME_LIMIT)
+    if said is not None and ep.reason in (DONE, TIME_LIMIT):  # an env's: an env slot's words
+        record["termination"] = reason_of({"success": said, "terminated": ep.reason == DONE,
+                                           "truncated": ep.reason == TIME_LIMIT})
     return record
 
 
@@ -398,7 +398,7 @@ def _unstarted_record(task: dict[str, Any], episode_id: str, reason: str) -> dic
             "segment_rewards": [], "reply_finish_reasons": [], "reply_valid": [],
             "reply_actions": [], "reward": 0.0, "termination": reason, "truncated": False,
             "aborted": True, "unstarted": True, "images": None, "image_starts": None,
-            "messages": "[]", "success": False}
+            "messages": "[]", "success": False, "env_name": task.get("env_name")}
 
 
 def chat_deltas(engine: Engine, tokenizer: Any, s: ConversationSettings) -> ChatDeltas:
