@@ -210,6 +210,40 @@ def test_a_part_the_budget_stops_is_named_as_stopped_during_it(tmp_path, monkeyp
     assert "stopped at the budget during critic_warmup" in summary
 
 
+def test_the_trace_analysis_runs_under_the_budget_and_the_campaign_still_ends(tmp_path,
+                                                                              monkeypatch):
+    """On 2026-11-29 the analysis of an H200 iteration's trace (150 MB gzipped) ran past the
+    budget in the campaign's own process: no summary, no archive. It is a child process now."""
+    campaign = load_campaign()
+    monkeypatch.setattr(sys, "argv", ["gpu_campaign.py", "--tiny", "--out", str(tmp_path)])
+    run = campaign.Campaign(campaign.parse_args())
+    monkeypatch.setattr(run, "tiny_model", lambda: "/tmp/model")
+    monkeypatch.setattr(run, "imports", lambda stages: "done")
+    monkeypatch.setattr(run, "run_engine_bench", lambda argv: "done")
+
+    def stage(stage, extra):
+        if stage.name == "train":
+            (run.work / "profile").mkdir(parents=True)
+            (run.work / "profile/trace.json.gz").write_bytes(b"")
+        return "done"
+
+    children = []
+
+    def run_stage(stage, log, extra=None, timeout_s=None, stall_s=None):
+        children.append((stage.argv, timeout_s))
+        return campaign.BUDGET_SPENT, timeout_s
+
+    monkeypatch.setattr(run, "stage", stage)
+    monkeypatch.setattr(campaign, "run_stage", run_stage)
+    assert run.run() == campaign.EXIT_BUDGET
+    (argv, timeout_s), = children
+    assert "--analyse-trace" in argv and argv[argv.index("--out") + 1] == str(tmp_path)
+    assert 0 < timeout_s <= run.remaining() + 5
+    summary = (tmp_path / "results/summary.md").read_text()
+    assert "stopped at the budget during profile" in summary
+    assert (tmp_path / f"{run.name}.tgz").is_file()
+
+
 def test_a_short_lease_skips_the_engine_bench_and_the_profiled_iteration(tmp_path, monkeypatch):
     campaign = load_campaign()
     monkeypatch.setattr(sys, "argv", ["gpu_campaign.py", "--tiny", "--out", str(tmp_path),

@@ -154,10 +154,23 @@ class StopAfter:
 
     def __init__(self, n: int) -> None:
         self.left = n
+        self.asked: list[float] = []
 
     def allows(self, expected_seconds: float) -> bool:
+        self.asked.append(expected_seconds)
         self.left -= 1
         return self.left >= 0
+
+
+def test_the_expected_iteration_time_passes_over_the_profiled_iteration():
+    from longturn.run.training import _expected_seconds
+
+    history = [{"seconds_per_iteration": s} for s in (24.0, 125.0, 23.0)]
+    assert _expected_seconds([], 1) == 0.0
+    assert _expected_seconds(history[:1], 0) == 24.0  # the only one: better than nothing
+    assert _expected_seconds(history[:2], 1) == 24.0
+    assert _expected_seconds(history[:2], None) == 125.0
+    assert _expected_seconds(history, 1) == 23.0
 
 
 def test_deadline_stops_with_a_checkpoint_and_a_partial_actor_then_resumes(tmp_path,
@@ -169,8 +182,13 @@ def test_deadline_stops_with_a_checkpoint_and_a_partial_actor_then_resumes(tmp_p
     params.train.checkpoint_every = 3  # the stop must write the checkpoint the schedule would not
     p = paths(tmp_path, tiny_model_dir)
     profiler = IterationProfiler(1, tmp_path / "profile")
-    history = run_training(params, p, progress=False, deadline=StopAfter(2), profiler=profiler)
+    stop = StopAfter(2)
+    history = run_training(params, p, progress=False, deadline=stop, profiler=profiler)
     assert len(history) == 2
+    # the next iteration is expected to take iteration 0's time, not the profiled one's (its
+    # trace export made it 5x longer on an H200, and the deadline stopped training too early)
+    assert stop.asked == [0.0, history[0]["seconds_per_iteration"],
+                          history[0]["seconds_per_iteration"]]
     assert [c.name for c in (tmp_path / "checkpoints").glob("iteration=*")] == ["iteration=0001"]
     assert json.loads((tmp_path / "final" / PARTIAL_FILE).read_text()) == {
         "iterations_done": 2, "iterations": 4}

@@ -69,10 +69,14 @@ class Deadline:
         return time.time() + expected_seconds <= self.at
 
 
-def _expected_seconds(history: list[dict[str, float]]) -> float:
+def _expected_seconds(history: list[dict[str, float]], profiled: int | None = None) -> float:
     """What the next iteration will take: the last one's time, checkpoint included (0 before the
-    first). The stop's own checkpoint and export come after the deadline: leave room for them."""
-    return float(history[-1].get("seconds_per_iteration", 0.0)) if history else 0.0
+    first), passing over the profiled iteration (its trace export took 5x the iteration itself
+    on an H200) unless it is the only one. The stop's own checkpoint and export come after the
+    deadline: leave room for them."""
+    times = [float(m.get("seconds_per_iteration", 0.0)) for m in history]
+    plain = [t for i, t in enumerate(times) if i != profiled]
+    return (plain or times or [0.0])[-1]
 
 
 def _stop_at_deadline(params: Params, paths: TrainPaths, trainer: PPOTrainer,
@@ -177,7 +181,8 @@ def run_training(params: Params, paths: TrainPaths, progress: bool = True,
             push_weights(trainer, engine, paths)
         saved = True
         for iteration in range(start, params.train.iterations):
-            if deadline is not None and not deadline.allows(_expected_seconds(history)):
+            if deadline is not None and not deadline.allows(_expected_seconds(
+                    history, profiler.iteration if profiler else None)):
                 _stop_at_deadline(params, paths, trainer, store, collector, history, saved)
                 return history
             clock = PhaseClock(trainer.device)
