@@ -18,13 +18,15 @@ import pytest
 
 from longturn.agent.prompts import ActionPrompt
 from longturn.engines.base import Completion
+from longturn.engines.row_seeds import prompt_seeds
 from longturn.envs.local import LocalEnv
 from longturn.envs.registry import EnvSpec
 from longturn.params.config import Params
-from longturn.rollout.conversation_player import conversation_fixed_turns
+from longturn.rollout.conversation_player import ConversationPlayer, conversation_fixed_turns
 from longturn.rollout.conversation_rollout import conversation_rollout
 from longturn.rollout.conversation_setup import ConversationRun
-from longturn.rollout.env_player import env_fixed_turns
+from longturn.rollout.env_player import EnvPlayer, env_fixed_turns
+from longturn.rollout.episode_jobs import EpisodeJob, play_jobs
 from longturn.tasks.env_frames import EnvInteraction, EnvTask
 from longturn.vision.frames import from_png
 from settings_from_params import agent_settings, conversation_settings, sampling_settings
@@ -54,7 +56,19 @@ class ByPrompt:
                 (self.replies[(sum(p) + len(p)) % len(self.replies)] for p in prompt_ids)]
 
 
-def play_both(tokenizer, engine, image: bool, iterations: int = 2, **prompt):
+class BySeed(ByPrompt):
+    """Answers each prompt with a reply its ids and its sampling seed pick: two players agree
+    only if they seed every lock-step, and every prompt in it, alike."""
+
+    def generate(self, prompt_ids, sampling, images=None):
+        seeds = prompt_seeds(sampling.seed, len(prompt_ids))
+        return [Completion(list(ids), [-0.5] * len(ids), "stop") for ids in
+                (self.replies[(sum(p) + len(p) + seed) % len(self.replies)]
+                 for p, seed in zip(prompt_ids, seeds))]
+
+
+def play_both(tokenizer, engine, image: bool, iterations: int = 2, seed: int | None = None,
+              **prompt):
     """Two iterations of fixed-turn batches (2 slots × 4 lock-steps, episodes of at most 5
     steps) by env slots and by conversations of the same env: each one's samples by (episode,
     turn)."""
@@ -74,17 +88,20 @@ def play_both(tokenizer, engine, image: bool, iterations: int = 2, **prompt):
     conversations = conversation_fixed_turns(
         ConversationRun({"goto": task}, settings, conversation_rollout), ["goto"], n_envs=2,
         turns_per_env=4, seed=5, run_id="t")
-    out = []
+    out, names = [], []
     for collector in (slots, conversations):
         samples = [s for i in range(iterations) for s in collector.collect(
-            engine, tokenizer, sampling_settings(max_new_tokens=64), i, progress=False)]
+            engine, tokenizer, sampling_settings(max_new_tokens=64, seed=seed), i,
+            progress=False)]
+        names.append(collector.action_names())  # the action mix's, in the env's order
         collector.close()
         out.append({(s["episode_id"], s["replies"][0]["turn"]): s for s in samples})
+    assert names[0] == names[1] and "go forward" in names[0]
     return out
 
 
 def assert_same_samples(by_slots, by_conversations):
-    assert by_slots.keys() == by_conversations.keys()
+    assert list(by_slots) == list(by_conversations)  # and in the same order (the mini-batches)
     for key, a in by_slots.items():
         b = by_conversations[key]
         (ra,), (rb,) = a["replies"], b["replies"]
@@ -136,3 +153,62 @@ def test_with_frames_each_prompt_shows_its_current_observations_frame_alone(imag
         assert len(sample["images"]) == 1 and sample["prompt_ids"].count(image_id) == WIDTH
     assert any(s["bootstrap_images"] for s in by_conversations.values())
     assert_same_samples(by_slots, by_conversations)
+
+
+def test_both_players_seed_each_lock_step_alike(tokenizer):
+    """A seeded collection samples lock-step `step` of iteration `i` from one seed, whichever
+    player plays the env (`lock_step_seed`), and each prompt of the call from its row of it."""
+    by_slots, by_conversations = play_both(tokenizer, BySeed(tokenizer), False, seed=11,
+                                           history_turns=1)
+    assert_same_samples(by_slots, by_conversations)
+    # the seed is what picked the replies: another one gives other replies
+    other, _ = play_both(tokenizer, BySeed(tokenizer), False, seed=12, history_turns=1)
+    assert [s["response_ids"] for s in other.values()] != [
+        s["response_ids"] for s in by_slots.values()]
+
+
+def test_an_evaluation_plays_each_episode_alike_from_its_own_seeds(tokenizer):
+    """An evaluation's jobs played to their end in 2 slots (`play_jobs`), one already in the
+    journal: each reply samples from its episode's id and turn (`episode_turn_seed`), so env
+    slots and conversations of the env give the same episodes, whatever shares a lock-step."""
+    shown = ActionPrompt.from_config(Params().prompt)
+    spec = EnvSpec("babyai", "goto", {"num_dists": 1})
+    jobs = [EpisodeJob("goto", seed, f"eval-goto-{seed}") for seed in (3, 4, 5, 6, 7)]
+    finished = {"eval-goto-4": 2}  # in the journal: its slot is held for its 2 replies
+    run = ConversationRun({"goto": EnvTask("babyai", "goto", image=False,
+                                           kwargs={"num_dists": 1})},
+                          conversation_settings(history_turns=1, action_prompt=shown,
+                                                interaction=EnvInteraction({"max_turns": 5},
+                                                                           "env"),
+                                                max_assistant_turns=50, max_user_turns=50,
+                                                max_tokens=8000),
+                          conversation_rollout)
+    players = [EnvPlayer(lambda task: LocalEnv(spec.build(), spec), ["goto", "goto"],
+                         agent_settings(history_turns=1, prompt=shown, max_turns=5),
+                         whole_episodes=True, keyed_seeds=True),
+               ConversationPlayer(run, 2, fixed_turns=False, keyed_seeds=True)]
+    played = []
+    for player in players:
+        episodes: list = []
+        try:
+            play_jobs(player, BySeed(tokenizer), tokenizer,
+                      sampling_settings(max_new_tokens=64, seed=21), jobs, finished,
+                      episodes.append, lambda slot, job, why: None, progress=False)
+        finally:
+            player.close()
+        played.append(episodes)
+    by_slots, by_conversations = played
+    assert [[s["episode_id"] for s in ep] for ep in by_slots] == [
+        [s["episode_id"] for s in ep] for ep in by_conversations]  # in the order they ended
+    assert {ep[0]["episode_id"] for ep in by_slots} == {j.episode_id for j in jobs} - {
+        "eval-goto-4"}
+    for a, b in zip(by_slots, by_conversations):
+        for x, y in zip(a, b, strict=True):
+            (rx,), (ry,) = x["replies"], y["replies"]
+            assert (x["prompt_ids"], x["response_ids"], x["env_index"]) == (
+                y["prompt_ids"], y["response_ids"], y["env_index"])
+            for column in ("step", "turn", "action", "reward", "terminated", "truncated",
+                           "segment_end", "termination"):
+                assert rx[column] == ry[column], (x["episode_id"], column)
+    # the seeds decided the replies: the replies differ across episodes at one turn
+    assert len({tuple(ep[0]["response_ids"]) for ep in by_slots}) > 1

@@ -42,7 +42,8 @@ class ScriptedPlayer:
             self.running[slot][1] = made + 1
             done = made + 1 == self.length
             rows.append({"episode_id": start.episode_id, "turn": made, "step": step,
-                         "done": done, "cut": closes_batch and not done})
+                         "done": done, "cut": closes_batch and not done, "env_index": slot,
+                         "replies": [{"step": step}]})  # what a batch is ordered by
             if done:
                 ended.append(slot)
         for slot in ended:

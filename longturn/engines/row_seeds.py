@@ -19,11 +19,25 @@ def row_seed(seed: int, index: int) -> int:
     return (z ^ (z >> 31)) & ((1 << 63) - 1)
 
 
+def lock_step_seed(seed: int | None, iteration: int, step: int) -> int | None:
+    """The seed of one lock-step of a collection (every running episode's reply in one call):
+    one rule for every player, so an env sampled by env slots or as a conversation of its
+    interaction gets the same replies (None: unseeded)."""
+    return None if seed is None else seed + iteration * 100_003 + step
+
+
 def keyed_seed(seed: int, key: str) -> int:
     """The seed of one named stream (an evaluation episode) under a run's seed: a function of the
     two alone, so the stream does not change with what else was played before or beside it."""
     digest = hashlib.sha256(key.encode()).digest()
     return row_seed(seed, int.from_bytes(digest[:8], "little"))
+
+
+def episode_turn_seed(seed: int, episode_id: str, turn: int) -> int:
+    """The seed of one reply of an evaluation's episode: a function of the run's seed, the
+    episode's id and the reply's turn alone, so an episode samples the same whichever episodes
+    share its lock-steps and whichever player plays it."""
+    return row_seed(keyed_seed(seed, episode_id), turn)
 
 
 def prompt_seeds(seed: int | Sequence[int], count: int) -> list[int]:

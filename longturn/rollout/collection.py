@@ -181,8 +181,10 @@ class FixedTurnBatches:
 
     def collect(self, engine: Engine, tokenizer: Any, sampling: SamplingParams, iteration: int,
                 extra: dict[str, Any] | None = None, progress: bool = True) -> Samples:
-        """Play turns_per_env lock-steps; the samples complete in each, in order, with `extra`
-        (run_id, policy_version) and the iteration set."""
+        """Play turns_per_env lock-steps; the samples with `extra` (run_id, policy_version) and
+        the iteration set, in the order they were played: by lock-step, then slot (a player
+        that hands an episode's replies on when it ends or is cut gives them in that order too,
+        so the update's mini-batches are the same whichever player played)."""
         failures, self.restored_failures = self.restored_failures + self.start_idle(), []
         samples: Samples = []
         for step in tqdm(range(self.turns_per_env), desc=f"rollout {iteration}", unit="step",
@@ -192,6 +194,7 @@ class FixedTurnBatches:
             samples += done
             if ended:
                 failures += self.start_idle()
+        samples.sort(key=lambda s: (s["replies"][0]["step"], s["env_index"]))
         for sample in samples:
             sample.update(extra or {}, iteration=iteration, group_id=None)
         return count_failed_starts(samples, failures)

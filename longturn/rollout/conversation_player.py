@@ -20,10 +20,12 @@ replies handed on as samples (rollout/samples.py `samples_from_episodes`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from typing import Any
 
 from longturn.engines.base import Engine, SamplingParams
+from longturn.engines.row_seeds import episode_turn_seed, lock_step_seed
 from longturn.errors import SettingError
 from longturn.rollout.chat_deltas import ChatDeltas
 from longturn.rollout.collection import (EpisodeGroups, EpisodeStart, FixedTurnBatches, Samples,
@@ -34,6 +36,7 @@ from longturn.rollout.conversation_rollout import (begin_episodes, chat_deltas, 
                                                    release_all, release_opened, resume_running)
 from longturn.rollout.conversation_setup import ConversationRun
 from longturn.rollout.samples import samples_from_episodes
+from longturn.tasks.interactions import action_names as interaction_action_names
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +44,14 @@ log = logging.getLogger(__name__)
 class ConversationPlayer:
     """n conversation slots of one run (its tasks, tools, interaction and rollout function)."""
 
-    def __init__(self, run: ConversationRun, n_slots: int, fixed_turns: bool, rank: int = 0):
+    def __init__(self, run: ConversationRun, n_slots: int, fixed_turns: bool, rank: int = 0,
+                 keyed_seeds: bool = False):
+        """`keyed_seeds`: each reply samples from a seed of its episode's id and turn alone (an
+        evaluation's, `episode_turn_seed`), as an env slot's evaluation does."""
         if fixed_turns and run.settings.history_turns is None:
             raise SettingError("fixed-turn batches of conversations need rollout.context window")
         self.run, self.n_slots, self.rank = run, n_slots, rank
+        self.keyed_seeds = keyed_seeds
         self.episodes: list[Conversation | None] = [None] * n_slots
         # opened (tools and interaction started), begun at the next lock-step: (start, record)
         self.pending: dict[int, tuple[EpisodeStart, dict[str, Any]]] = {}
@@ -92,9 +99,11 @@ class ConversationPlayer:
             if ep is not None and ep.deltas is None:
                 ep.deltas = self.deltas
         self._begin_pending()
-        seed = None if sampling.seed is None else sampling.seed + iteration * 1_000_003
+        seed_of = (functools.partial(_episode_seed, int(sampling.seed))
+                   if self.keyed_seeds and sampling.seed is not None else None)
         lock_step(engine, [ep for ep in self.episodes if ep is not None], self.run.settings,
-                  dataclasses.replace(sampling, seed=seed), step)
+                  dataclasses.replace(sampling, seed=lock_step_seed(sampling.seed, iteration,
+                                                                    step)), step, seed_of)
         ended = [i for i, ep in enumerate(self.episodes) if ep is not None and ep.done]
         records = self._finish(ended)
         if closes_batch:
@@ -140,7 +149,9 @@ class ConversationPlayer:
                                    [why for r in records for why in r.get("failed_starts", ())])
 
     def action_names(self) -> list[str]:
-        return []
+        """Every action the envs behind the run's interaction know (for the action mix, as env
+        slots report it); none for tasks that play no env."""
+        return interaction_action_names(self.run.settings.interaction)
 
     def state(self) -> dict[str, Any]:
         """The episodes queued to begin, and the running ones with their tools' and
@@ -187,6 +198,11 @@ class ConversationPlayer:
         if pending:
             release_opened([task for _, task in pending], [s.episode_id for s, _ in pending],
                            self.run.settings)
+
+
+def _episode_seed(seed: int, episode: Conversation) -> int:
+    """The seed of an episode's next reply under keyed seeds (its id and turn)."""
+    return episode_turn_seed(seed, episode.episode_id, len(episode.segments))
 
 
 def conversation_fixed_turns(run: ConversationRun, tasks: list[str], n_envs: int,

@@ -375,7 +375,8 @@ def conversation_rollout(engine: Engine, tokenizer: Any, sampling: SamplingParam
                leave=False)
     step = 0
     while any(not ep.done for ep in episodes):
-        lock_step(engine, episodes, settings, sampling, step)
+        seed = None if sampling.seed is None else sampling.seed + 100_003 * step
+        lock_step(engine, episodes, settings, dataclasses.replace(sampling, seed=seed), step)
         bar.n = sum(ep.done for ep in episodes)
         bar.refresh()
         step += 1
@@ -494,17 +495,20 @@ def _partner(s: ConversationSettings, ep: Conversation) -> Any:
 
 
 def lock_step(engine: Engine, episodes: list[Conversation], settings: ConversationSettings,
-              sampling: SamplingParams, step: int) -> None:
+              sampling: SamplingParams, step: int,
+              seed_of: Callable[[Conversation], int] | None = None) -> None:
     """One reply for each episode that has not ended, in one engine call, and what follows it
-    (tool results, the interaction's answer, the end); sampling seeds follow from `step`."""
+    (tool results, the interaction's answer, the end). `sampling` is seeded for this lock-step
+    by the caller, or each reply by `seed_of(its episode)`; `step` is the replies' lock-step."""
     s = settings
     active = [ep for ep in episodes if not ep.done]
     for ep in active:
         if _room(ep, s) < 1:
             ep.end(TOKEN_BUDGET)
     active = [ep for ep in active if not ep.done]
-    seed = None if sampling.seed is None else sampling.seed + 100_003 * step
-    completions = _generate(engine, active, dataclasses.replace(sampling, seed=seed))
+    if seed_of is not None:
+        sampling = dataclasses.replace(sampling, seed=tuple(seed_of(ep) for ep in active))
+    completions = _generate(engine, active, sampling)
     replied = []
     for ep, completion in zip(active, completions):
         reply = completion.token_ids[:_room(ep, s)]

@@ -19,7 +19,7 @@ import dataclasses
 from typing import Any, Callable
 
 from longturn.engines.base import Engine, SamplingParams, engine_image_token
-from longturn.engines.row_seeds import keyed_seed, row_seed
+from longturn.engines.row_seeds import episode_turn_seed, lock_step_seed
 from longturn.envs.base import TextEnv
 from longturn.errors import SettingError
 from longturn.rollout.collection import (EpisodeGroups, EpisodeStart, FixedTurnBatches, Samples,
@@ -82,9 +82,9 @@ class EnvPlayer:
         slots = [self.slots[i] for i in active]
         if self.keyed_seeds:
             sampling = episode_sampling(sampling, slots)
-        elif sampling.seed is not None:
+        else:
             sampling = dataclasses.replace(sampling,
-                                           seed=sampling.seed + iteration * 100_003 + step)
+                                           seed=lock_step_seed(sampling.seed, iteration, step))
         rows = generate_turns(engine, tokenizer, slots, sampling) if slots else []
         ended, samples = [], []
         for i, row in zip(active, rows):
@@ -166,7 +166,7 @@ def episode_sampling(sampling: SamplingParams, slots: list[EnvSlot]) -> Sampling
     exactly what an uninterrupted one would have played."""
     if sampling.seed is None:
         return sampling
-    seeds = tuple(row_seed(keyed_seed(int(sampling.seed), slot.episode_id), slot.turn)
+    seeds = tuple(episode_turn_seed(int(sampling.seed), slot.episode_id, slot.turn)
                   for slot in slots)
     return dataclasses.replace(sampling, seed=seeds)
 

@@ -206,8 +206,8 @@ def action_mix(samples: list[Sample], actions: Iterable[str],
     """Share of the replies parsed into an action that executed each one (every rank's when
     `sum_over_ranks` is given): a policy collapsing onto one action shows here first. Keys are
     `action_mix/<action>` with spaces as underscores; actions outside `actions` (a plug-in env's
-    free text) are counted under `action_mix/other`. No key when no action is named (chat: the
-    actions an env's interaction read are in the samples, for the audit, not counted here)."""
+    free text) are counted under `action_mix/other`. No key when no action is named (chat on
+    tasks that play no env: their players name none)."""
     names = list(dict.fromkeys(actions))
     if not names:
         return {}

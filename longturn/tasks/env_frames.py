@@ -231,6 +231,13 @@ class EnvInteraction(BaseInteraction):
         return ActionView(state["env"].instructions, state["past"], observation.text,
                           observation.image if state["image"] else None)
 
+    def action_names(self) -> list[str]:
+        """Every action of the envs built so far (playing or idle), in their own order."""
+        with self._lock:
+            envs = [s["env"] for s in self.instances.values()] + [
+                env for idle in self._idle.values() for env in idle]
+        return list(dict.fromkeys(a for env in envs for a in env.actions))
+
     def finalize(self, instance_id: str) -> None:
         """The episode's env goes back to the idle ones, for a later episode to reset."""
         state = self.instances.pop(instance_id, None)

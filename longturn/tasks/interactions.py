@@ -14,7 +14,7 @@ class may be this project's synchronous `BaseInteraction` below or a verl-style 
 (`interaction_of`: a file's entries are picked per task by `interaction_kwargs["name"]`, as
 verl does). The protocol is verl's: `start` per
 episode, `generate_response` per reply → (should_terminate, text for the user message, score,
-metrics), `finalize` at the end. Five additions:
+metrics), `finalize` at the end. Six additions:
 - `opening`: an interaction whose episode begins from its own state (an env it has just reset)
   gives the episode's first messages, after the task record's own;
 - `truncated`: an interaction that ended the episode on a time limit (an env's gymnasium
@@ -27,7 +27,9 @@ metrics), `finalize` at the end. Five additions:
   action executed, validity and why not) and a reply that named no valid action counts invalid;
 - `action_view`: an interaction that plays an env gives the episode as an env slot's prompt
   shows it (its instructions, past steps and current observation), so a conversation of an env
-  can be given the action protocol's prompts, byte for byte an env slot's.
+  can be given the action protocol's prompts, byte for byte an env slot's;
+- `action_names`: an interaction that plays envs names every action they know, so a collection
+  of its episodes reports the action mix as env slots do.
 """
 
 from __future__ import annotations
@@ -95,6 +97,11 @@ class BaseInteraction(EpisodeInstances):
         protocol's prompts. None: this interaction plays no env."""
         del instance_id
         return None
+
+    def action_names(self) -> list[str]:
+        """Every action of the envs this interaction plays, in their own order (the action
+        mix's names). []: it plays no env."""
+        return []
 
     def finalize(self, instance_id: str) -> None:
         self.instances.pop(instance_id, None)
@@ -242,6 +249,14 @@ def action_view(interaction: Any, instance_id: str) -> ActionView | None:
     """The episode as the interaction's env shows it to an action prompt (None: it plays no
     env)."""
     return _optional(interaction, "action_view", instance_id)
+
+
+def action_names(interactions: Any) -> list[str]:
+    """Every action the envs behind an interaction (or a file's, by name) know, in their order;
+    [] where none plays an env (verl's never do)."""
+    chosen = interactions.values() if isinstance(interactions, dict) else [interactions]
+    return list(dict.fromkeys(name for i in chosen if i is not None and not _is_verl(i)
+                              for name in getattr(i, "action_names", list)()))
 
 
 def finalize_all(episodes: list[tuple[Any, str]], timeout_s: float | None) -> None:
