@@ -1,5 +1,7 @@
-"""Rollout throughput: the same episodes played with N envs batched vs one env at a time, and
-N env slots stepping in worker processes (`env.workers: true`) vs in this process.
+"""Rollout throughput: the same episodes played with N envs batched vs one env at a time;
+N env slots stepping in worker processes (`env.workers: true`) vs in this process; and the
+train rollout's fixed-turn batches played by env slots vs as conversations of the env (the
+action protocol's collector, `ConversationRun.of_env`: the same samples).
 
 Prints turns/s for each and the ratios, measured side by side in one run. The workers line times
 fixed-turn collection (the train rollout) after the slots are up; the workers' start-up is
@@ -25,6 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from longturn.rollout.conversation_player import conversation_fixed_turns  # noqa: E402
+from longturn.rollout.conversation_setup import ConversationRun  # noqa: E402
 from longturn.rollout.env_player import env_fixed_turns  # noqa: E402
 from longturn.params.config import Params, load_params  # noqa: E402
 from longturn.engines.base import Completion  # noqa: E402
@@ -96,6 +100,35 @@ def workers_lines(engine, tokenizer, params: Params, envs: int, turns: int, labe
           f"(slots up in {up_w:.1f} s with workers, {up_l:.1f} s in process)")
 
 
+def timed_players(engine, tokenizer, params: Params, envs: int, turns: int
+                  ) -> tuple[float, float]:
+    """Seconds of 2 fixed-turn batches (after a first, the warm-up) by env slots and by
+    conversations of the env, side by side."""
+    out = []
+    for make in (lambda: env_fixed_turns(env_factory_from_params(params),
+                                         list(params.env.tasks), envs, turns,
+                                         AgentSettings.from_params(params), seed=0),
+                 lambda: conversation_fixed_turns(ConversationRun.of_env(params, False),
+                                                  list(params.env.tasks), envs, turns, seed=0)):
+        collector = make()
+        try:
+            sampling = sampling_from_params(params, seed=0)
+            collector.collect(engine, tokenizer, sampling, 0, progress=False)
+            start = time.perf_counter()
+            for iteration in (1, 2):
+                collector.collect(engine, tokenizer, sampling, iteration, progress=False)
+            out.append(time.perf_counter() - start)
+        finally:
+            collector.close()
+    return out[0], out[1]
+
+
+def players_lines(engine, tokenizer, params: Params, envs: int, turns: int, label: str) -> None:
+    slots, conversations = timed_players(engine, tokenizer, params, envs, turns)
+    print(f"  {label}: env slots {slots:7.2f} s, conversations {conversations:7.2f} s, "
+          f"ratio conversations / env slots {conversations / slots:.2f}x")
+
+
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--params", default=str(ROOT / "params.yaml"))
@@ -144,6 +177,11 @@ def run(args: argparse.Namespace, model_dir: str) -> None:
           f"env.workers true vs false:")
     workers_lines(engine, tokenizer, params, args.envs, args.turns, "with the model ")
     workers_lines(CannedEngine(tokenizer), tokenizer, params, args.envs, args.turns * 8,
+                  "canned replies ")
+    print(f"{args.envs} slots x {args.turns} lock-steps x 2 batches of fixed-turn collection, "
+          f"played by env slots vs as conversations of the env (the same samples):")
+    players_lines(engine, tokenizer, params, args.envs, args.turns, "with the model ")
+    players_lines(CannedEngine(tokenizer), tokenizer, params, args.envs, args.turns * 8,
                   "canned replies ")
     engine.close()
 

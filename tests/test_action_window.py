@@ -68,7 +68,7 @@ class BySeed(ByPrompt):
 
 
 def play_both(tokenizer, engine, image: bool, iterations: int = 2, seed: int | None = None,
-              **prompt):
+              turns_per_env: int = 4, **prompt):
     """Two iterations of fixed-turn batches (2 slots × 4 lock-steps, episodes of at most 5
     steps) by env slots and by conversations of the same env: each one's samples by (episode,
     turn)."""
@@ -78,7 +78,8 @@ def play_both(tokenizer, engine, image: bool, iterations: int = 2, seed: int | N
     kwargs = {"num_dists": 1, **({"image": True} if image else {})}
     slots = env_fixed_turns(lambda task: LocalEnv(EnvSpec("babyai", task, kwargs).build(),
                                                   EnvSpec("babyai", task, kwargs)),
-                            ["goto"], n_envs=2, turns_per_env=4, seed=5, run_id="t",
+                            ["goto"], n_envs=2, turns_per_env=turns_per_env, seed=5,
+                            run_id="t",
                             settings=agent_settings(history_turns=turns, prompt=shown,
                                                     max_turns=5))
     settings = conversation_settings(history_turns=turns, action_prompt=shown,
@@ -87,7 +88,7 @@ def play_both(tokenizer, engine, image: bool, iterations: int = 2, seed: int | N
     task = EnvTask("babyai", "goto", image=image, kwargs={"num_dists": 1})
     conversations = conversation_fixed_turns(
         ConversationRun({"goto": task}, settings, conversation_rollout), ["goto"], n_envs=2,
-        turns_per_env=4, seed=5, run_id="t")
+        turns_per_env=turns_per_env, seed=5, run_id="t")
     out, names = [], []
     for collector in (slots, conversations):
         samples = [s for i in range(iterations) for s in collector.collect(
@@ -212,3 +213,55 @@ def test_an_evaluation_plays_each_episode_alike_from_its_own_seeds(tokenizer):
                 assert rx[column] == ry[column], (x["episode_id"], column)
     # the seeds decided the replies: the replies differ across episodes at one turn
     assert len({tuple(ep[0]["response_ids"]) for ep in by_slots}) > 1
+
+
+def test_an_episode_that_ends_at_the_batch_s_last_lock_step_ends_its_segment_there(tokenizer):
+    """Batches of 5 lock-steps, episodes cut at 5 steps by env.max_turns: an episode begun with
+    the batch ends at its last lock-step, and that reply's segment ends there in both players
+    (an env slot marks every reply of the last lock-step)."""
+    by_slots, by_conversations = play_both(tokenizer, BySeed(tokenizer), False, iterations=1,
+                                           seed=11, turns_per_env=5, history_turns=1)
+    replies = [s["replies"][0] for s in by_slots.values()]
+    assert any(r["segment_end"] and (r["terminated"] or r["truncated"]) for r in replies)
+    assert_same_samples(by_slots, by_conversations)
+
+
+CLOSED: list = []  # the envs closed (a checkpoint pickles them: counted here, not on them)
+
+
+class ClosingCounted(LocalEnv):
+    def close(self):
+        CLOSED.append(self)
+        super().close()
+
+
+def test_a_checkpoint_of_env_slots_resumes_with_new_episodes_in_conversations(tokenizer, caplog):
+    """A run checkpointed while env slots played it resumes with the env played as
+    conversations: the slots' envs are closed, their running episodes end, and the slots start
+    their next episodes (the episode counters go on), said once in the log."""
+    spec = EnvSpec("babyai", "goto", {"num_dists": 1})
+    CLOSED.clear()
+    slots = env_fixed_turns(lambda task: ClosingCounted(spec.build(), spec), ["goto"], n_envs=2,
+                            turns_per_env=2, seed=5, run_id="t",
+                            settings=agent_settings(history_turns=1, max_turns=5))
+    engine = ByPrompt(tokenizer)
+    first = slots.collect(engine, tokenizer, sampling_settings(max_new_tokens=64), 0,
+                          progress=False)
+    blob = slots.state()
+    assert {s["episode_id"] for s in first} == {"t-r0-e0-0", "t-r0-e1-0"}  # still running
+    settings = conversation_settings(history_turns=1,
+                                     action_prompt=ActionPrompt.from_config(Params().prompt),
+                                     interaction=EnvInteraction({"max_turns": 5}, "env"),
+                                     max_assistant_turns=50, max_user_turns=50, max_tokens=8000)
+    resumed = conversation_fixed_turns(
+        ConversationRun({"goto": EnvTask("babyai", "goto", image=False,
+                                         kwargs={"num_dists": 1})}, settings,
+                        conversation_rollout), ["goto"], n_envs=2, turns_per_env=2, seed=5,
+        run_id="t")
+    with caplog.at_level("WARNING"):
+        resumed.load_state(blob)
+    assert len(CLOSED) == 2 and "2 env slots' running episodes" in caplog.text
+    samples = resumed.collect(engine, tokenizer, sampling_settings(max_new_tokens=64), 1,
+                              progress=False)
+    resumed.close()
+    assert {s["episode_id"] for s in samples} == {"t-r0-e0-1", "t-r0-e1-1"}

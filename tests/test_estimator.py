@@ -17,6 +17,7 @@ from longturn.rollout.collection import EpisodeGroups, FixedTurnBatches
 from longturn.rollout.conversation_player import ConversationPlayer
 from longturn.rollout.env_player import EnvPlayer
 from longturn.run.wiring import close_collector, critic_dir, make_collector, trainer_settings
+from longturn.tasks.env_frames import EnvInteraction
 
 
 def test_the_advantage_choices_are_the_tables_names() -> None:
@@ -65,7 +66,13 @@ def test_the_action_protocol_collects_as_the_estimator_says(advantage, kind, gro
     params = _params(advantage)
     collector = make_collector(params, rank=0, run_id="t")
     try:
-        assert type(collector) is kind and type(collector.player) is EnvPlayer
+        # fixed-turn batches: the env's episodes as conversations of its interaction (the
+        # action prompt in every window); groups: env slots
+        player = ConversationPlayer if kind is FixedTurnBatches else EnvPlayer
+        assert type(collector) is kind and type(collector.player) is player
+        if player is ConversationPlayer:
+            assert isinstance(collector.player.run.settings.interaction, EnvInteraction)
+            assert collector.player.run.settings.action_prompt is not None
         assert getattr(collector, "group_size", None) == group
     finally:
         close_collector(collector)
@@ -124,10 +131,10 @@ def test_every_protocol_context_and_estimator_make_one_collection(protocol, cont
             assert collector.group_size == (params.algo.group_size
                                             if expected is Collection.SEED_GROUPS else None)
         player = collector.player
-        if protocol == "action":
-            assert type(player) is EnvPlayer
+        if protocol == "action" and type(player) is EnvPlayer:  # groups, or every past turn
+            assert kind is EpisodeGroups or context == "episode"
             windows = {slot.settings.history_turns for slot in player.slots}
-        else:
+        else:  # the chat protocol, and the action protocol's fixed-turn batches with a window
             assert type(player) is ConversationPlayer
             windows = {player.run.settings.history_turns}
         assert windows == {params.history_window}

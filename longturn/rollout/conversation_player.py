@@ -107,6 +107,8 @@ class ConversationPlayer:
         ended = [i for i, ep in enumerate(self.episodes) if ep is not None and ep.done]
         records = self._finish(ended)
         if closes_batch:
+            for record in records:  # ended at the batch's last lock-step: its segment ends
+                record["batch_end"] = True  # there too, as an env slot's reply does
             records += [self._part(i, ep.record(self.emitted[i], totals=False), cut=True)
                         for i, ep in enumerate(self.episodes)
                         if ep is not None and len(ep.segments) > self.emitted[i]]
@@ -176,6 +178,11 @@ class ConversationPlayer:
         """The running episodes kept (`state`), and the episodes opened but not begun, opened
         again; those whose start failed come back, as from `start`."""
         self.close()
+        if state.get("slots"):  # a checkpoint of env slots (before they played as conversations)
+            for slot in state["slots"]:
+                slot.env.close()
+            log.warning("checkpoint holds %d env slots' running episodes: they end here and "
+                        "new episodes start in their slots", len(state["slots"]))
         running = state.get("running")
         if running:
             if max(running["slots"]) >= self.n_slots:

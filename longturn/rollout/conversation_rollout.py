@@ -85,7 +85,7 @@ class ConversationSettings:
     max_user_turns: int
     max_tokens: int
     max_tool_response_chars: int
-    tool_timeout_s: float  # one tool or interaction call, past which it is cut off
+    tool_timeout_s: float | None  # one tool or interaction call, past which it is cut off
     tokenization_check: str
     history_turns: int | None  # the past turns a reply's window shows; None: the whole episode
     # with a window, how an episode whose interaction plays an env (its `action_view`) is shown:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -18,7 +19,7 @@ from longturn.engines.base import Engine, SamplingParams
 from longturn.errors import SettingError
 from longturn.rollout.functions import AGENT_ROLLOUT, BUILTIN, resolve_rollout_function
 from longturn.tasks.plugins import import_class
-from longturn.tasks.env_frames import ENV_SETTINGS
+from longturn.tasks.env_frames import ENV_SETTINGS, EnvInteraction, EnvTask
 from longturn.tasks.interactions import load_interactions
 from longturn.rollout.conversation import replies_valid
 from longturn.rollout.conversation_rollout import ConversationSettings
@@ -113,6 +114,30 @@ class ConversationRun:
                                "interactions (configs/env_interactions.yaml), without "
                                "rollout.agent or rollout.slime_generate")
         return run
+
+    @classmethod
+    def of_env(cls, params: Params, progress: bool = True) -> "ConversationRun":
+        """The action protocol's episodes as conversations: each task of `env.tasks` an
+        `EnvTask` of `env.name` (with `env.kwargs`), played by an `EnvInteraction` with the env
+        slots' settings (env.*), each reply given the action protocol's prompt (prompt.*) with
+        `prompt.history_turns` past steps. Their limits are the env's and the prompt's
+        (env.max_turns, prompt.max_prompt_tokens, the sampler's max_new_tokens), none of
+        rollout.chat's; the messages are not re-rendered at the end (no reply is trained on
+        them: each reply's prompt is its window)."""
+        e = params.env
+        interaction = EnvInteraction({}, "env")
+        interaction.use_env_settings("env.*", **{key: getattr(e, key) for key in ENV_SETTINGS})
+        unbounded = sys.maxsize
+        settings = ConversationSettings(
+            max_assistant_turns=unbounded, max_user_turns=unbounded, max_tokens=unbounded,
+            max_tool_response_chars=unbounded, tool_timeout_s=None, tokenization_check="off",
+            history_turns=params.history_window,
+            action_prompt=ActionPrompt.from_config(params.prompt), tools=None,
+            interaction=interaction, reward_fn=None, progress=progress, retry_failed_starts=True)
+        image = bool(e.kwargs.get("image", False))
+        tasks = {task: EnvTask(e.name, task, image=image, kwargs=dict(e.kwargs))
+                 for task in e.tasks}
+        return cls(tasks, settings, _rollout_function(params))
 
     def record(self, task: str, seed: int) -> dict[str, Any]:
         """The task record of one (task, seed); its `task` is the name the run knows it by."""

@@ -108,7 +108,9 @@ def _episode_replies(record: Row, ids: list[int], starts: list[int], ends: list[
             "reward": float(rewards[k]), "terminated": ended and not truncated,
             "truncated": truncated, "success": bool(record.get("success")) and ended,
             # an agent that raised or hung (serve/agent_rollout.py): no reply of it trains
-            "aborted": bool(record.get("aborted")), "segment_end": last and cut,
+            "aborted": bool(record.get("aborted")),
+            # a fixed-turn batch's last lock-step ends every reply's segment, cut or ended
+            "segment_end": last and (cut or bool(record.get("batch_end"))),
             "termination": record.get("termination") if ended else None,
             "finish_reason": finish_reasons[k], "action_valid": valid[k], **(actions[k] or {}),
             "response_text": texts[k],

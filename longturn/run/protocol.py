@@ -1,9 +1,12 @@
 """How replies are read (`rollout.protocol`): the one place that setting picks the code which plays,
 collects, evaluates and validates episodes.
 
-- `action`: THINK/ACTION replies parsed into an action of `env.name`, played by env slots
-  (rollout/env_slots.py) and collected as the estimator says: fixed-turn batches whose episodes
-  continue across updates (a critic), or groups of whole episodes from one seed (critic-free).
+- `action`: THINK/ACTION replies parsed into an action of `env.name`, collected as the estimator
+  says: fixed-turn batches whose episodes continue across updates (a critic), played with a
+  history window as conversations of the env's interaction whose every reply is given the
+  action prompt (`ConversationRun.of_env`: sample for sample what env slots play), or groups of
+  whole episodes from one seed (critic-free), played by env slots (rollout/env_slots.py), as
+  are evaluations, validation and fixed-turn batches with every past turn in the prompt.
 - `chat`: chat replies on the tasks of `env.tasks`: tool calls run by `rollout.chat.tools`, free
   text answered by the interaction (rollout/conversation_rollout.py), collected as the estimator
   says too: with a critic and a history window, fixed-turn batches whose episodes continue
@@ -70,10 +73,17 @@ class Protocol:
 
 
 def _env_collector(params: Params, rank: int, run_id: str) -> Collector:
+    """Fixed-turn batches with a history window: the env's episodes as conversations of its
+    interaction, each reply given the action prompt (`ConversationRun.of_env`), sample for sample
+    what env slots play (tests/test_action_window.py). Groups, and fixed-turn batches with the
+    whole episode as context, are still played by env slots."""
     r, tasks, agent = params.rollout, list(params.env.tasks), AgentSettings.from_params(params)
     if params.collection is Collection.SEED_GROUPS:
         return env_groups(env_factory_from_params(params), tasks, r.n_envs,
                           params.algo.group_size, agent, params.seed, rank=rank, run_id=run_id)
+    if params.history_window is not None:
+        return conversation_fixed_turns(ConversationRun.of_env(params), tasks, r.n_envs,
+                                        r.turns_per_env, params.seed, rank=rank, run_id=run_id)
     return env_fixed_turns(env_factory_from_params(params), tasks, r.n_envs, r.turns_per_env,
                            agent, params.seed, rank=rank, run_id=run_id)
 
