@@ -2,8 +2,9 @@
 
 Why: generation and training costs depend on the prompts' length and on how much of them all
 prompts share (system prompt + worked example); synthetic text gets both wrong. These are the
-turn-0 prompts of the params file's env family, one episode seed each, from the collector's own
-env slots (`make_collector(...).player.slots[i].prompt(tokenizer)`).
+turn-0 prompts of the params file's env family, one episode seed each, from env slots on the
+params' settings (`env_fixed_turns(...).player.slots[i].prompt(tokenizer)`): byte for byte the
+prompts the train collector gives, whichever player plays it (tests/test_action_window.py).
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from longturn.params.config import Params
-from longturn.run.wiring import make_collector
+from longturn.rollout.env_player import env_fixed_turns
+from longturn.rollout.env_slots import AgentSettings, env_factory_from_params
 
 
 def collector_prompts(params: Params, tokenizer: Any, n: int, first_seed: int = 0,
@@ -20,7 +22,9 @@ def collector_prompts(params: Params, tokenizer: Any, n: int, first_seed: int = 
     first_seed + 1, ... until n different prompts came out (two seeds can give one layout)."""
     if n < 1:
         raise ValueError(f"need at least one prompt, got {n}")
-    collector = make_collector(params, 0, "bench")
+    collector = env_fixed_turns(env_factory_from_params(params), list(params.env.tasks),
+                                params.rollout.n_envs, params.rollout.turns_per_env,
+                                AgentSettings.from_params(params), params.seed, run_id="bench")
     tries = max_tries if max_tries is not None else 20 * n
     seen: set[tuple[int, ...]] = set()
     prompts: list[list[int]] = []
