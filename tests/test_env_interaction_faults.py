@@ -55,7 +55,9 @@ def test_an_env_that_raises_aborts_its_episode_alone(tokenizer):
     assert (whole["termination"], whole["aborted"], whole["assistant_turns"]) == \
         ("success", False, 6)  # named as an env slot's episode
     samples = samples_from_episodes([broken, whole])
-    assert [r["aborted"] for r in samples[0]["replies"]] == [True, True]  # out of the loss
+    # the reply whose step raised is out of the loss; the one before acted on an env that
+    # answered and trains, as an env slot's turn before a failed step does
+    assert [r["aborted"] for r in samples[0]["replies"]] == [False, True]
     assert samples[0]["replies"][-1]["termination"] == "env_error"
     metrics = sample_metrics(samples)
     assert (metrics["episodes_aborted"], metrics["termination/env_error"],
@@ -131,7 +133,7 @@ def test_fixed_turn_batches_start_the_slots_next_episode_after_an_abort(tokenize
     episodes = list(dict.fromkeys(s["episode_id"] for s in samples))
     assert len(samples) == 3 and len(episodes) == 2
     first, second = ([s for s in samples if s["episode_id"] == e] for e in episodes)
-    assert [s["replies"][0]["aborted"] for s in first] == [True, True]
+    assert [s["replies"][0]["aborted"] for s in first] == [False, True]  # the failed step's
     assert first[-1]["replies"][0]["termination"] == "env_error"
     assert first[-1]["bootstrap_prompt_ids"] is None
     # the next episode (on the restarted env) runs on; the batch cuts it and bootstraps it

@@ -79,7 +79,11 @@ class Conversation:
     tool_calls: int = 0
     tool_errors: int = 0
     reason: str | None = None
-    aborted: bool = False  # ended by a failure outside the model (its replies do not train)
+    aborted: bool = False  # ended by a failure outside the model
+    # the first reply out of the loss when aborted: 0 (an agent's failure: none of its replies
+    # trains), or the reply whose env step failed (the replies before it acted on an env that
+    # answered, and train, as an env slot's turns before a failed step do)
+    aborted_from: int = 0
     check: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
     # frames, in sequence order; None once no window can show it again (`let_go`)
@@ -196,9 +200,12 @@ class Conversation:
             raise ValueError(f"unknown termination reason {reason!r}")
         self.reason = reason
 
-    def abort(self, reason: str) -> None:
-        """End it for a failure outside the model (an env that raised or hung)."""
+    def abort(self, reason: str, last_reply_only: bool = False) -> None:
+        """End it for a failure outside the model: an agent that failed (every reply out of the
+        loss), or with `last_reply_only` an env that raised or hung on the last reply's step
+        (that reply alone)."""
         self.aborted = True
+        self.aborted_from = max(len(self.segments) - 1, 0) if last_reply_only else 0
         self.end(reason)
 
     def record(self, first: int = 0, totals: bool = True) -> dict[str, Any]:
@@ -271,6 +278,8 @@ class Conversation:
             "reply_texts": self.reply_texts[first:], "env_name": self.task.get("env_name"),
             "reward": float(sum(self.segment_rewards)), "termination": self.reason,
             "truncated": self.reason != DONE and not self.aborted, "aborted": self.aborted,
+            # its replies from this one on are out of the loss (counted in this part)
+            "aborted_from": max(getattr(self, "aborted_from", 0) - first, 0),
             # a part's frames are those its windows show (`_window_record`)
             "images": None if first else [to_png(frame) for frame in self.images],
             "image_starts": None if first else list(self.image_starts),

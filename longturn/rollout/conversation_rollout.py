@@ -12,7 +12,8 @@ After each reply:
   (`time_limit` when it says the episode was cut by a time limit, else `done`) or answers as the
   user; without an interaction such a reply ends the episode. An env behind the interaction
   that fails (`EnvFailure`, tasks/env_frames.py) aborts that episode alone (`env_error` or
-  `timeout`: out of the loss, counted apart, as an env slot's);
+  `timeout`: the reply whose step failed is out of the loss, the episode counted apart, as an
+  env slot's);
 - limits end it too: `max_assistant_turns`, `max_user_turns`, `max_tokens` (the token budget of
   what a reply is given plus the reply: a reply is cut to fit, and no context is appended past
   it).
@@ -245,8 +246,8 @@ def _after_text(ep: Conversation, answer: tuple | None, s: ConversationSettings
             ep.reward(s.reward_fn(ep.task, ep.messages))
         ep.end(DONE)
         return None
-    if isinstance(answer, _EnvFailed):
-        ep.abort(answer.reason)
+    if isinstance(answer, _EnvFailed):  # the step of this reply's action failed: it alone
+        ep.abort(answer.reason, last_reply_only=True)  # is out of the loss, as in env slots
         return None
     stop, text, score, metrics = answer
     ep.reward(0.0 if score is None else score, metrics)  # verl allows a turn without a score

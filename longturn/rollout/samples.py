@@ -107,8 +107,9 @@ def _episode_replies(record: Row, ids: list[int], starts: list[int], ends: list[
             "turn": k + int(record.get("first_turn") or 0), "step": k,
             "reward": float(rewards[k]), "terminated": ended and not truncated,
             "truncated": truncated, "success": bool(record.get("success")) and ended,
-            # an agent that raised or hung (serve/agent_rollout.py): no reply of it trains
-            "aborted": bool(record.get("aborted")),
+            # an agent that raised or hung (serve/agent_rollout.py): no reply of it trains; an env
+            # that did on a reply's step: that reply alone (`Conversation.abort`)
+            "aborted": bool(record.get("aborted")) and k >= int(record.get("aborted_from") or 0),
             # a fixed-turn batch's last lock-step ends every reply's segment, cut or ended
             "segment_end": last and (cut or bool(record.get("batch_end"))),
             "termination": record.get("termination") if ended else None,

@@ -96,13 +96,12 @@ class EnvInteraction(BaseInteraction):
     (false): each env in a worker process of its own; `step_timeout_s` (30, with workers; under
     `rollout.chat.tool_timeout_s`, which bounds the whole call): a reset or step that takes
     longer is cut off; `max_retries` (3). An env that raises, dies or hangs aborts its episode
-    alone, as in env slots:
-    `generate_response` raises the `EnvFailure`, the rollout ends the episode as aborted (out of
-    the loss, counted by its reason) and the env is restarted; more than `max_retries` failures
-    of one env in a row (a reset that works does not clear them, a step does) stop the stage
-    (`EnvGaveUp`). An env is kept when its episode ends and reset for a
-    later one of the same env and task, so a worker process is started once per running episode,
-    not once per episode."""
+    alone, as in env slots: `generate_response` raises the `EnvFailure`, the rollout ends the
+    episode as aborted (the reply whose step failed out of the loss, counted by its reason) and
+    the env is restarted; more than `max_retries` failures of one env in a row (a reset that
+    works does not clear them, a step does) stop the stage (`EnvGaveUp`). An env is kept when
+    its episode ends and reset for a later one of the same env and task, so a worker process is
+    started once per running episode, not once per episode."""
 
     def __init__(self, config: dict[str, Any], name: str):
         super().__init__(config, name)
