@@ -83,7 +83,7 @@ def test_an_env_whose_first_step_always_fails_stops_the_stage_as_an_env_slot(tok
                                                 history_turns=1, interaction=EnvInteraction(
                                                     {"max_retries": 2}, "env")),
                           conversation_rollout)
-    with pytest.raises(EnvGaveUp, match=r"env 'flaky_envs:FlakyCorridor' task 'corridor' failed "
+    with pytest.raises(EnvGaveUp, match=r"env 'flaky' task 'corridor' failed "
                                         r"3 times in a row, the last on seed \d+ \(step, "
                                         r"env_error: .*max_retries is 2"):
         one_batch(run, "c", tokenizer, turns=8)

@@ -137,12 +137,13 @@ class EnvInteraction(BaseInteraction):
                              f"{self._settings_are}step_timeout_s")
         return LocalEnv(spec.build(), spec)
 
-    def _failed(self, env: Any, failure: EnvFailure, call: str, seed: int) -> None:
-        """Restart the env; past `max_retries` failures of this env in a row, stop the stage."""
+    def _failed(self, env: Any, failure: EnvFailure, call: str, seed: int, turn: int) -> None:
+        """Restart the env; past `max_retries` failures of this env in a row, stop the stage.
+        Said as an env slot says it: the env's own name, the seed and the episode's turn."""
         with self._lock:
             failures = self._failures[id(env)] = self._failures.get(id(env), 0) + 1
-        restart_or_give_up(env, failure, name=env.spec.name, task=env.spec.task, call=call,
-                           seed=seed, failures=failures,
+        restart_or_give_up(env, failure, name=env.name, task=env.task, call=call,
+                           seed=seed, turn=turn, failures=failures,
                            limit=int(self.config.get("max_retries", 3)),
                            setting=f"{self._settings_are}max_retries")
 
@@ -160,7 +161,7 @@ class EnvInteraction(BaseInteraction):
             env.submit_reset(seed)
             observation, _ = env.wait_reset()
         except EnvFailure as failure:
-            self._failed(env, failure, "reset", seed)
+            self._failed(env, failure, "reset", seed, 0)
             self._give_back(spec, env)
             raise
         image = bool(kwargs.get("image", True))
@@ -191,7 +192,7 @@ class EnvInteraction(BaseInteraction):
             env.submit_step(parsed.action)
             observation, reward, terminated, truncated, info = env.wait_step()
         except EnvFailure as failure:
-            self._failed(env, failure, "step", state["seed"])
+            self._failed(env, failure, "step", state["seed"], len(state["past"]))
             raise
         self._stepped(env)
         state["past"].append(PastTurn(state["observation"].text, messages[-1]["content"],
