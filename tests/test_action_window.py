@@ -69,9 +69,9 @@ class BySeed(ByPrompt):
 
 def play_both(tokenizer, engine, image: bool, iterations: int = 2, seed: int | None = None,
               turns_per_env: int = 4, **prompt):
-    """Two iterations of fixed-turn batches (2 slots × 4 lock-steps, episodes of at most 5
-    steps) by env slots and by conversations of the same env: each one's samples by (episode,
-    turn)."""
+    """`iterations` fixed-turn batches (2 slots × `turns_per_env` lock-steps, episodes of at
+    most 5 steps) by env slots and by conversations of the same env, sampled from `seed`: each
+    one's samples by (episode, turn), in the order handed on; both name the same actions."""
     shown = replace(ActionPrompt.from_config(Params().prompt),
                     **{k: prompt.pop(k) for k in list(prompt) if k != "history_turns"})
     turns = prompt["history_turns"]
