@@ -1,11 +1,11 @@
-"""Rollout throughput: the same episodes played with N envs batched vs one env at a time;
-N env slots stepping in worker processes (`env.workers: true`) vs in this process; and the
-train rollout's fixed-turn batches played by env slots vs as conversations of the env (the
-action protocol's collector, `ConversationRun.of_env`: the same samples).
+"""Rollout throughput: the same episodes played with N envs batched vs one env at a time; and N
+slots' envs stepping in worker processes (`env.workers: true`) vs in this process. Both play the
+action protocol's conversations of the env (`ConversationRun.of_env`), as evaluation and the
+train rollout do.
 
 Prints turns/s for each and the ratios, measured side by side in one run. The workers line times
-fixed-turn collection (the train rollout) after the slots are up; the workers' start-up is
-printed apart (once per stage). It is measured twice: with the model generating, and with a
+fixed-turn collection (the train rollout) after the slots' first episodes are open; the
+workers' start-up is printed apart (once per stage). It is measured twice: with the model generating, and with a
 canned reply instead (env stepping and prompt rendering only, where the overlap shows). Uses the
 prepared base model (run `make repro` or the prepare_model stage first) and the
 env/prompt/engine params. --tiny plays 2 episodes of 2 turns with 8 new tokens on the tiny random
@@ -29,14 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from longturn.rollout.conversation_player import conversation_fixed_turns  # noqa: E402
 from longturn.rollout.conversation_setup import ConversationRun  # noqa: E402
-from longturn.rollout.env_player import env_fixed_turns  # noqa: E402
 from longturn.params.config import Params, load_params  # noqa: E402
 from longturn.engines.base import Completion  # noqa: E402
 from longturn.engines.registry import make_engine, sampling_from_params  # noqa: E402
 from longturn.run.evaluation import eval_jobs  # noqa: E402
 from longturn.run.models import load_tokenizer  # noqa: E402
-from longturn.rollout.env_player import play_episodes  # noqa: E402
-from longturn.rollout.env_slots import AgentSettings, env_factory_from_params  # noqa: E402
+from longturn.rollout.conversation_episodes import play_env_episodes  # noqa: E402
 from cpu_threads import add_threads_arg, use_threads  # noqa: E402
 from tiny_model import add_tiny_args, fill_defaults, resolve_model_dir  # noqa: E402
 
@@ -46,11 +44,10 @@ TINY = {"envs": 2, "turns": 2, "new_tokens": 8}
 
 def timed_play(engine, tokenizer, params, jobs, parallel: int) -> tuple[int, float]:
     """Turns played and wall seconds for `jobs` with `parallel` envs in lock-step."""
-    settings = AgentSettings.from_params(params)
+    run = ConversationRun.of_env(params, progress=False)
     start = time.perf_counter()
-    samples, _ = play_episodes(engine, tokenizer, env_factory_from_params(params), jobs,
-                               parallel, sampling_from_params(params, seed=0), settings,
-                               progress=False)
+    samples, _ = play_env_episodes(run, engine, tokenizer, jobs, parallel,
+                                   sampling_from_params(params, seed=0), progress=False)
     return len(samples), time.perf_counter() - start  # a sample per turn
 
 
@@ -75,15 +72,14 @@ class CannedEngine:
 
 def timed_collect(engine, tokenizer, params: Params, envs: int, turns: int,
                   workers: bool) -> tuple[int, float, float]:
-    """(turns, seconds of collection, seconds to start the slots) of one fixed-turn rollout."""
+    """(turns, seconds of collection, seconds to open the slots' first episodes) of one
+    fixed-turn rollout."""
     p = with_workers(params, workers)
     start = time.perf_counter()
-    collector = env_fixed_turns(env_factory_from_params(p), list(p.env.tasks), envs, turns,
-                                AgentSettings.from_params(p), seed=0)
+    collector = conversation_fixed_turns(ConversationRun.of_env(p, progress=False),
+                                         list(p.env.tasks), envs, turns, seed=0)
     try:
-        collector.start_idle()
-        for slot in collector.player.slots:
-            slot.prompt(tokenizer)  # first prompts rendered, workers answered: the slots are up
+        collector.start_idle()  # every slot's env built (its worker started) and reset
         started = time.perf_counter()
         samples = collector.collect(engine, tokenizer, sampling_from_params(p, seed=0), 0,
                                  progress=False)
@@ -97,36 +93,7 @@ def workers_lines(engine, tokenizer, params: Params, envs: int, turns: int, labe
     n_l, t_l, up_l = timed_collect(engine, tokenizer, params, envs, turns, workers=False)
     print(f"  {label}: workers {n_w / t_w:8.2f} turns/s, in-process {n_l / t_l:8.2f} turns/s, "
           f"ratio workers / in-process {(n_w / t_w) / (n_l / t_l):.2f}x "
-          f"(slots up in {up_w:.1f} s with workers, {up_l:.1f} s in process)")
-
-
-def timed_players(engine, tokenizer, params: Params, envs: int, turns: int
-                  ) -> tuple[float, float]:
-    """Seconds of 2 fixed-turn batches (after a first, the warm-up) by env slots and by
-    conversations of the env, side by side."""
-    out = []
-    for make in (lambda: env_fixed_turns(env_factory_from_params(params),
-                                         list(params.env.tasks), envs, turns,
-                                         AgentSettings.from_params(params), seed=0),
-                 lambda: conversation_fixed_turns(ConversationRun.of_env(params, False),
-                                                  list(params.env.tasks), envs, turns, seed=0)):
-        collector = make()
-        try:
-            sampling = sampling_from_params(params, seed=0)
-            collector.collect(engine, tokenizer, sampling, 0, progress=False)
-            start = time.perf_counter()
-            for iteration in (1, 2):
-                collector.collect(engine, tokenizer, sampling, iteration, progress=False)
-            out.append(time.perf_counter() - start)
-        finally:
-            collector.close()
-    return out[0], out[1]
-
-
-def players_lines(engine, tokenizer, params: Params, envs: int, turns: int, label: str) -> None:
-    slots, conversations = timed_players(engine, tokenizer, params, envs, turns)
-    print(f"  {label}: env slots {slots:7.2f} s, conversations {conversations:7.2f} s, "
-          f"ratio conversations / env slots {conversations / slots:.2f}x")
+          f"(first episodes open in {up_w:.1f} s with workers, {up_l:.1f} s in process)")
 
 
 def parse_args() -> argparse.Namespace:
@@ -177,11 +144,6 @@ def run(args: argparse.Namespace, model_dir: str) -> None:
           f"env.workers true vs false:")
     workers_lines(engine, tokenizer, params, args.envs, args.turns, "with the model ")
     workers_lines(CannedEngine(tokenizer), tokenizer, params, args.envs, args.turns * 8,
-                  "canned replies ")
-    print(f"{args.envs} slots x {args.turns} lock-steps x 2 batches of fixed-turn collection, "
-          f"played by env slots vs as conversations of the env (the same samples):")
-    players_lines(engine, tokenizer, params, args.envs, args.turns, "with the model ")
-    players_lines(CannedEngine(tokenizer), tokenizer, params, args.envs, args.turns * 8,
                   "canned replies ")
     engine.close()
 

@@ -1,16 +1,17 @@
 """Rollout cost per turn early (turn 10) vs late (turn 400) in ONE long BabyAI episode.
 
 Why: the prompt carries only the history window (prompt.history_turns) plus the current
-observation, so a turn deep into an episode must cost what an early one costs. One env slot plays
-one episode turn by turn through `generate_turns`; the env's step limit is raised above the last
-turn measured (env.max_turns is ignored). Printed: mean wall time, prompt tokens and response tokens
+observation, so a turn deep into an episode must cost what an early one costs. One slot plays
+one episode turn by turn as the train rollout does (a conversation of the env, each reply given
+the action prompt: `ConversationRun.of_env`, one lock-step a turn); the env's step limit is
+raised above the last turn measured (env.max_turns is ignored). Printed: mean wall time, prompt tokens and response tokens
 per turn over turns 5-15 and 395-405 (window half-width --half), and the late/early ratios (≈ 1).
 
 --fast-forward: only the two windows (and the turns before the first) use the real engine. The
 turns in between are driven by a stand-in that costs no model call but still pushes realistic
 history through the agent: each turn renders the real prompt and feeds a canned THINK/ACTION reply
-(the token ids of a typical answer, cycling through the actions) to `EnvSlot.apply`, so the env
-moves and the history window fills exactly as in a real rollout. Without it every turn runs the
+(the token ids of a typical answer, cycling through the actions) to the env, so the env moves
+and the history window fills exactly as in a real rollout. Without it every turn runs the
 model (400 real turns: slow with the 135M model on CPU).
 
 If the episode ends before the late window (the goal reached), it is replayed with the next seed.
@@ -62,9 +63,9 @@ from longturn.rollout.conversation_rollout import chat_deltas, conversation_roll
 from longturn.rollout.history_window import window_messages  # noqa: E402
 from longturn.rollout.conversation_setup import ConversationRun  # noqa: E402
 from longturn.engines.registry import make_engine, sampling_from_params  # noqa: E402
-from longturn.envs.babyai import BabyAITextEnv  # noqa: E402
+from longturn.rollout.collection import EpisodeStart  # noqa: E402
+from longturn.rollout.conversation_player import ConversationPlayer  # noqa: E402
 from longturn.run.models import load_tokenizer  # noqa: E402
-from longturn.rollout.env_slots import AgentSettings, EnvSlot, generate_turns  # noqa: E402
 from cpu_threads import add_threads_arg, use_threads  # noqa: E402
 from tiny_model import add_tiny_args, fill_defaults, resolve_model_dir  # noqa: E402
 
@@ -80,29 +81,39 @@ CANNED = ("THINK: I do not see my target yet, so I look around and keep explorin
 CANNED_ACTIONS = ("turn left", "go forward", "turn right", "go forward")
 
 
-def canned_turn(slot: EnvSlot, tokenizer) -> dict:
-    """One turn without the model: the real prompt, a typical reply, the env stepped."""
-    prompt = slot.prompt(tokenizer)
-    text = CANNED.format(CANNED_ACTIONS[slot.turn % len(CANNED_ACTIONS)])
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    return slot.apply(prompt, Completion(ids, [0.0] * len(ids), "stop"), text)
+class TurnEngine:
+    """The engine of one turn: the model, or (`canned`) a typical reply at once; says what the
+    turn's prompt and reply were (`last`: their token counts)."""
+
+    def __init__(self, engine, tokenizer):
+        self.engine, self.tokenizer, self.canned, self.turn = engine, tokenizer, False, 0
+        self.last = (0, 0)
+
+    def generate(self, prompt_ids, sampling, images=None):
+        if self.canned:
+            text = CANNED.format(CANNED_ACTIONS[self.turn % len(CANNED_ACTIONS)])
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            out = [Completion(ids, [0.0] * len(ids), "stop")]
+        else:
+            out = self.engine.generate(prompt_ids, sampling)
+        self.last = (len(prompt_ids[0]), len(out[0].token_ids))
+        return out
 
 
-def play_episode(engine, tokenizer, slot: EnvSlot, sampling, windows, last: int,
-                 fast_forward: bool) -> dict[int, tuple[float, int, int]] | None:
-    """Turns 0..last of one episode; {turn: (seconds, prompt tokens, response tokens)} for the
-    turns that ran the real engine, or None if the episode ended early."""
+def play_episode(engine: TurnEngine, tokenizer, player: ConversationPlayer, sampling, windows,
+                 last: int, fast_forward: bool) -> dict[int, tuple[float, int, int]] | None:
+    """Turns 0..last of the player's one episode, one lock-step each; {turn: (seconds, prompt
+    tokens, response tokens)} for the turns that ran the real engine, or None if the episode
+    ended early."""
     measured = {}
     for turn in range(last + 1):
-        if not fast_forward or turn <= windows[0][1] or turn >= windows[1][0]:
-            step_sampling = dataclasses.replace(sampling, seed=sampling.seed + turn)
-            t0 = time.perf_counter()
-            row = generate_turns(engine, tokenizer, [slot], step_sampling)[0]
-            measured[turn] = (time.perf_counter() - t0, len(row["prompt_ids"]),
-                              len(row["response_ids"]))
-        else:
-            row = canned_turn(slot, tokenizer)
-        if row["done"] and turn < last:
+        engine.turn = turn
+        engine.canned = fast_forward and windows[0][1] < turn < windows[1][0]
+        t0 = time.perf_counter()
+        _, ended = player.lock_step(engine, tokenizer, sampling, 0, turn, False)
+        if not engine.canned:
+            measured[turn] = (time.perf_counter() - t0, *engine.last)
+        if ended and turn < last:
             return None
     return measured
 
@@ -275,31 +286,38 @@ def parse_args() -> argparse.Namespace:
 
 def run(args: argparse.Namespace, model_dir: str) -> None:
     params = load_params(args.params)
-    params.env.max_turns = None
+    windows = [(args.early - args.half, args.early + args.half),
+               (args.turns - args.half, args.turns + args.half)]
+    last = windows[1][1]
+    env = params.env.model_copy(update={
+        "tasks": [args.task], "max_turns": None, "workers": False, "step_timeout_s": None,
+        "kwargs": {**params.env.kwargs, "max_steps": last + 10}})
+    params = params.model_copy(update={"env": env})
     params.engine.batch_size = 1
     if args.new_tokens:
         params.engine.sampling.max_new_tokens = args.new_tokens
     use_threads(args.threads)
-    windows = [(args.early - args.half, args.early + args.half),
-               (args.turns - args.half, args.turns + args.half)]
-    last = windows[1][1]
-    tokenizer, engine = load_tokenizer(model_dir), make_engine(model_dir, params)
-    env = BabyAITextEnv(args.task, **{**params.env.kwargs, "max_steps": last + 10})
-    slot = EnvSlot(env, 0, AgentSettings.from_params(params))
+    tokenizer = load_tokenizer(model_dir)
+    engine = TurnEngine(make_engine(model_dir, params), tokenizer)
+    player = ConversationPlayer(ConversationRun.of_env(params, progress=False), 1,
+                                fixed_turns=True)
     sampling = sampling_from_params(params, seed=params.seed)
     t0 = time.perf_counter()
-    for seed in range(args.seed, args.seed + 5):
-        slot.start(seed, f"turn-cost-{seed}")
-        measured = play_episode(engine, tokenizer, slot, sampling, windows, last,
-                                args.fast_forward)
-        if measured is not None:
-            break
-        print(f"  episode with seed {seed} ended before turn {last}: next seed")
-    else:
-        sys.exit("five episodes in a row ended early: try another --seed or --task")
-    total = time.perf_counter() - t0
-    engine.close()
-    report(args, params, windows, measured, seed, total)
+    try:
+        for seed in range(args.seed, args.seed + 5):
+            player.close()
+            player.start([EpisodeStart(0, args.task, seed, f"turn-cost-{seed}")])
+            measured = play_episode(engine, tokenizer, player, sampling, windows, last,
+                                    args.fast_forward)
+            if measured is not None:
+                break
+            print(f"  episode with seed {seed} ended before turn {last}: next seed")
+        else:
+            sys.exit("five episodes in a row ended early: try another --seed or --task")
+    finally:
+        player.close()
+        engine.engine.close()
+    report(args, params, windows, measured, seed, time.perf_counter() - t0)
 
 
 def report(args, params, windows, measured, seed, total) -> None:

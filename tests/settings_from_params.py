@@ -4,13 +4,11 @@ overrides. The TrainerSettings counterpart is trainer_settings.make_settings."""
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import replace
 from typing import Any
 
-from longturn.agent.prompts import ActionPrompt
 from longturn.params.config import Params
 from longturn.engines.base import SamplingParams
-from longturn.rollout.env_slots import AgentSettings
 from longturn.rollout.conversation_rollout import ConversationSettings
 
 
@@ -19,19 +17,10 @@ def sampling_settings(**overrides: Any) -> SamplingParams:
     return replace(SamplingParams.from_config(Params().engine.sampling, seed=None), **overrides)
 
 
-def agent_settings(**overrides: Any) -> AgentSettings:
-    """The prompt and env sections' defaults, then `overrides` (those of the prompt's rendering,
-    `ActionPrompt`'s fields, go into its `prompt`)."""
-    base = AgentSettings.from_params(Params())
-    shown = {f.name: overrides.pop(f.name) for f in fields(ActionPrompt) if f.name in overrides}
-    prompt = replace(overrides.pop("prompt", base.prompt), **shown)
-    return replace(base, prompt=prompt, **overrides)
-
-
 def conversation_settings(**overrides: Any) -> ConversationSettings:
     """rollout.chat's limits, the whole episode as context (the tools profile's), no tools,
     interaction or reward, no progress bar, an env's conversation shown in a window as its own
-    messages (`action_prompt` None; a run's shows it as an env slot's prompt), then
+    messages (`action_prompt` None; a run's shows it as the action prompt of its steps), then
     `overrides`."""
     params = Params()
     base = ConversationSettings.from_config(params.rollout.chat, history_turns=None, tools=None,

@@ -1,18 +1,20 @@
-"""Fixed-turn collection: exact batch size, episodes continuing across iterations, bootstrap
-prompts; what is collected is samples of one reply each, read here reply by reply."""
+"""Fixed-turn collection of the action protocol (an env's episodes as conversations of its
+interaction): exact batch size, episodes continuing across iterations, bootstrap prompts; what
+is collected is samples of one reply each, read here reply by reply."""
 
+import os
+import time
 from collections import defaultdict
 
 import pytest
 
-from longturn.rollout.env_player import env_fixed_turns
 from longturn.engines.hf import HFEngine
-from longturn.envs.babyai import BabyAITextEnv
-from longturn.envs.registry import EnvSpec
-from longturn.envs.workers import WorkerEnv
+from longturn.params.config import parse_params
+from longturn.rollout.conversation_player import conversation_fixed_turns
+from longturn.rollout.conversation_setup import ConversationRun
 from longturn.run.models import load_tokenizer
 from reply_rows import replies_of
-from settings_from_params import agent_settings, sampling_settings
+from settings_from_params import sampling_settings
 
 SAMPLING = sampling_settings(max_new_tokens=4, temperature=1.0, seed=7)
 
@@ -30,11 +32,18 @@ def tokenizer(tiny_model_dir):
 
 
 def make_collector(max_turns=3, workers=False, n_envs=3):
-    settings = agent_settings(max_turns=max_turns, max_prompt_tokens=2048)
-    factory = ((lambda task: WorkerEnv(EnvSpec("babyai", task), timeout_s=60.0)) if workers
-               else (lambda task: BabyAITextEnv(task)))
-    return env_fixed_turns(factory, ["goto", "open"], n_envs=n_envs, turns_per_env=4,
-                           settings=settings, seed=11, run_id="t")
+    params = parse_params({"env": {"tasks": ["goto", "open"], "max_turns": max_turns,
+                                   "workers": workers, "step_timeout_s": 60.0 if workers else None},
+                           "prompt": {"max_prompt_tokens": 2048}})
+    return conversation_fixed_turns(ConversationRun.of_env(params, progress=False),
+                                    ["goto", "open"], n_envs=n_envs, turns_per_env=4, seed=11,
+                                    run_id="t")
+
+
+def worker_pids(collector) -> set[int]:
+    """The worker processes of the collector's running episodes' envs."""
+    instances = collector.player.run.settings.interaction.instances.values()
+    return {state["env"].pid for state in instances}
 
 
 def played(collector, engine, tokenizer, iteration):
@@ -97,15 +106,36 @@ def test_worker_envs_play_the_same_turns_and_resume_from_a_checkpoint(engine, to
         assert any(r["termination"] == "time_limit" for r in rows_r)
         resumed = make_collector(workers=True, n_envs=2)
         resumed.load_state(remote.state())
-        pids = {slot.env.pid for slot in remote.player.slots}
-        assert not pids & {slot.env.pid for slot in resumed.player.slots}
+        pids = worker_pids(remote)
+        assert len(pids) == 2 and not pids & worker_pids(resumed)
         rows_r = played(remote, engine, tokenizer, 1)
         rows_c = played(resumed, engine, tokenizer, 1)
         assert [[r[k] for k in KEYS] for r in rows_r] == [[r[k] for k in KEYS] for r in rows_c]
+        pids = worker_pids(resumed) | idle_worker_pids(resumed)
     finally:
         for c in (local, remote, resumed):
             if c is not None:
                 c.close()
+    time.sleep(0.5)
+    assert not [pid for pid in pids if alive(pid)]  # closing the collector stopped its workers
+
+
+def idle_worker_pids(collector) -> set[int]:
+    """The worker processes of the envs the collector's interaction keeps for later episodes."""
+    return {env.pid for idle in collector.player.run.settings.interaction._idle.values()
+            for env in idle}
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.waitpid(pid, os.WNOHANG)  # a child that exited is reaped, not counted
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 class _NoPlayer:

@@ -17,9 +17,8 @@ import yaml
 
 from longturn.params.config import parse_params
 from longturn.engines.registry import make_engine, sampling_from_params
-from longturn.rollout.env_player import env_groups
 from longturn.run.models import load_tokenizer
-from longturn.rollout.env_slots import AgentSettings, env_factory_from_params
+from longturn.run.wiring import make_collector
 from longturn.algo.sample_scoring import audit_samples_file
 from longturn.trajectories import read_metadata
 from reply_rows import replies_of
@@ -41,10 +40,10 @@ def _params(model_dir: str, advantage: str, iterations: int = 2) -> dict:
 
 
 def _grpo_collector(model_dir: str, run_id: str):
-    """GRPO params on the tiny model, its tokenizer and engine, and 4 goto slots in groups of 2."""
+    """GRPO params on the tiny model, its tokenizer and engine, and 4 goto slots in groups of 2
+    (the train stage's collector)."""
     params = parse_params(_params(model_dir, "grpo"))
-    collector = env_groups(env_factory_from_params(params), ["goto"], 4, 2,
-                           AgentSettings.from_params(params), seed=3, run_id=run_id)
+    collector = make_collector(params, rank=0, run_id=run_id)
     return params, load_tokenizer(model_dir), make_engine(model_dir, params), collector
 
 

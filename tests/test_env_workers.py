@@ -15,22 +15,15 @@ import pandas as pd
 import pytest
 
 from components import zero_shot_eval
-from flaky_envs import FlakyCorridor
 from longturn.algo.batches import read_sample_batch
-from longturn.rollout.collection import FixedTurnBatches
-from longturn.rollout.env_player import env_fixed_turns
 from longturn.params.config import parse_params
-from longturn.engines.base import Completion
-from longturn.envs.failures import EnvFailure, EnvGaveUp
+from longturn.envs.failures import EnvFailure
 from longturn.envs.registry import EnvSpec
 from longturn.envs.workers import WorkerEnv
-from longturn.errors import UserError
 from longturn.run.evaluation import env_plan, evaluate, write_outputs
-from longturn.rollout.sample_metrics import sample_metrics as rollout_metrics
 from longturn.run.models import load_tokenizer
 from longturn.run.training import run_training
-from reply_rows import replies_of, reply_rows
-from settings_from_params import agent_settings, sampling_settings
+from reply_rows import reply_rows
 from test_pipeline_smoke import write_params
 from test_training import paths, toy_params
 
@@ -116,109 +109,9 @@ def test_an_env_that_cannot_be_built_names_env_and_task() -> None:
 
 
 # --------------------------------------------------------------------------- slots
-
-
-class ScriptedEngine:
-    """Always answers 'ACTION: right' (no model: these tests are about envs)."""
-
-    def __init__(self, tokenizer) -> None:
-        self.ids = tokenizer("THINK: on.\nACTION: right", add_special_tokens=False)["input_ids"]
-
-    def generate(self, prompts, sampling):
-        return [Completion(list(self.ids), [0.0] * len(self.ids), "stop") for _ in prompts]
-
-
-@pytest.fixture(scope="module")
-def tokenizer(smollm2_tokenizer_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(smollm2_tokenizer_dir)
-
-
-def collector(factory, max_retries: int = 3, n_envs: int = 2) -> FixedTurnBatches:
-    settings = agent_settings(max_turns=3, max_prompt_tokens=2048, max_retries=max_retries)
-    return env_fixed_turns(factory, ["corridor"], n_envs=n_envs, turns_per_env=4,
-                           settings=settings, seed=1, run_id="t")
-
-
-def test_a_raising_step_aborts_its_episode_and_is_counted(tokenizer) -> None:
-    """In process: slot 0's env raises on its 2nd step; slot 1 runs into max_turns."""
-    envs = [FlakyCorridor(raise_on_step=2), FlakyCorridor()]
-    c = collector(lambda task: envs.pop(0))
-    samples = c.collect(ScriptedEngine(tokenizer), tokenizer, sampling_settings(), iteration=0,
-                        progress=False)
-    slot0 = [r for r in replies_of(samples) if r["env_index"] == 0]
-    assert [r["aborted"] for r in slot0] == [False, True, False, False]
-    assert slot0[1]["termination"] == "env_error" and slot0[1]["reward"] == 0.0
-    assert slot0[2]["turn"] == 0 and slot0[2]["episode_id"] != slot0[1]["episode_id"]
-    m = rollout_metrics(samples)
-    assert m["episodes_aborted"] == 1 and m["termination/env_error"] == 1
-    assert m["termination/time_limit"] == 1  # slot 1: three turns, then max_turns
-    assert m["episodes_ended"] == 2 and m["success_rate"] == 0.0  # of the one completed episode
-
-
-class ResetsFailAfterFirst(FlakyCorridor):
-    """Its first reset works; the next `failing` resets raise."""
-
-    def __init__(self, failing: int):
-        super().__init__()
-        self.resets, self.failing = 0, failing
-
-    def reset(self, seed=None):
-        self.resets += 1
-        if 1 < self.resets <= 1 + self.failing:
-            raise RuntimeError(f"reset {self.resets} is broken")
-        return super().reset(seed)
-
-
-def test_failed_resets_are_counted_in_their_batch(tokenizer) -> None:
-    c = collector(lambda task: ResetsFailAfterFirst(failing=2), n_envs=1)
-    samples = c.collect(ScriptedEngine(tokenizer), tokenizer, sampling_settings(), iteration=0,
-                        progress=False)
-    rows = replies_of(samples)
-    assert rows[2]["truncated"] and rows[3]["aborted_resets"] == ["env_error", "env_error"]
-    assert [r.get("aborted_resets") for r in rows[:3]] == [None] * 3
-    assert rows[3]["turn"] == 0 and c.episode_counts == [4]  # two seeds lost, the third runs
-    m = rollout_metrics(samples)
-    assert (m["episodes_ended"], m["episodes_aborted"], m["termination/env_error"]) == (3, 2, 2)
-
-
-def test_more_than_max_retries_failures_in_a_row_stop_with_one_line(tokenizer) -> None:
-    c = collector(lambda task: ResetsFailAfterFirst(failing=10), n_envs=1)
-    with pytest.raises(EnvGaveUp) as gave_up:
-        c.collect(ScriptedEngine(tokenizer), tokenizer, sampling_settings(), iteration=0,
-                  progress=False)
-    message = str(gave_up.value)
-    assert isinstance(gave_up.value, UserError) and "\n" not in message
-    assert "env 'flaky' task 'corridor' failed 4 times in a row" in message
-    assert f"seed {c.player.slots[0].seed}" in message and "reset 5 is broken" in message
-    assert "env.max_retries is 3" in message
-
-
-class FirstStepFails(FlakyCorridor):
-    """Every episode's first step raises (the same env goes on after a failure: it was handed
-    in built)."""
-
-    def reset(self, seed=None):
-        self.stepped = False
-        return super().reset(seed)
-
-    def step(self, action):
-        if not self.stepped:
-            self.stepped = True
-            raise RuntimeError("the first step is broken")
-        return super().step(action)
-
-
-def test_a_reset_that_works_does_not_clear_the_failures_in_a_row(tokenizer) -> None:
-    """Every episode resets, then its first step raises: the slot's 3rd episode stops the
-    stage (the chat protocol's env interaction counts the same way:
-    tests/test_env_interaction_faults.py)."""
-    c = collector(lambda task: FirstStepFails(), max_retries=2, n_envs=1)
-    with pytest.raises(EnvGaveUp, match=r"failed 3 times in a row, the last on seed \d+ "
-                                        r"\(step, env_error: .*env.max_retries is 2"):
-        c.collect(ScriptedEngine(tokenizer), tokenizer, sampling_settings(), iteration=0,
-                  progress=False)
+# A slot's env failures (a raising step, failed resets counted in their batch, failures in a row
+# that stop the stage, a reset that does not clear them) are played by conversations of the env:
+# tests/test_env_interaction_faults.py.
 
 
 # --------------------------------------------------------------------------- stages

@@ -5,6 +5,7 @@ the stages build."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import get_args
 
@@ -15,7 +16,6 @@ from longturn.params.config import AlgoParams, ParamsError, parse_params
 from longturn.params.estimator import ESTIMATORS, Collection, Estimator
 from longturn.rollout.collection import EpisodeGroups, FixedTurnBatches
 from longturn.rollout.conversation_player import ConversationPlayer
-from longturn.rollout.env_player import EnvPlayer
 from longturn.run.wiring import close_collector, critic_dir, make_collector, trainer_settings
 from longturn.tasks.env_frames import EnvInteraction
 
@@ -66,13 +66,12 @@ def test_the_action_protocol_collects_as_the_estimator_says(advantage, kind, gro
     params = _params(advantage)
     collector = make_collector(params, rank=0, run_id="t")
     try:
-        # fixed-turn batches: the env's episodes as conversations of its interaction (the
-        # action prompt in every window); groups: env slots
-        player = ConversationPlayer if kind is FixedTurnBatches else EnvPlayer
-        assert type(collector) is kind and type(collector.player) is player
-        if player is ConversationPlayer:
-            assert isinstance(collector.player.run.settings.interaction, EnvInteraction)
-            assert collector.player.run.settings.action_prompt is not None
+        # either way the env's episodes are conversations of its interaction (the action prompt
+        # in every window), played by lock-steps (no rollout function)
+        assert type(collector) is kind and type(collector.player) is ConversationPlayer
+        run = collector.player.run
+        assert isinstance(run.settings.interaction, EnvInteraction) and run.function is None
+        assert run.settings.action_prompt is not None
         assert getattr(collector, "group_size", None) == group
     finally:
         close_collector(collector)
@@ -131,14 +130,13 @@ def test_every_protocol_context_and_estimator_make_one_collection(protocol, cont
             assert collector.group_size == (params.algo.group_size
                                             if expected is Collection.SEED_GROUPS else None)
         player = collector.player
-        if protocol == "action" and type(player) is EnvPlayer:  # groups, or every past turn
-            assert kind is EpisodeGroups or context == "episode"
-            windows = {slot.settings.history_turns for slot in player.slots}
-        else:  # the chat protocol, and the action protocol's fixed-turn batches with a window
-            assert type(player) is ConversationPlayer
-            windows = {player.run.settings.history_turns}
-        assert windows == {params.history_window}
+        assert type(player) is ConversationPlayer
+        window = player.run.settings.history_turns
         assert params.history_window == (params.prompt.history_turns if context == "window"
                                          else None)
+        if protocol == "action" and context == "episode":  # each reply its own sample, shown
+            assert window == sys.maxsize  # every past step: a window of the whole episode
+        else:
+            assert window == params.history_window
     finally:
         close_collector(collector)

@@ -26,8 +26,8 @@ from longturn.run.eval_journal import PARTIAL
 from longturn.run.evaluation import eval_jobs
 from longturn.run.protocol import evaluate, evaluate_model
 from longturn.run.models import load_tokenizer
-from longturn.rollout.env_player import play_episodes
-from longturn.rollout.env_slots import AgentSettings, env_factory_from_params
+from longturn.rollout.conversation_episodes import play_env_episodes
+from longturn.rollout.conversation_setup import ConversationRun
 from reply_rows import replies_of
 from settings_from_params import sampling_settings
 from test_faults import failing_parquet_writes
@@ -69,10 +69,10 @@ def test_a_resumed_queue_plays_the_rest_in_the_same_slots_steps_and_draws(
             ended.append(episode)
             turns.extend(rows)
 
-        returned, _ = play_episodes(SeededEngine(tokenizer), tokenizer,
-                                    env_factory_from_params(params), jobs, parallel,
-                                    sampling_settings(seed=7), AgentSettings.from_params(params),
-                                    progress=False, finished=finished, on_episode=on_episode)
+        returned, _ = play_env_episodes(ConversationRun.of_env(params, progress=False),
+                                        SeededEngine(tokenizer), tokenizer, jobs, parallel,
+                                        sampling_settings(seed=7), progress=False,
+                                        finished=finished, on_episode=on_episode)
         assert returned == []  # the samples went to on_episode only
         by_step = pd.DataFrame(replies_of(turns)).sort_values(["step", "env_index"])
         return by_step.reset_index(drop=True), ended
@@ -94,8 +94,10 @@ def test_a_resumed_queue_plays_the_rest_in_the_same_slots_steps_and_draws(
         full.sort_values(by_episode)["action"].tolist()
 
 
-def test_a_slot_gets_a_new_env_only_when_its_next_episode_is_of_another_task(
-        smollm2_tokenizer_dir):
+def test_an_env_is_built_per_slot_and_kept_for_the_next_episode_of_its_task(
+        smollm2_tokenizer_dir, monkeypatch):
+    """Two slots play a, a, then b, b: an env is built for each slot's first episode of a task
+    and reset for its later ones, never built per episode."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_tokenizer_dir)
@@ -103,21 +105,25 @@ def test_a_slot_gets_a_new_env_only_when_its_next_episode_is_of_another_task(
                                    "tasks": ["a"], "max_turns": 2, "workers": False,
                                    "step_timeout_s": None, "kwargs": {"length": 4}}})
     built = []
+    init = FlakyCorridor.__init__
 
-    def factory(task):
+    def counted(self, task="corridor", **kwargs):
         built.append(task)
-        return env_factory_from_params(params)(task)
+        init(self, task, **kwargs)
 
-    def play(tasks):
-        samples, episodes = play_episodes(
-            SeededEngine(tokenizer), tokenizer, factory, eval_jobs(tasks, 2, 1000), 2,
-            sampling_settings(seed=7), AgentSettings.from_params(params), progress=False)
+    monkeypatch.setattr(FlakyCorridor, "__init__", counted)
+
+    def play(tasks, per_task):
+        samples, episodes = play_env_episodes(
+            ConversationRun.of_env(params, tasks, progress=False), SeededEngine(tokenizer),
+            tokenizer, eval_jobs(tasks, per_task, 1000), 2, sampling_settings(seed=7),
+            progress=False)
         return replies_of(samples), episodes
 
-    replies, episodes = play(["a"])
-    assert built == ["a", "a"] and len(episodes) == 2  # two slots, each kept its env
+    replies, episodes = play(["a"], 4)
+    assert built == ["a", "a"] and len(episodes) == 4  # two slots, each env reset twice
     built.clear()
-    replies, episodes = play(["a", "b"])  # a, a, then b, b in the same two slots
+    replies, episodes = play(["a", "b"], 2)  # a, a, then b, b in the same two slots
     assert built == ["a", "a", "b", "b"]
     assert [e["task"] for e in episodes] == ["a", "a", "b", "b"]
     assert {r["episode_id"].split("-")[1]: r["task"] for r in replies} == {"a": "a", "b": "b"}

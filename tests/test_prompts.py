@@ -1,18 +1,13 @@
 """Prompt assembly: structure, history window, token budget (never a silent cut)."""
 
-import pickle
-from dataclasses import replace
-
 import pytest
 
-from longturn.agent.memory import HistoryEntry, HistoryWindow, PastTurn
-from longturn.agent.prompts import (ActionPrompt, ActionView, PromptTooLong, build_messages,
-                                    build_prompt, history_reply)
+from env_conversations import one_slot_batch
+from longturn.agent.memory import HistoryEntry, PastTurn
+from longturn.agent.prompts import PromptTooLong, build_messages, build_prompt, history_reply
 from longturn.envs.babyai import BabyAITextEnv
-from longturn.engines.base import Completion
 from longturn.envs.registry import translator_for
 from longturn.params.config import parse_params
-from longturn.rollout.env_slots import AgentSettings, EnvSlot
 from longturn.run.models import load_tokenizer
 
 
@@ -29,11 +24,10 @@ def env():
 
 
 def test_messages_structure(env):
-    window = HistoryWindow(2)
-    for i in range(3):
-        window.add(PastTurn(f"obs {i}", f"THINK: t{i}\nACTION: go forward", "go forward", True))
+    past = [PastTurn(f"obs {i}", f"THINK: t{i}\nACTION: go forward", "go forward", True)
+            for i in range(3)]
     msgs = build_messages(env.instructions, [HistoryEntry(t.observation, t.reply)
-                                           for t in window.entries()], "a wall 1 step forward")
+                                           for t in past[-2:]], "a wall 1 step forward")
     roles = [m["role"] for m in msgs]
     demos = len(env.instructions.demonstrations)
     assert demos >= 1
@@ -63,11 +57,8 @@ def test_system_prompt_and_demo_are_a_shared_prefix(tokenizer):
 
 
 def test_budget_drops_oldest_history_first(tokenizer, env):
-    window = HistoryWindow(3)
-    for i in range(3):
-        window.add(PastTurn("a wall 2 steps left\n" * 10, "ACTION: turn left " + "x " * 40,
-                            "turn left", True))
-    history = [HistoryEntry(t.observation, t.reply) for t in window.entries()]
+    history = [HistoryEntry("a wall 2 steps left\n" * 10, "ACTION: turn left " + "x " * 40)
+               for _ in range(3)]
     full = build_prompt(tokenizer, env.instructions, history, "now", 4096)
     assert full.history_used == 3 and full.history_dropped == 0
     tight = build_prompt(tokenizer, env.instructions, history, "now", len(full.ids) - 1)
@@ -89,19 +80,6 @@ def test_history_reply_modes():
     assert history_reply(out, "turn left", True, "output", "default_action") == out
 
 
-def test_history_window_keeps_its_last_turns_through_a_checkpoint():
-    """A checkpoint pickles the env slots, their windows inside."""
-    w = HistoryWindow(2)
-    for observation in "ace":
-        w.add(PastTurn(observation, "ACTION: go forward", "go forward", True))
-    clone = pickle.loads(pickle.dumps(w))
-    clone.add(PastTurn("g", "h", "turn left", False))
-    assert [e.observation for e in clone.entries()] == ["e", "g"] and len(w.entries()) == 2
-    zero = HistoryWindow(0)
-    zero.add(PastTurn("a", "b", "turn left", True))
-    assert zero.entries() == []
-
-
 def test_babyai_demonstrations_parse_and_show_turning():
     """The worked exchanges are valid replies, and they show turning as well as going forward:
     with a go-forward example alone, SmolLM2-135M turned on 4% of turns and rarely reached a goal."""
@@ -115,44 +93,18 @@ def test_babyai_demonstrations_parse_and_show_turning():
 def test_the_whole_episode_as_context_keeps_every_past_turn(tokenizer):
     """`rollout.context: episode` with the action protocol: the prompt of turn 6 still shows the
     first observation (a window of 1 turn has dropped it), as far as max_prompt_tokens holds."""
-    whole = AgentSettings.from_params(parse_params({"rollout": {"context": "episode"},
-                                                    "prompt": {"max_prompt_tokens": 4096}}))
-    window = replace(whole, history_turns=1)
     prompts = {}
-    for name, settings in (("episode", whole), ("window", window)):
-        slot = EnvSlot(BabyAITextEnv("goto", num_dists=0), 0, settings)
-        slot.start(seed=3, episode_id="e")
-        for turn in range(5):
-            prompt = slot.prompt(tokenizer)
-            reply = f"THINK: probe {turn}.\nACTION: turn left"
-            ids = tokenizer(reply, add_special_tokens=False)["input_ids"]
-            slot.apply(prompt, Completion(ids, [0.0] * len(ids), "stop"), reply)
-        prompts[name] = slot.prompt(tokenizer)
-    assert whole.history_turns is None
-    assert all(f"probe {turn}." in prompts["episode"].text for turn in range(5))
-    assert prompts["episode"].history_dropped == 0
-    assert "probe 4." in prompts["window"].text and "probe 0." not in prompts["window"].text
-
-
-def test_a_window_pickled_when_it_kept_rendered_replies_resumes_showing_them(tokenizer, env):
-    """A checkpoint resumes across an upgrade: an env slot's window pickled when it kept each
-    reply as shown (`HistoryEntry`) shows the same replies after it (`PastTurn`s now), under
-    the settings it was shown with."""
-    old = HistoryWindow(2)
-    old._turns.extend([HistoryEntry("a wall 1 step left", "THINK: x\nACTION: turn left"),
-                       HistoryEntry("a wall 2 steps left", "ACTION: go forward")])
-    resumed = pickle.loads(pickle.dumps(old))
-    assert all(isinstance(t, PastTurn) for t in resumed.entries())
-    shown = ActionPrompt("output", "default_action", 4096, False)
-    view = ActionView(env.instructions, resumed.entries(), "now")
-    expected = build_prompt(tokenizer, env.instructions, list(old._turns), "now", 4096, False)
-    assert shown.render(tokenizer, view, None).ids == expected.ids
-    # a run that showed only actions kept "ACTION: x": it shows the same action again
-    actions = HistoryWindow(2)
-    actions._turns.append(HistoryEntry("a wall 1 step left", "ACTION: turn left"))
-    [turn] = pickle.loads(pickle.dumps(actions)).entries()
-    assert turn == PastTurn("a wall 1 step left", "ACTION: turn left", "turn left", True)
-    as_actions = replace(shown, history_content="action").render(
-        tokenizer, ActionView(env.instructions, [turn], "now"), None)
-    assert as_actions.ids == build_prompt(tokenizer, env.instructions, list(actions._turns),
-                                          "now", 4096, False).ids
+    for context in ("episode", "window"):
+        params = parse_params({
+            "rollout": {"context": context},
+            "prompt": {"max_prompt_tokens": 4096, "history_turns": 1},
+            "env": {"tasks": ["goto"], "kwargs": {"num_dists": 0}, "max_turns": None,
+                    "workers": False, "step_timeout_s": None}})
+        samples = one_slot_batch(params, tokenizer,
+                                 lambda k: f"THINK: probe {k}.\nACTION: turn left", 6)
+        assert [s["replies"][0]["turn"] for s in samples] == list(range(6))  # one episode
+        prompts[context] = samples[-1]
+    assert all(f"probe {turn}." in prompts["episode"]["prompt_text"] for turn in range(5))
+    assert prompts["episode"]["replies"][0]["history_dropped"] == 0
+    window = prompts["window"]["prompt_text"]
+    assert "probe 4." in window and "probe 0." not in window

@@ -6,6 +6,7 @@ drift from params.yaml's, so the classes are checked by introspection."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import pytest
 from pydantic import BaseModel
@@ -15,10 +16,10 @@ from longturn.agent.prompts import ActionPrompt
 from longturn.algo.trainer import TrainerSettings
 from longturn.params.config import parse_params
 from longturn.engines.base import SamplingParams
-from longturn.rollout.env_slots import AgentSettings
+from longturn.rollout.conversation_setup import ConversationRun
 from longturn.rollout.conversation_rollout import ConversationSettings
 
-SETTINGS_CLASSES = [TrainerSettings, AgentSettings, ActionPrompt, SamplingParams,
+SETTINGS_CLASSES = [TrainerSettings, ActionPrompt, SamplingParams,
                     ConversationSettings, GroupParams]
 
 
@@ -70,18 +71,22 @@ PARAMS = parse_params({
 })
 
 
-def test_agent_settings_come_from_the_prompt_and_env_sections():
+def test_an_env_s_conversations_take_the_context_prompt_and_env_sections():
+    """rollout.context is read once, `Params.history_window`: the window's turns, or None for
+    the whole episode (the action protocol's then a window of every past step)."""
     windowed = PARAMS.model_copy(deep=True)
     windowed.rollout.context = "window"
-    assert AgentSettings.from_params(windowed) == AgentSettings(
-        history_turns=3, prompt=ActionPrompt(history_content="action",
-                                             invalid_in_history="raw_output",
-                                             max_prompt_tokens=512, demonstration=False),
-        invalid_action_penalty=0.5, max_turns=7, max_retries=1)
-    # the whole episode as context: every past turn, as far as prompt.max_prompt_tokens holds
-    assert AgentSettings.from_params(PARAMS).history_turns is None
-    # both protocols read rollout.context in one place: Params.history_window
     assert (PARAMS.history_window, windowed.history_window) == (None, 3)
+    settings = ConversationRun.of_env(windowed, progress=False).settings
+    assert settings.history_turns == 3
+    assert ConversationRun.of_env(PARAMS, progress=False).settings.history_turns == sys.maxsize
+    # an env's conversations are shown as prompt.* says, their env run as env.* says
+    assert settings.action_prompt == ActionPrompt(history_content="action",
+                                                  invalid_in_history="raw_output",
+                                                  max_prompt_tokens=512, demonstration=False)
+    assert {k: settings.interaction.config[k] for k in (
+        "invalid_action_penalty", "max_turns", "max_retries")} == {
+        "invalid_action_penalty": 0.5, "max_turns": 7, "max_retries": 1}
 
 
 def test_sampling_comes_from_engine_sampling_with_a_seed_and_an_optional_temperature():
@@ -103,7 +108,8 @@ def test_conversation_settings_come_from_rollout_chat_and_context_plus_the_loade
         max_assistant_turns=6, max_user_turns=0, max_tokens=999, max_tool_response_chars=77,
         tool_timeout_s=60.0, tokenization_check="off", history_turns=None,
         action_prompt=ActionPrompt(history_content="action", invalid_in_history="raw_output",
-                                   max_prompt_tokens=512, demonstration=False), tools=None,
+                                   max_prompt_tokens=512, demonstration=False),
+        plain_replies=False, tools=None,
         interaction=None, reward_fn=reward, progress=False, retry_failed_starts=True)
 
 

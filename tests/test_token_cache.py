@@ -11,9 +11,8 @@ from transformers import AutoTokenizer
 from longturn.agent import token_cache
 from longturn.agent.token_cache import PieceTokenizer, token_ids
 from longturn.envs.registry import make_env
-from longturn.rollout.env_slots import EnvSlot
-from longturn.engines.base import Completion
-from settings_from_params import agent_settings
+from env_conversations import one_slot_batch
+from longturn.params.config import parse_params
 
 FAMILIES = [("babyai", "goto", {"num_dists": 0}), ("crafter", "default", {}),
             ("babaisai", "env/two_room-break_stop-make_win", {})]
@@ -26,19 +25,19 @@ def tokenizer(smollm2_tokenizer_dir: str):
 
 @pytest.mark.parametrize("family,task,kwargs", FAMILIES)
 def test_cached_ids_equal_whole_text_ids(tokenizer, family, task, kwargs) -> None:
-    slot = EnvSlot(make_env(family, task, **kwargs), 0,
-                   agent_settings(history_turns=2, max_prompt_tokens=4096))
-    slot.start(seed=3, episode_id="e")
+    """Six replies' prompts of the train rollout (episodes started again as they end): each
+    one's ids are the tokenizer's on its whole text, and the cache's."""
+    params = parse_params({"prompt": {"history_turns": 2, "max_prompt_tokens": 4096},
+                           "env": {"name": family, "tasks": [task], "kwargs": kwargs,
+                                   "workers": False, "step_timeout_s": None}})
+    actions = make_env(family, task, **kwargs).actions
+    samples = one_slot_batch(params, tokenizer, lambda k: (
+        f"THINK: step {k}.\nACTION: {actions[k % len(actions)]}"), 6)
     pieces = PieceTokenizer(tokenizer)
-    for turn in range(6):
-        prompt = slot.prompt(tokenizer)
-        whole = tokenizer(prompt.text, add_special_tokens=False)["input_ids"]
-        assert pieces(prompt.text) == whole == prompt.ids
-        reply = f"THINK: step {turn}.\nACTION: {slot.env.actions[turn % len(slot.env.actions)]}"
-        ids = tokenizer(reply, add_special_tokens=False)["input_ids"]
-        row = slot.apply(prompt, Completion(ids, [0.0] * len(ids), "stop"), reply)
-        if row["terminated"] or row["truncated"]:
-            slot.start(seed=4 + turn, episode_id=f"e{turn}")
+    for sample in samples:
+        whole = tokenizer(sample["prompt_text"], add_special_tokens=False)["input_ids"]
+        assert pieces(sample["prompt_text"]) == whole == sample["prompt_ids"]
+    assert len(samples) == 6 and samples[-1]["bootstrap_prompt_ids"] is not None
     assert pieces.enabled and len(pieces.pieces) > 3  # the shared pieces were reused
 
 

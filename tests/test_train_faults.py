@@ -200,7 +200,7 @@ def test_a_hanging_reset_aborts_one_episode_and_training_goes_on(tiny_model_dir,
     params = train_params(tmp_path, tiny_model_dir, flaky_env(hang_on_reset=[hung], hang_s=60))
     out = tmp_path / "train"
 
-    with caplog.at_level(logging.WARNING, logger="longturn.rollout.env_slots"):
+    with caplog.at_level(logging.WARNING, logger="longturn.envs.failures"):
         code = train.main(argv(params, tiny_model_dir, out))
 
     assert code == 0, capsys.readouterr().err[-3000:]

@@ -1,8 +1,7 @@
-"""The past turns an action prompt may show again (Verlog keeps one)."""
+"""The past turns an action prompt may show again (Verlog keeps a window of them)."""
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 
 
@@ -24,33 +23,3 @@ class PastTurn:
     reply: str
     action: str
     valid: bool
-
-
-class HistoryWindow:
-    """The last `size` turns of the current episode (None: all of them, `rollout.context:
-    episode`); cleared when an episode ends."""
-
-    def __init__(self, size: int | None):
-        if size is not None and size < 0:
-            raise ValueError(f"history size must be >= 0, got {size}")
-        self.size = size
-        self._turns: deque[PastTurn] = deque(maxlen=size or None)
-
-    def __setstate__(self, state: dict) -> None:
-        """A checkpoint resumes across an upgrade: a window pickled when it kept the rendered
-        reply (`HistoryEntry`) keeps it, as the reply of a valid turn of that action."""
-        self.__dict__.update(state)
-        self._turns = deque((PastTurn(t.observation, t.reply, t.reply.removeprefix("ACTION: "),
-                                      True) if isinstance(t, HistoryEntry) else t
-                             for t in self._turns), maxlen=self._turns.maxlen)
-
-    def clear(self) -> None:
-        self._turns.clear()
-
-    def add(self, turn: PastTurn) -> None:
-        if self.size != 0:
-            self._turns.append(turn)
-
-    def entries(self) -> list[PastTurn]:
-        """Oldest first."""
-        return list(self._turns)

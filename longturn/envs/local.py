@@ -89,8 +89,3 @@ class LocalEnv:
 
     def close(self) -> None:
         self.env.close()
-
-
-def managed(env: Any) -> Any:
-    """`env` itself when it already has the split calls (WorkerEnv, LocalEnv), else wrapped."""
-    return env if hasattr(env, "submit_step") else LocalEnv(env)

@@ -82,9 +82,9 @@ class EpisodeStart:
 
 
 class SlotPlayer(Protocol):
-    """What a protocol plays in n slots (rollout/env_player.py: env slots; rollout/
-    conversation_player.py: conversations). Each hands on what it played as samples: its own
-    record of a reply or an episode (a turn row, a conversation record) stays inside it."""
+    """What is played in n slots (rollout/conversation_player.py: conversations, of a chat task or
+    of an env; serve/agent_turns.py: an agent's calls). It hands on what it played as samples:
+    its own record of a reply or an episode stays inside it."""
 
     n_slots: int
 
@@ -141,7 +141,8 @@ def play_in_lock_step(player: SlotPlayer, engine: Engine, tokenizer: Any,
                       sampling: SamplingParams, iteration: int, starts: list[EpisodeStart],
                       progress: bool) -> Samples:
     """`SlotPlayer.play_out` by lock-steps: a start that fails is retried on the same seed (a
-    slot's EnvGaveUp ends the stage), then every episode steps until the last one ended."""
+    slot's EnvGaveUp ends the stage), then every episode steps until the last one ended. The
+    samples by lock-step, then slot, as `FixedTurnBatches.collect` hands them on."""
     failures = []
     while starts:
         starts = player.start(starts)
@@ -154,6 +155,7 @@ def play_in_lock_step(player: SlotPlayer, engine: Engine, tokenizer: Any,
         step += 1
         bar.update(1)
     bar.close()
+    samples.sort(key=lambda s: (s["replies"][0]["step"], s["env_index"]))  # as fixed-turn
     return count_failed_starts(samples, failures)
 
 

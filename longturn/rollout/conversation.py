@@ -137,9 +137,10 @@ class Conversation:
         return w.ids, [(start, self.images[j]) for start, j in zip(w.starts, w.frames)]
 
     def add_reply(self, reply_ids: list[int], logprobs: list[float], step: int = 0,
-                  finish_reason: str | None = None) -> str:
+                  finish_reason: str | None = None, plain: bool = False) -> str:
         """Append a sampled reply (generated at lock-step `step`, ended for `finish_reason`:
-        stop or length) and the template's closing; returns the reply's content."""
+        stop or length) and the template's closing; returns the reply's content: the template's
+        text, or (`plain`) its text without special tokens, as an env slot reads a reply."""
         if self.window is not None:
             self.windows.append((step, self.window))
         start = len(self.ids)
@@ -152,7 +153,8 @@ class Conversation:
         self.reply_valid.append(True)  # until one of its tool calls fails
         self.reply_actions.append(None)
         self._context(self.deltas.close_reply(reply_ids))
-        content = self.deltas.reply_content(reply_ids)
+        content = (self.deltas.tokenizer.decode(reply_ids, skip_special_tokens=True) if plain
+                   else self.deltas.reply_content(reply_ids))
         self.reply_texts.append(content)
         self.messages.append({"role": "assistant", "content": content})
         self.assistant_turns += 1

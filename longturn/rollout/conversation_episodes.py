@@ -1,12 +1,16 @@
 """Conversations played to their end outside the train loop: evaluation's jobs (task, seed, id),
-handed on as samples and one episode row each as rollout/env_player.py hands on an env's
-episodes, and prompt validation's whole conversations as packed samples. So evaluation and
-validation read neither protocol's record.
+handed on as samples and one episode row each, and prompt validation's whole conversations as
+packed samples. So evaluation and validation read no conversation record.
 
-The run's rollout function plays `width` jobs at a time, each chunk a call of its own: a chunk's
-draws depend on its episodes only, so a rerun after a crash plays only the chunks its journal
-lacks (run/eval_journal.py). An episode's row is read from its samples, as an env episode's is
-(rollout/sample_metrics.py `episode_row`).
+- The chat protocol: the run's rollout function plays `width` jobs at a time, each chunk a call
+  of its own: a chunk's draws depend on its episodes only, so a rerun after a crash plays only
+  the chunks its journal lacks (run/eval_journal.py).
+- An env's conversations (`ConversationRun.of_env`): up to `width` slots in lock-step
+  (`play_jobs`), each reply sampling from seeds of its episode's id and turn alone, so an
+  episode plays the same whatever shares its lock-steps, and a rerun plays only what the
+  journal lacks.
+
+An episode's row is read from its samples (rollout/sample_metrics.py `episode_row`).
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ from typing import Any, Callable
 
 from longturn.engines.base import Engine, SamplingParams
 from longturn.rollout.conversation_setup import ConversationRun
-from longturn.rollout.episode_jobs import EpisodeJob
+from longturn.rollout.conversation_player import ConversationPlayer
+from longturn.rollout.episode_jobs import EpisodeJob, play_jobs
 from longturn.rollout.sample_metrics import episode_row, unstarted_row
 from longturn.rollout.samples import sample_from_episode, samples_from_episodes
 
@@ -57,3 +62,48 @@ def packed_samples(run: ConversationRun, engine: Engine, tokenizer: Any,
     return [sample_from_episode(record) for record in run.play(
         engine, tokenizer, sampling, [run.record(task, s) for s in seeds],
         [f"{id_prefix}-{task}-{s}" for s in seeds])]
+
+
+def play_env_episodes(
+    run: ConversationRun, engine: Engine, tokenizer: Any, jobs: list[EpisodeJob], width: int,
+    sampling: SamplingParams, extra: dict[str, Any] | None = None, progress: bool = True,
+    finished: dict[str, int] | None = None,
+    on_episode: Callable[[dict[str, Any], list[dict[str, Any]]], None] | None = None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Play every job of an env's conversations (an evaluation's) to its end in up to `width`
+    slots in lock-step (`play_jobs`), each reply sampling from its episode's seeds (keyed
+    seeds).
+
+    Returns (samples, episode rows) of the jobs played here, episode after episode as they
+    ended; a job whose start failed is an episode row, `aborted`, of no reply. Jobs in
+    `finished` (episode id → replies) are not played but keep their slot for as many
+    lock-steps. `on_episode(episode, samples)` is called as each episode ends (an evaluation's
+    journal); the samples then go only there, not into the returned list as well."""
+    extra, finished = extra or {}, finished or {}
+    player = ConversationPlayer(run, min(width, len(jobs)), fixed_turns=False, keyed_seeds=True)
+    episodes: list[dict[str, Any]] = []
+    kept: list[dict[str, Any]] = []
+
+    def ended(episode: dict[str, Any], samples: list[dict[str, Any]]) -> None:
+        episodes.append(episode)
+        if on_episode is not None:
+            on_episode(episode, samples)
+        else:
+            kept.extend(samples)
+
+    def played(samples: list[dict[str, Any]]) -> None:
+        for sample in samples:
+            sample.update(extra)
+        ended(episode_row(samples), samples)
+
+    def unstarted(slot: int, job: EpisodeJob, reason: str) -> None:
+        ended(unstarted_row(extra.get("run_id"), extra.get("policy_version"),
+                            run.record(job.task, job.seed).get("env_name"), job.task,
+                            job.episode_id, job.seed, reason), [])
+
+    try:
+        play_jobs(player, engine, tokenizer, sampling, jobs, finished, played, unstarted,
+                  progress)
+    finally:
+        player.close()
+    return kept, episodes

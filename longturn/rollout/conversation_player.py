@@ -14,7 +14,10 @@ replies handed on as samples (rollout/samples.py `samples_from_episodes`).
   opened but not yet begun is opened again on resume; if that start fails it is counted in the
   next batch, as any failed start.
 - Whole episodes (critic-free groups; the whole episode as context, verl / slime's way; a
-  rollout function of the user's own): the run's rollout function plays every slot's episode.
+  rollout function of the user's own): the run's rollout function plays every slot's episode;
+  an env's conversations (`ConversationRun.of_env`, no rollout function) are played by
+  lock-steps as an evaluation's are, each reply its own sample, the last one of an episode its
+  segment's end, nothing bootstrapped.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from longturn.engines.row_seeds import episode_turn_seed, lock_step_seed
 from longturn.errors import SettingError
 from longturn.rollout.chat_deltas import ChatDeltas
 from longturn.rollout.collection import (EpisodeGroups, EpisodeStart, FixedTurnBatches, Samples,
-                                         count_failed_starts, slot_index)
+                                         count_failed_starts, play_in_lock_step, slot_index)
 from longturn.rollout.conversation import Conversation
 from longturn.rollout.conversation_rollout import (begin_episodes, chat_deltas, finish_all,
                                                    keep_running, lock_step, open_episodes,
@@ -37,6 +40,7 @@ from longturn.rollout.conversation_rollout import (begin_episodes, chat_deltas, 
 from longturn.rollout.conversation_setup import ConversationRun
 from longturn.rollout.samples import samples_from_episodes
 from longturn.tasks.interactions import action_names as interaction_action_names
+from longturn.tasks.interactions import close_all as interaction_close_all
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +55,7 @@ class ConversationPlayer:
         if fixed_turns and run.settings.history_turns is None:
             raise SettingError("fixed-turn batches of conversations need rollout.context window")
         self.run, self.n_slots, self.rank = run, n_slots, rank
-        self.keyed_seeds = keyed_seeds
+        self.fixed_turns, self.keyed_seeds = fixed_turns, keyed_seeds
         self.episodes: list[Conversation | None] = [None] * n_slots
         # opened (tools and interaction started), begun at the next lock-step: (start, record)
         self.pending: dict[int, tuple[EpisodeStart, dict[str, Any]]] = {}
@@ -106,6 +110,10 @@ class ConversationPlayer:
                                                                     step)), step, seed_of)
         ended = [i for i, ep in enumerate(self.episodes) if ep is not None and ep.done]
         records = self._finish(ended)
+        if not self.fixed_turns:  # played whole: an episode's last reply ends its segment and
+            for record in records:  # nothing is bootstrapped
+                record["batch_end"] = True
+                record.pop("bootstrap_prompt_ids", None)
         if closes_batch:
             for record in records:  # ended at the batch's last lock-step: its segment ends
                 record["batch_end"] = True  # there too, as an env slot's reply does
@@ -141,7 +149,11 @@ class ConversationPlayer:
     def play_out(self, engine: Engine, tokenizer: Any, sampling: SamplingParams,
                  iteration: int, starts: list[EpisodeStart], progress: bool) -> Samples:
         """The run's rollout function plays every episode (their samples in slot order); the
-        starts it tried again (`failed_starts`) are counted as an env slot's are."""
+        starts it tried again (`failed_starts`) are counted as an env slot's are. Without one
+        (an env's), the episodes are played by lock-steps."""
+        if self.run.function is None:
+            return play_in_lock_step(self, engine, tokenizer, sampling, iteration, starts,
+                                     progress)
         seed = None if sampling.seed is None else sampling.seed + iteration * 1_000_003
         self.run.settings.progress = progress
         records = self.run.play(engine, tokenizer, dataclasses.replace(sampling, seed=seed),
@@ -177,12 +189,7 @@ class ConversationPlayer:
     def load_state(self, state: dict[str, Any]) -> list[EpisodeStart]:
         """The running episodes kept (`state`), and the episodes opened but not begun, opened
         again; those whose start failed come back, as from `start`."""
-        self.close()
-        if state.get("slots"):  # a checkpoint of env slots (before they played as conversations)
-            for slot in state["slots"]:
-                slot.env.close()
-            log.warning("checkpoint holds %d env slots' running episodes: they end here and "
-                        "new episodes start in their slots", len(state["slots"]))
+        self._abandon()
         running = state.get("running")
         if running:
             if max(running["slots"]) >= self.n_slots:
@@ -195,7 +202,13 @@ class ConversationPlayer:
         return self.start(state.get("pending", []))
 
     def close(self) -> None:
-        """Abandon the running and the opened episodes: tools and the interaction release
+        """Abandon the running and the opened episodes (tools and the interaction release
+        them), and let the interaction close what it holds (an env's: its envs)."""
+        self._abandon()
+        interaction_close_all(self.run.settings.interaction)
+
+    def _abandon(self) -> None:
+        """Let the running and the opened episodes go: tools and the interaction release
         them."""
         running = [ep for ep in self.episodes if ep is not None]
         pending = list(self.pending.values())
@@ -223,9 +236,15 @@ def conversation_fixed_turns(run: ConversationRun, tasks: list[str], n_envs: int
 def conversation_episodes(run: ConversationRun, tasks: list[str], n_envs: int,
                           group_size: int | None, seed: int, rank: int = 0,
                           run_id: str = "train") -> EpisodeGroups:
-    """n_envs whole episodes per collect by the run's rollout function; in groups of
-    `group_size` sharing a task seed (None: no groups)."""
+    """n_envs whole episodes per collect, in groups of `group_size` sharing a task seed (None:
+    no groups). Played by the run's rollout function, each named by its iteration first; an
+    env's, by lock-steps, each named by its slot over every rank first (as the episodes of
+    fixed-turn batches are)."""
+    if run.function is None:
+        def name(slot: int, iteration: int) -> str:
+            return f"{run_id}-r{rank}-e{slot_index(rank, n_envs, slot)}-{iteration}"
+    else:
+        def name(slot: int, iteration: int) -> str:
+            return f"{run_id}-i{iteration}-r{rank}-e{slot}"
     return EpisodeGroups(ConversationPlayer(run, n_envs, fixed_turns=False, rank=rank), tasks,
-                         group_size, seed,
-                         lambda slot, iteration: f"{run_id}-i{iteration}-r{rank}-e{slot}",
-                         rank=rank, run_id=run_id)
+                         group_size, seed, name, rank=rank, run_id=run_id)

@@ -92,6 +92,10 @@ class ConversationSettings:
     # with a window, how an episode whose interaction plays an env (its `action_view`) is shown:
     # as an env slot's prompt is (prompt.*, THINK/ACTION), or (None) as its own messages
     action_prompt: ActionPrompt | None
+    # a reply's text as an env slot reads it, without special tokens (an env's episodes in the
+    # action protocol: their messages are never rendered again, each reply's prompt is its
+    # window); else the template's text of every sampled token, which renders back to its ids
+    plain_replies: bool
     tools: ToolBox | None
     # one interaction for every episode, or a file's by name (each task's interaction_kwargs
     # name picks its own: tasks/interactions.py interaction_of)
@@ -122,7 +126,8 @@ class ConversationSettings:
                    max_tool_response_chars=section.max_tool_response_chars,
                    tool_timeout_s=section.tool_timeout_s,
                    tokenization_check=section.tokenization_check, history_turns=history_turns,
-                   action_prompt=action_prompt, tools=tools, interaction=interaction,
+                   action_prompt=action_prompt, plain_replies=False, tools=tools,
+                   interaction=interaction,
                    reward_fn=reward_fn, progress=progress, retry_failed_starts=True)
 
 
@@ -515,7 +520,7 @@ def lock_step(engine: Engine, episodes: list[Conversation], settings: Conversati
         reply = completion.token_ids[:_room(ep, s)]
         cut = len(reply) < len(completion.token_ids)  # to fit the budget: it ran out of room
         content = ep.add_reply(reply, completion.logprobs, step,
-                               "length" if cut else completion.finish_reason)
+                               "length" if cut else completion.finish_reason, s.plain_replies)
         if cut:
             ep.end(TOKEN_BUDGET)  # cut to fit: neither tools nor the user see it
             continue

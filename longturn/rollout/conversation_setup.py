@@ -88,11 +88,12 @@ def _rollout_function(params: Params) -> Callable[..., list[dict[str, Any]]]:
 
 @dataclass
 class ConversationRun:
-    """The tasks, the settings (tools, interaction, limits) and the rollout function of a run."""
+    """The tasks, the settings (tools, interaction, limits) and the rollout function of a run
+    (None: its episodes are played only in lock-steps by `ConversationPlayer`, an env's)."""
 
     tasks: dict[str, Any]
     settings: ConversationSettings
-    function: Callable[..., list[dict[str, Any]]]
+    function: Callable[..., list[dict[str, Any]]] | None
 
     @classmethod
     def from_params(cls, params: Params, task_names: list[str] | None = None,
@@ -116,28 +117,32 @@ class ConversationRun:
         return run
 
     @classmethod
-    def of_env(cls, params: Params, progress: bool = True) -> "ConversationRun":
-        """The action protocol's episodes as conversations: each task of `env.tasks` an
-        `EnvTask` of `env.name` (with `env.kwargs`), played by an `EnvInteraction` with the env
-        slots' settings (env.*), each reply given the action protocol's prompt (prompt.*) with
-        `prompt.history_turns` past steps. Their limits are the env's and the prompt's
-        (env.max_turns, prompt.max_prompt_tokens, the sampler's max_new_tokens), none of
-        rollout.chat's; the messages are not re-rendered at the end (no reply is trained on
-        them: each reply's prompt is its window)."""
+    def of_env(cls, params: Params, task_names: list[str] | None = None,
+               progress: bool = True) -> "ConversationRun":
+        """The action protocol's episodes as conversations: each task of `env.tasks` (or of
+        `task_names`: an evaluation's) an `EnvTask` of `env.name` (with `env.kwargs`), played by
+        an `EnvInteraction` with env.*, each reply given the action protocol's prompt (prompt.*)
+        with its last `prompt.history_turns` past steps, or every one of them (`rollout.context:
+        episode`: a window of the whole episode, each reply still its own sample). Their limits
+        are the env's and the prompt's (env.max_turns, prompt.max_prompt_tokens, the sampler's
+        max_new_tokens), none of rollout.chat's; the messages are not re-rendered at the end (no
+        reply is trained on them: each reply's prompt is its window). The player plays them in
+        lock-steps, whole episodes too: no rollout function."""
         e = params.env
         interaction = EnvInteraction({}, "env")
         interaction.use_env_settings("env.*", **{key: getattr(e, key) for key in ENV_SETTINGS})
         unbounded = sys.maxsize
+        window = params.history_window
         settings = ConversationSettings(
             max_assistant_turns=unbounded, max_user_turns=unbounded, max_tokens=unbounded,
             max_tool_response_chars=unbounded, tool_timeout_s=None, tokenization_check="off",
-            history_turns=params.history_window,
-            action_prompt=ActionPrompt.from_config(params.prompt), tools=None,
-            interaction=interaction, reward_fn=None, progress=progress, retry_failed_starts=True)
+            history_turns=unbounded if window is None else window,
+            action_prompt=ActionPrompt.from_config(params.prompt), plain_replies=True,
+            tools=None, interaction=interaction, reward_fn=None, progress=progress, retry_failed_starts=True)
         image = bool(e.kwargs.get("image", False))
         tasks = {task: EnvTask(e.name, task, image=image, kwargs=dict(e.kwargs))
-                 for task in e.tasks}
-        return cls(tasks, settings, _rollout_function(params))
+                 for task in task_names or e.tasks}
+        return cls(tasks, settings, None)
 
     def record(self, task: str, seed: int) -> dict[str, Any]:
         """The task record of one (task, seed); its `task` is the name the run knows it by."""
@@ -162,6 +167,9 @@ class ConversationRun:
     def play(self, engine: Engine, tokenizer: Any, sampling: SamplingParams,
              records: list[dict[str, Any]], episode_ids: list[str]) -> list[dict[str, Any]]:
         """Run the rollout function on these task records; its records, checked and named."""
+        if self.function is None:
+            raise SettingError("an env's conversations are played in lock-steps by "
+                               "ConversationPlayer: this run has no rollout function")
         out = self.function(engine, tokenizer, sampling, records, self.settings)
         if not isinstance(out, list) or len(out) != len(records):
             raise SettingError(f"rollout function returned {type(out).__name__} of "

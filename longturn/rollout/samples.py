@@ -44,7 +44,7 @@ _EPISODE_TOKEN_LISTS = ("engine_logprobs", "old_logprobs", "ref_logprobs", "valu
 
 
 def sample_from_turn(row: Row) -> Row:
-    """A turn row (rollout/env_slots.py, with what the collectors and scoring add) as a sample
+    """A turn row (prompt validation's first turns: run/validation.py) as a sample
     with one reply spanning its whole response."""
     sample = _blank_sample()
     sample.update({name: row.get(name) for name in _TURN_ROW_COLUMNS})

@@ -12,7 +12,7 @@ they were played.
 One driver (`evaluate`) serves both ways of reading replies, and summarises both the same way
 (episode rows, then what their samples say); a protocol brings an `EvalPlan`: how its episodes
 are played and ordered (`env_plan`, `conversation_plan`). Either plays in rollout/ and gets back
-samples and episode rows only (rollout/env_player.py, rollout/conversation_episodes.py).
+samples and episode rows only (rollout/conversation_episodes.py).
 """
 
 from __future__ import annotations
@@ -35,10 +35,8 @@ from longturn.run.eval_key import evaluation_key
 from longturn.run.headline import SUMMARY_FILE, evaluation_summary
 from longturn.envs.termination import reason_of
 from longturn.rollout.episode_jobs import EpisodeJob
-from longturn.rollout.conversation_episodes import play_conversations
+from longturn.rollout.conversation_episodes import play_conversations, play_env_episodes
 from longturn.rollout.conversation_setup import ConversationRun
-from longturn.rollout.env_player import play_episodes
-from longturn.rollout.env_slots import AgentSettings, env_factory_from_params
 from longturn.engines.registry import sampling_from_params
 from longturn.stats import standard_error, wilson_interval
 from longturn.rollout.sample_metrics import (TOKENIZATION_KEYS, count_endings, json_safe,
@@ -176,14 +174,14 @@ def evaluate(plan_for: PlanFactory, engine: Engine, tokenizer: Any, params: Para
 
 def env_plan(engine: Engine, tokenizer: Any, params: Params, sampling: SamplingParams,
              extra: dict[str, Any], progress: bool) -> EvalPlan:
-    """The action protocol: env slots in lock-step, one sample per reply."""
+    """The action protocol: the env's episodes as conversations in lock-step, one sample per
+    reply, each reply seeded by its episode's id and turn."""
+    run = ConversationRun.of_env(params, list(params.eval.tasks or params.env.tasks), progress)
 
     def play(jobs: list[EpisodeJob], journal: EvalJournal) -> None:
-        play_episodes(engine, tokenizer, env_factory_from_params(params), jobs,
-                      params.eval.parallel_envs, sampling, AgentSettings.from_params(params),
-                      extra=extra, progress=progress,
-                      on_episode=journal.add,
-                      finished={i: ep["length"] for i, ep in journal.finished.items()})
+        play_env_episodes(run, engine, tokenizer, jobs, params.eval.parallel_envs, sampling,
+                          extra=extra, progress=progress, on_episode=journal.add,
+                          finished={i: ep["length"] for i, ep in journal.finished.items()})
 
     return EvalPlan(meta={"env": params.env.model_dump(), "prompt": params.prompt.model_dump()},
                     flush_every=math.ceil(params.eval.parallel_envs / 8), play=play,

@@ -1,12 +1,12 @@
 """How replies are read (`rollout.protocol`): the one place that setting picks the code which plays,
 collects, evaluates and validates episodes.
 
-- `action`: THINK/ACTION replies parsed into an action of `env.name`, collected as the estimator
-  says: fixed-turn batches whose episodes continue across updates (a critic), played with a
-  history window as conversations of the env's interaction whose every reply is given the
-  action prompt (`ConversationRun.of_env`: sample for sample what env slots play), or groups of
-  whole episodes from one seed (critic-free), played by env slots (rollout/env_slots.py), as
-  are evaluations, validation and fixed-turn batches with every past turn in the prompt.
+- `action`: THINK/ACTION replies parsed into an action of `env.name`: the env's episodes played
+  as conversations of its interaction (`ConversationRun.of_env`), each reply given the action
+  prompt of its window (its last prompt.history_turns steps, or every one with `rollout.context:
+  episode`), in lock-steps; collected as the estimator says: fixed-turn batches whose episodes
+  continue across updates (a critic), or groups of whole episodes from one seed (critic-free).
+  Evaluations play them the same way; validation renders and samples first prompts.
 - `chat`: chat replies on the tasks of `env.tasks`: tool calls run by `rollout.chat.tools`, free
   text answered by the interaction (rollout/conversation_rollout.py), collected as the estimator
   says too: with a critic and a history window, fixed-turn batches whose episodes continue
@@ -15,8 +15,8 @@ collects, evaluates and validates episodes.
   and from a rollout function of the user's own (`rollout.chat.function`, `rollout.slime_generate`).
   `rollout.agent`'s calls come in fixed-turn batches with a critic too (serve/agent_turns.py).
 
-What a reply is given (`rollout.context`: window or episode) is the other setting, read by each
-rollout's settings (`AgentSettings`, `ConversationSettings`); both protocols write the one sample
+What a reply is given (`rollout.context`: window or episode) is the other setting, read by the
+rollout's settings (`ConversationSettings`); both protocols write the one sample
 schema (docs/design.md §4), so scoring, the metrics (rollout/sample_metrics.py), the update, the
 report and the audit never ask.
 """
@@ -34,8 +34,6 @@ from longturn.params.estimator import Collection
 from longturn.rollout.collection import EpisodeGroups, FixedTurnBatches
 from longturn.rollout.conversation_player import conversation_episodes, conversation_fixed_turns
 from longturn.rollout.conversation_setup import ConversationRun
-from longturn.rollout.env_player import env_fixed_turns, env_groups
-from longturn.rollout.env_slots import AgentSettings, env_factory_from_params
 from longturn.run import conversation_validation, validation
 from longturn.run.evaluation import PlanFactory, conversation_plan, env_plan
 from longturn.run.evaluation import evaluate as evaluate_with
@@ -73,19 +71,15 @@ class Protocol:
 
 
 def _env_collector(params: Params, rank: int, run_id: str) -> Collector:
-    """Fixed-turn batches with a history window: the env's episodes as conversations of its
-    interaction, each reply given the action prompt (`ConversationRun.of_env`), sample for sample
-    what env slots play (tests/test_action_window.py). Groups, and fixed-turn batches with the
-    whole episode as context, are still played by env slots."""
-    r, tasks, agent = params.rollout, list(params.env.tasks), AgentSettings.from_params(params)
+    """The env's episodes as conversations of its interaction, each reply given the action
+    prompt of its window (`ConversationRun.of_env`), played by lock-steps: fixed-turn batches
+    with a critic, groups of whole episodes without."""
+    r, tasks, run = params.rollout, list(params.env.tasks), ConversationRun.of_env(params)
     if params.collection is Collection.SEED_GROUPS:
-        return env_groups(env_factory_from_params(params), tasks, r.n_envs,
-                          params.algo.group_size, agent, params.seed, rank=rank, run_id=run_id)
-    if params.history_window is not None:
-        return conversation_fixed_turns(ConversationRun.of_env(params), tasks, r.n_envs,
-                                        r.turns_per_env, params.seed, rank=rank, run_id=run_id)
-    return env_fixed_turns(env_factory_from_params(params), tasks, r.n_envs, r.turns_per_env,
-                           agent, params.seed, rank=rank, run_id=run_id)
+        return conversation_episodes(run, tasks, r.n_envs, params.algo.group_size, params.seed,
+                                     rank=rank, run_id=run_id)
+    return conversation_fixed_turns(run, tasks, r.n_envs, r.turns_per_env, params.seed,
+                                    rank=rank, run_id=run_id)
 
 
 def _conversation_collector(params: Params, rank: int, run_id: str) -> Collector:

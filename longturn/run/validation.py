@@ -25,10 +25,10 @@ from longturn.params.config import Params
 from longturn.engines.base import Engine, SamplingParams, engine_image_token
 from longturn.envs.actions import EMPTY, NO_ACTION, UNKNOWN
 from longturn.envs.base import TextEnv
-from longturn.envs.registry import make_env, translator_for
+from longturn.envs.registry import make_env
 from longturn.errors import UserError
 from longturn.reply_format import parse_reply
-from longturn.rollout.env_slots import generate, unplayed_first_turn
+from longturn.rollout.first_turns import first_turn_samples
 from longturn.vision.encoder import IMAGE_PLACEHOLDER
 
 PASSED_MARKER = "passed"
@@ -139,13 +139,7 @@ def validate_task(engine: Engine, tokenizer: Any, env: TextEnv, params: Params,
         prompts.append(build_prompt(tokenizer, env.instructions, [], obs.text,
                                     params.prompt.max_prompt_tokens, params.prompt.demonstration,
                                     obs.image, image_token))
-    completions = generate(engine, prompts, sampling)
-    translator = translator_for(env)
-    for seed, prompt, completion in zip(seeds, prompts, completions):
-        text = tokenizer.decode(completion.token_ids, skip_special_tokens=True)
-        result.samples.append(unplayed_first_turn(env, seed, f"validation-{env.task}-{seed}",
-                                                  prompt, completion, text,
-                                                  translator.parse(text)))
+    result.samples = first_turn_samples(engine, tokenizer, env, prompts, seeds, sampling)
     first, _ = env.reset(seed=seeds[0])
     worst = worst_case_prompt_tokens(tokenizer, env, observations[0], params,
                                      None if first.image is None else image_token)

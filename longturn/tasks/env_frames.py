@@ -244,6 +244,17 @@ class EnvInteraction(BaseInteraction):
         if state is not None:
             self._give_back(state["spec"], state["env"])
 
+    def close(self) -> None:
+        """Close every env built here, idle or still playing (their worker processes stop): the
+        player of its episodes is done with it."""
+        with self._lock:
+            envs = [s["env"] for s in self.instances.values()] + [
+                env for idle in self._idle.values() for env in idle]
+            self.instances.clear()
+            self._idle.clear()
+        for env in envs:
+            env.close()
+
     def _give_back(self, spec: EnvSpec, env: Any) -> None:
         with self._lock:
             self._idle.setdefault(repr(spec), []).append(env)

@@ -259,6 +259,15 @@ def action_names(interactions: Any) -> list[str]:
                               for name in getattr(i, "action_names", list)()))
 
 
+def close_all(interactions: Any) -> None:
+    """Let an interaction (or a file's, by name) close what it holds for its episodes (an env
+    interaction's envs and their worker processes); one that holds nothing has no `close`."""
+    chosen = interactions.values() if isinstance(interactions, dict) else [interactions]
+    for interaction in chosen:
+        if interaction is not None and not _is_verl(interaction):
+            getattr(interaction, "close", lambda: None)()
+
+
 def finalize_all(episodes: list[tuple[Any, str]], timeout_s: float | None) -> None:
     """End each (its interaction, episode id), all at once."""
     run_together([lambda i=interaction, e=episode: _timed(
