@@ -1,7 +1,7 @@
 """The two collections (rollout/collection.py) over a scripted SlotPlayer: which episodes they
-start in which slots, with which seeds and ids, and what a checkpoint keeps. The real players
-(env slots, conversations) are exercised in test_collector.py, test_env_workers.py,
-test_critic_free.py and test_fixed_turn_conversations.py."""
+start in which slots, with which seeds and ids, and what a checkpoint keeps. The real player
+(conversations, of an env or a chat task) is exercised in test_collector.py,
+test_action_window.py, test_critic_free.py and test_fixed_turn_conversations.py."""
 
 from __future__ import annotations
 

@@ -38,9 +38,8 @@ from longturn.rollout.conversation_rollout import (begin_episodes, chat_deltas, 
                                                    keep_running, lock_step, open_episodes,
                                                    release_all, release_opened, resume_running)
 from longturn.rollout.conversation_setup import ConversationRun
-from longturn.rollout.samples import samples_from_episodes
+from longturn.rollout.samples import CONVERSATION_COLUMNS, samples_from_episodes
 from longturn.tasks.interactions import action_names as interaction_action_names
-from longturn.tasks.interactions import close_all as interaction_close_all
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +143,9 @@ class ConversationPlayer:
         self.emitted[i] += len(record["segment_starts"])
         self.episodes[i].let_go(self.emitted[i])
         record.update(env_index=slot_index(self.rank, self.n_slots, i), first_turn=first, cut=cut)
+        if self.run.function is None:  # an env's (the action protocol's): each sample says what
+            for name in CONVERSATION_COLUMNS:  # its reply saw and did, the conversation's
+                record.pop(name, None)  # messages, tool counts and template check are not kept
         return record
 
     def play_out(self, engine: Engine, tokenizer: Any, sampling: SamplingParams,
@@ -205,7 +207,7 @@ class ConversationPlayer:
         """Abandon the running and the opened episodes (tools and the interaction release
         them), and let the interaction close what it holds (an env's: its envs)."""
         self._abandon()
-        interaction_close_all(self.run.settings.interaction)
+        self.run.close()
 
     def _abandon(self) -> None:
         """Let the running and the opened episodes go: tools and the interaction release

@@ -20,7 +20,7 @@ from longturn.errors import SettingError
 from longturn.rollout.functions import AGENT_ROLLOUT, BUILTIN, resolve_rollout_function
 from longturn.tasks.plugins import import_class
 from longturn.tasks.env_frames import ENV_SETTINGS, EnvInteraction, EnvTask
-from longturn.tasks.interactions import load_interactions
+from longturn.tasks.interactions import close_all, load_interactions
 from longturn.rollout.conversation import replies_valid
 from longturn.rollout.conversation_rollout import ConversationSettings
 from longturn.tasks.tools import ToolBox, load_tools
@@ -143,6 +143,11 @@ class ConversationRun:
         tasks = {task: EnvTask(e.name, task, image=image, kwargs=dict(e.kwargs))
                  for task in task_names or e.tasks}
         return cls(tasks, settings, None)
+
+    def close(self) -> None:
+        """Let the interaction close what it holds for the run's episodes (an env
+        interaction's envs and their worker processes): the run is done playing."""
+        close_all(self.settings.interaction)
 
     def record(self, task: str, seed: int) -> dict[str, Any]:
         """The task record of one (task, seed); its `task` is the name the run knows it by."""

@@ -36,7 +36,7 @@ _EPISODE_COLUMNS = ("run_id", "policy_version", "iteration", "env_name", "task",
 # a windowed episode's columns on each of its samples, and its conversation's on the last one
 _WINDOW_ROW_COLUMNS = ("run_id", "policy_version", "iteration", "env_name", "task",
                        "episode_id", "episode_seed", "group_id")
-_CONVERSATION_COLUMNS = ("messages", "metrics", "tokenization_check", "tool_calls",
+CONVERSATION_COLUMNS = ("messages", "metrics", "tokenization_check", "tool_calls",
                          "tool_errors", "user_turns", "assistant_turns")
 # a conversation record's per-token lists (as long as input_ids), cut where the response begins
 _EPISODE_TOKEN_LISTS = ("engine_logprobs", "old_logprobs", "ref_logprobs", "values",
@@ -162,7 +162,7 @@ def samples_from_window(record: Row, env_index: int) -> list[Row]:
                       "step": int(record["reply_steps"][k]), "history_dropped": dropped[k]}])
         out.append(sample)
     last = out[-1]
-    last.update({name: record.get(name) for name in _CONVERSATION_COLUMNS})
+    last.update({name: record.get(name) for name in CONVERSATION_COLUMNS})
     if record.get("bootstrap_prompt_ids"):
         last.update(bootstrap_prompt_ids=list(record["bootstrap_prompt_ids"]),
                     bootstrap_images=[pngs[j] for j in record["bootstrap_frames"]],

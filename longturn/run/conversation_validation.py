@@ -45,11 +45,13 @@ def validate_conversation_tasks(engine: Engine, tokenizer: Any, params: Params,
     """Play `seeds` of every eval task; one TaskValidation (episodes as samples) per task."""
     run = ConversationRun.from_params(params, list(params.eval.tasks or params.env.tasks))
     results = []
-    for task in run.tasks:
-        samples = packed_samples(run, engine, tokenizer, sampling, task, seeds, "validation")
-        result = TaskValidation(task, samples,
-                                task_metrics(samples, params.rollout.chat.max_tokens))
-        results.append(result)
+    try:
+        for task in run.tasks:
+            samples = packed_samples(run, engine, tokenizer, sampling, task, seeds, "validation")
+            results.append(TaskValidation(task, samples,
+                                          task_metrics(samples, params.rollout.chat.max_tokens)))
+    finally:
+        run.close()
     return results
 
 

@@ -198,8 +198,11 @@ def conversation_plan(engine: Engine, tokenizer: Any, params: Params, sampling: 
     width = params.eval.parallel_envs
 
     def play(jobs: list[EpisodeJob], journal: EvalJournal) -> None:
-        play_conversations(run, engine, tokenizer, sampling, jobs, width, extra,
-                           set(journal.finished), journal.add, journal.flush)
+        try:
+            play_conversations(run, engine, tokenizer, sampling, jobs, width, extra,
+                               set(journal.finished), journal.add, journal.flush)
+        finally:
+            run.close()
 
     def order(samples: pa.Table, jobs: list[EpisodeJob]) -> pa.Table:
         position = {job.episode_id: i for i, job in enumerate(jobs)}
