@@ -4,9 +4,9 @@ action protocol's conversations of the env (`ConversationRun.of_env`), as evalua
 train rollout do.
 
 Prints turns/s for each and the ratios, measured side by side in one run. The workers line times
-fixed-turn collection (the train rollout) after the slots' first episodes are open; the
-workers' start-up is printed apart (once per stage). It is measured twice: with the model generating, and with a
-canned reply instead (env stepping and prompt rendering only, where the overlap shows). Uses the
+fixed-turn collection (the train rollout) after the slots' first episodes are open; the workers'
+start-up is printed apart (once per stage). It is measured twice: with the model generating, and
+with a canned reply instead (env stepping and prompt rendering only, where the overlap shows). Uses the
 prepared base model (run `make repro` or the prepare_model stage first) and the
 env/prompt/engine params. --tiny plays 2 episodes of 2 turns with 8 new tokens on the tiny random
 model (bench/tiny_model.py): a smoke run in seconds, not a measurement.

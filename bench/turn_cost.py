@@ -4,8 +4,9 @@ Why: the prompt carries only the history window (prompt.history_turns) plus the 
 observation, so a turn deep into an episode must cost what an early one costs. One slot plays
 one episode turn by turn as the train rollout does (a conversation of the env, each reply given
 the action prompt: `ConversationRun.of_env`, one lock-step a turn); the env's step limit is
-raised above the last turn measured (env.max_turns is ignored). Printed: mean wall time, prompt tokens and response tokens
-per turn over turns 5-15 and 395-405 (window half-width --half), and the late/early ratios (≈ 1).
+raised above the last turn measured (env.max_turns is ignored). Printed: mean wall time, prompt
+tokens and response tokens per turn over turns 5-15 and 395-405 (window half-width --half), and
+the late/early ratios (≈ 1).
 
 --fast-forward: only the two windows (and the turns before the first) use the real engine. The
 turns in between are driven by a stand-in that costs no model call but still pushes realistic

@@ -21,7 +21,7 @@ from longturn.agent.memory import PastTurn
 from longturn.agent.prompts import ActionPrompt, ActionView
 from longturn.engines.base import Completion, engine_image_token
 from longturn.engines.row_seeds import episode_turn_seed, lock_step_seed, prompt_seeds
-from longturn.envs.registry import EnvSpec
+from longturn.envs.registry import EnvSpec, translator_for
 from longturn.params.config import Params, parse_params
 from longturn.rollout.conversation_player import ConversationPlayer, conversation_fixed_turns
 from longturn.rollout.conversation_setup import ConversationRun
@@ -101,8 +101,9 @@ def play(tokenizer, engine, image: bool, iterations: int = 2, seed: int | None =
 
 def replay(samples, tokenizer, shown: ActionPrompt, turns: int, image: bool, engine):
     """The independent reference: each episode's env reset from its seed and stepped with the
-    actions its samples say; per (episode, turn) the prompt of that step's view and of the view
-    after it (a bootstrap's), the env's reward and whether the step ended the episode."""
+    actions its samples say (each the action its reply's text names); per (episode, turn) the
+    prompt of that step's view and of the view after it (a bootstrap's), the env's reward and
+    whether the step ended the episode."""
     image_token = engine_image_token(engine)
     kwargs = {**KWARGS, **({"image": True} if image else {})}
     episodes = defaultdict(list)
@@ -119,8 +120,11 @@ def replay(samples, tokenizer, shown: ActionPrompt, turns: int, image: bool, eng
             view = ActionView(env.instructions, list(past), obs.text, obs.image)
             return shown.render(tokenizer, view, turns, image_token), obs
 
+        parse = translator_for(env).parse
         for sample in replies:
             (reply,) = sample["replies"]
+            read = parse(reply["response_text"])  # the action the reply names, or the default
+            assert (reply["action"], reply["action_valid"]) == (read.action, read.valid)
             given, seen = prompt()
             past.append(PastTurn(seen.text, reply["response_text"], reply["action"],
                                  reply["action_valid"]))

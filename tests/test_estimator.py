@@ -94,8 +94,8 @@ def test_the_chat_protocol_plays_whole_episodes_grouped_when_the_estimator_plays
 
 
 def test_the_chat_protocol_collects_fixed_turn_batches_with_a_critic() -> None:
-    """With a history window, as the action protocol does: n_envs episode slots × turns_per_env replies,
-    episodes carried over."""
+    """With a history window, as the action protocol does: n_envs episode slots × turns_per_env
+    replies, episodes carried over."""
     params = _params("gae", protocol="chat")
     params.rollout.context = "window"
     assert params.collection is Collection.FIXED_TURNS

@@ -111,7 +111,7 @@ def test_images_need_a_vision_model(tiny_model_dir, vlm_dir):
     with pytest.raises(UserError, match="no image side"):
         run.play(engine, engine.tokenizer, sampling_settings(max_new_tokens=4, seed=1),
                  [run.record("babyai_goto_frames", 3)], ["e0"])
-    params = action_vision_params(tiny_model_dir)  # the action protocol: validation plays the first turn
+    params = action_vision_params(tiny_model_dir)  # validation plays the first turn
     env = make_env("babyai", "goto", **params.env.kwargs)
     with pytest.raises(UserError, match="env gives image observations but the model has no"):
         validate_task(engine, engine.tokenizer, env, params, sampling_settings(), [3])
@@ -214,7 +214,8 @@ def action_vision_params(model_dir: str):
     })
 
 
-def test_the_action_protocol_gives_each_prompt_its_observations_frame_and_trains_on_it(tmp_path, vlm_dir):
+def test_the_action_protocol_gives_each_prompt_its_observations_frame_and_trains_on_it(
+        tmp_path, vlm_dir):
     run_training(action_vision_params(vlm_dir), paths(tmp_path, vlm_dir), progress=False)
     part = tmp_path / "trajectories" / "iteration=0000" / "part-00.parquet"
     frame = pd.read_parquet(part)

@@ -140,7 +140,7 @@ class Conversation:
                   finish_reason: str | None = None, plain: bool = False) -> str:
         """Append a sampled reply (generated at lock-step `step`, ended for `finish_reason`:
         stop or length) and the template's closing; returns the reply's content: the template's
-        text, or (`plain`) its text without special tokens, as an env slot reads a reply."""
+        text, or (`plain`) its text without special tokens, as the action parser reads a reply."""
         if self.window is not None:
             self.windows.append((step, self.window))
         start = len(self.ids)

@@ -33,7 +33,7 @@ def play_conversations(run: ConversationRun, engine: Engine, tokenizer: Any,
     """Play every chunk of `width` jobs that has a job not in `finished`; each episode's row and
     samples go to `on_episode(episode, samples)`, then `on_chunk()` once per chunk played. A job
     whose start failed (the built-in rollout, told not to retry it: `retry_failed_starts`) is an
-    aborted row of no sample, as an env slot's evaluation writes it."""
+    aborted row of no sample, as the action protocol's evaluation writes it."""
     for start in range(0, len(jobs), width):
         chunk = jobs[start:start + width]
         if all(job.episode_id in finished for job in chunk):

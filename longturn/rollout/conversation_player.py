@@ -7,9 +7,9 @@ replies handed on as samples (rollout/samples.py `samples_from_episodes`).
   bootstraps from the window its next reply will be given; it goes on in the next batch with the
   updated policy. An episode that ends is finished at once (tool rewards, the tokenization check,
   tools and interaction released) and its slot's next one starts. Every reply is its own sample,
-  its window as the prompt, chained by slot and lock-step like an env slot's turns. A checkpoint
+  its window as the prompt, chained by slot and lock-step (the turn grid). A checkpoint
   keeps the running episodes with their tools' and interaction's state (`episode_state`), so a
-  resumed run goes on with them as an env slot's does; where a plug-in cannot keep its state (a
+  resumed run goes on with them (an env's, with its env); where a plug-in cannot keep its state (a
   verl-style one), a resumed run starts new episodes (the episode counters resume). An episode
   opened but not yet begun is opened again on resume; if that start fails it is counted in the
   next batch, as any failed start.
@@ -50,7 +50,7 @@ class ConversationPlayer:
     def __init__(self, run: ConversationRun, n_slots: int, fixed_turns: bool, rank: int = 0,
                  keyed_seeds: bool = False):
         """`keyed_seeds`: each reply samples from a seed of its episode's id and turn alone (an
-        evaluation's, `episode_turn_seed`), as an env slot's evaluation does."""
+        evaluation's, `episode_turn_seed`), so it plays the same whatever shares its lock-steps."""
         if fixed_turns and run.settings.history_turns is None:
             raise SettingError("fixed-turn batches of conversations need rollout.context window")
         self.run, self.n_slots, self.rank = run, n_slots, rank
@@ -67,8 +67,8 @@ class ConversationPlayer:
 
     def start(self, starts: list[EpisodeStart]) -> list[EpisodeStart]:
         """Open these episodes, their tools and interaction started at once (an env behind the
-        interaction resets now); those whose start failed come back with why, as an env slot's
-        failed reset. The others begin at the next lock-step, where the template deltas are
+        interaction resets now); those whose start failed come back with why (the collector
+        counts them). The others begin at the next lock-step, where the template deltas are
         known."""
         if not starts:
             return []
@@ -115,7 +115,7 @@ class ConversationPlayer:
                 record.pop("bootstrap_prompt_ids", None)
         if closes_batch:
             for record in records:  # ended at the batch's last lock-step: its segment ends
-                record["batch_end"] = True  # there too, as an env slot's reply does
+                record["batch_end"] = True  # there too
             records += [self._part(i, ep.record(self.emitted[i], totals=False), cut=True)
                         for i, ep in enumerate(self.episodes)
                         if ep is not None and len(ep.segments) > self.emitted[i]]
@@ -151,7 +151,7 @@ class ConversationPlayer:
     def play_out(self, engine: Engine, tokenizer: Any, sampling: SamplingParams,
                  iteration: int, starts: list[EpisodeStart], progress: bool) -> Samples:
         """The run's rollout function plays every episode (their samples in slot order); the
-        starts it tried again (`failed_starts`) are counted as an env slot's are. Without one
+        starts it tried again (`failed_starts`) are counted as aborted resets. Without one
         (an env's), the episodes are played by lock-steps."""
         if self.run.function is None:
             return play_in_lock_step(self, engine, tokenizer, sampling, iteration, starts,

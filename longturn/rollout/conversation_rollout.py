@@ -90,9 +90,9 @@ class ConversationSettings:
     tokenization_check: str
     history_turns: int | None  # the past turns a reply's window shows; None: the whole episode
     # with a window, how an episode whose interaction plays an env (its `action_view`) is shown:
-    # as an env slot's prompt is (prompt.*, THINK/ACTION), or (None) as its own messages
+    # as the action protocol's prompt (prompt.*, THINK/ACTION), or (None) as its own messages
     action_prompt: ActionPrompt | None
-    # a reply's text as an env slot reads it, without special tokens (an env's episodes in the
+    # a reply's text as the action parser reads it, without special tokens (an env's episodes in the
     # action protocol: their messages are never rendered again, each reply's prompt is its
     # window); else the template's text of every sampled token, which renders back to its ids
     plain_replies: bool

@@ -138,7 +138,8 @@ class ConversationRun:
             max_tool_response_chars=unbounded, tool_timeout_s=None, tokenization_check="off",
             history_turns=unbounded if window is None else window,
             action_prompt=ActionPrompt.from_config(params.prompt), plain_replies=True,
-            tools=None, interaction=interaction, reward_fn=None, progress=progress, retry_failed_starts=True)
+            tools=None, interaction=interaction, reward_fn=None, progress=progress,
+            retry_failed_starts=True)
         image = bool(e.kwargs.get("image", False))
         tasks = {task: EnvTask(e.name, task, image=image, kwargs=dict(e.kwargs))
                  for task in task_names or e.tasks}

@@ -137,14 +137,14 @@ def samples_from_window(record: Row, env_index: int) -> list[Row]:
     """An episode played with a history window (rollout/history_window.py) as one sample per
     reply: its window as the prompt (with the window's frames), its sampled ids as the response.
     The replies of one episode share its slot `env_index` at consecutive lock-steps, so the turn
-    grid chains them as it chains an env slot's turns; the conversation's own columns go on the
+    grid chains them step after step; the conversation's own columns go on the
     last sample, and a reply that ends a cut-short episode bootstraps from the window a next
     reply would have seen."""
     ids = list(record["input_ids"])
     starts, ends = list(record["segment_starts"]), list(record["segment_ends"])
     pngs = list(record.get("images") or [])
     packed = _episode_replies(record, ids, starts, ends, 0)  # flags on the last, observations
-    # an env slot's prompts (an env's episode) say their text and what history they dropped
+    # the action prompts (an env's episode) say their text and what history they dropped
     texts = record.get("window_texts") or [None] * len(starts)
     dropped = record.get("window_history_dropped") or [None] * len(starts)
     out = []

@@ -1,4 +1,6 @@
-"""A longturn text env as a task of the chat protocol, its rendered frames as image observations.
+"""A longturn text env as a task of conversations, its rendered frames as image observations: how
+the action protocol plays every env (`ConversationRun.of_env`), and an env task of the chat
+protocol (`configs/env_interactions.yaml`).
 
 The episode is one conversation: the system prompt lists the env's actions, each user turn is an
 observation (an `<image>` line for the frame, then the env's text and the answer format), each
@@ -8,13 +10,12 @@ env's worker process with `env.workers`:
   (`opening`); the task record only says which env, task and seed;
 - it steps the env with each reply's action and answers with the next observation
   (`envs.base.Observation`, whose frame the rollout buffers), ending the episode when the env
-  does (on the env's time limit as truncated, bootstrapped like an env slot's time limit); an
-  unreadable action runs the env's default action and costs `env.invalid_action_penalty`, as in
-  env slots;
-- it says whether the episode succeeded (`succeeded`: the env's `success`, as env slots count it);
-- an env that raises, dies or hangs costs its episode alone, aborted as in env slots; a reset
-  that fails means the episode never begins (`start` raises the `EnvFailure`), as an env slot's
-  failed reset (`env.workers`, `env.step_timeout_s`, `env.max_retries`, as for env slots).
+  does (on the env's time limit, or env.max_turns, as truncated: bootstrapped); an unreadable
+  action runs the env's default action and costs `env.invalid_action_penalty`;
+- it says whether the episode succeeded (`succeeded`: the env's `success` on its last step);
+- an env that raises, dies or hangs costs its episode alone (the reply whose step failed is
+  aborted); a reset that fails means the episode never begins (`start` raises the
+  `EnvFailure`; `env.workers`, `env.step_timeout_s`, `env.max_retries`).
 So an env task is played by the built-in rollout with this interaction
 (`configs/env_interactions.yaml`); elsewhere (an agent, no interaction) it stops with one line.
 
@@ -44,7 +45,7 @@ from longturn.vision.encoder import IMAGE_PLACEHOLDER
 
 
 def observation_text(instructions: Instructions, observation: Observation, image: bool) -> str:
-    """One user turn: the frame's placeholder (with images), then the turn an env slot's prompt
+    """One user turn: the frame's placeholder (with images), then the turn the action prompt
     ends with (the goal, the text view, the answer format)."""
     turn = current_turn(instructions, instructions.goal, observation.text)
     return f"{IMAGE_PLACEHOLDER}\n{turn}" if image else turn

@@ -23,13 +23,15 @@ metrics), `finalize` at the end. Six additions:
   says so when the episode ends, so the task's `success` need not work it out again from the
   messages (for an env that would mean replaying every step);
 - `read_action`: an interaction that reads each reply as an env's action (THINK/ACTION) says what
-  it read, so the reply's sample carries the action columns an env slot's does (raw action,
+  it read, so the reply's sample carries the action columns (raw action,
   action executed, validity and why not) and a reply that named no valid action counts invalid;
-- `action_view`: an interaction that plays an env gives the episode as an env slot's prompt
-  shows it (its instructions, past steps and current observation), so a conversation of an env
-  can be given the action protocol's prompts, byte for byte an env slot's;
+- `action_view`: an interaction that plays an env gives the episode as the action prompt shows
+  it (its instructions, past steps and current observation), so a conversation of an env can be
+  given the action protocol's prompts;
 - `action_names`: an interaction that plays envs names every action they know, so a collection
-  of its episodes reports the action mix as env slots do.
+  of its episodes reports the action mix;
+- `close`: an interaction that holds envs closes them (their worker processes) when its run
+  is done (`close_all`).
 """
 
 from __future__ import annotations
