@@ -259,7 +259,7 @@ def test_an_evaluation_plays_each_episode_from_its_own_seeds(tokenizer):
         want = expected[(sample["episode_id"], reply["turn"])]
         assert sample["prompt_ids"] == want.given.ids
         assert (reply["terminated"], reply["truncated"]) == (want.terminated, want.truncated)
-    assert sample["bootstrap_prompt_ids"] is None  # played whole: nothing bootstrapped
+        assert sample["bootstrap_prompt_ids"] is None  # played whole: nothing bootstrapped
     assert len({tuple(ep[0]["response_ids"]) for ep in episodes}) > 1  # the seeds decided
 
 

@@ -70,7 +70,7 @@ def test_the_action_protocol_collects_as_the_estimator_says(advantage, kind, gro
         # in every window), played by lock-steps (no rollout function)
         assert type(collector) is kind and type(collector.player) is ConversationPlayer
         run = collector.player.run
-        assert isinstance(run.settings.interaction, EnvInteraction) and run.function is None
+        assert isinstance(run.settings.interaction, EnvInteraction) and run.of_an_env
         assert run.settings.action_prompt is not None
         assert getattr(collector, "group_size", None) == group
     finally:

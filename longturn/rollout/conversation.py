@@ -281,7 +281,7 @@ class Conversation:
             "reward": float(sum(self.segment_rewards)), "termination": self.reason,
             "truncated": self.reason != DONE and not self.aborted, "aborted": self.aborted,
             # its replies from this one on are out of the loss (counted in this part)
-            "aborted_from": max(getattr(self, "aborted_from", 0) - first, 0),
+            "aborted_from": max(self.aborted_from - first, 0),
             # a part's frames are those its windows show (`_window_record`)
             "images": None if first else [to_png(frame) for frame in self.images],
             "image_starts": None if first else list(self.image_starts),

@@ -111,11 +111,11 @@ class ConversationPlayer:
         records = self._finish(ended)
         if not self.fixed_turns:  # played whole: an episode's last reply ends its segment and
             for record in records:  # nothing is bootstrapped
-                record["batch_end"] = True
+                record["ends_segment"] = True
                 record.pop("bootstrap_prompt_ids", None)
         if closes_batch:
             for record in records:  # ended at the batch's last lock-step: its segment ends
-                record["batch_end"] = True  # there too
+                record["ends_segment"] = True  # there too
             records += [self._part(i, ep.record(self.emitted[i], totals=False), cut=True)
                         for i, ep in enumerate(self.episodes)
                         if ep is not None and len(ep.segments) > self.emitted[i]]
@@ -143,7 +143,7 @@ class ConversationPlayer:
         self.emitted[i] += len(record["segment_starts"])
         self.episodes[i].let_go(self.emitted[i])
         record.update(env_index=slot_index(self.rank, self.n_slots, i), first_turn=first, cut=cut)
-        if self.run.function is None:  # an env's (the action protocol's): each sample says what
+        if self.run.of_an_env:  # the action protocol's: each sample says what
             for name in CONVERSATION_COLUMNS:  # its reply saw and did, the conversation's
                 record.pop(name, None)  # messages, tool counts and template check are not kept
         return record
@@ -153,7 +153,7 @@ class ConversationPlayer:
         """The run's rollout function plays every episode (their samples in slot order); the
         starts it tried again (`failed_starts`) are counted as aborted resets. Without one
         (an env's), the episodes are played by lock-steps."""
-        if self.run.function is None:
+        if self.run.of_an_env:
             return play_in_lock_step(self, engine, tokenizer, sampling, iteration, starts,
                                      progress)
         seed = None if sampling.seed is None else sampling.seed + iteration * 1_000_003
@@ -242,7 +242,7 @@ def conversation_episodes(run: ConversationRun, tasks: list[str], n_envs: int,
     no groups). Played by the run's rollout function, each named by its iteration first; an
     env's, by lock-steps, each named by its slot over every rank first (as the episodes of
     fixed-turn batches are)."""
-    if run.function is None:
+    if run.of_an_env:
         def name(slot: int, iteration: int) -> str:
             return f"{run_id}-r{rank}-e{slot_index(rank, n_envs, slot)}-{iteration}"
     else:

@@ -145,6 +145,12 @@ class ConversationRun:
                  for task in task_names or e.tasks}
         return cls(tasks, settings, None)
 
+    @property
+    def of_an_env(self) -> bool:
+        """The action protocol's run (`of_env`): no rollout function, its episodes played in
+        lock-steps by `ConversationPlayer`, each sample what its reply saw and did."""
+        return self.function is None
+
     def close(self) -> None:
         """Let the interaction close what it holds for the run's episodes (an env
         interaction's envs and their worker processes): the run is done playing."""
@@ -173,7 +179,7 @@ class ConversationRun:
     def play(self, engine: Engine, tokenizer: Any, sampling: SamplingParams,
              records: list[dict[str, Any]], episode_ids: list[str]) -> list[dict[str, Any]]:
         """Run the rollout function on these task records; its records, checked and named."""
-        if self.function is None:
+        if self.of_an_env:
             raise SettingError("an env's conversations are played in lock-steps by "
                                "ConversationPlayer: this run has no rollout function")
         out = self.function(engine, tokenizer, sampling, records, self.settings)

@@ -110,8 +110,9 @@ def _episode_replies(record: Row, ids: list[int], starts: list[int], ends: list[
             # an agent that raised or hung (serve/agent_rollout.py): no reply of it trains; an env
             # that did on a reply's step: that reply alone (`Conversation.abort`)
             "aborted": bool(record.get("aborted")) and k >= int(record.get("aborted_from") or 0),
-            # a fixed-turn batch's last lock-step ends every reply's segment, cut or ended
-            "segment_end": last and (cut or bool(record.get("batch_end"))),
+            # a fixed-turn batch's last lock-step ends every reply's segment, cut or ended; so does
+            # the end of an episode played whole in lock-steps (`ends_segment`)
+            "segment_end": last and (cut or bool(record.get("ends_segment"))),
             "termination": record.get("termination") if ended else None,
             "finish_reason": finish_reasons[k], "action_valid": valid[k], **(actions[k] or {}),
             "response_text": texts[k],
