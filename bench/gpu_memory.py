@@ -58,6 +58,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.append(str(ROOT / "tests"))  # the turn rows it builds its batch from
 
 from agent_prompts import collector_prompts  # noqa: E402
 from cpu_threads import add_threads_arg, use_threads  # noqa: E402
@@ -68,7 +69,7 @@ from longturn.device import resolve_device  # noqa: E402
 from longturn.run.models import load_tokenizer  # noqa: E402
 from longturn.engines.shared_prefix import shared_prefix_length  # noqa: E402
 from longturn.run.wiring import gae_params, trainer_settings  # noqa: E402
-from longturn.rollout.samples import samples_from_turns  # noqa: E402
+from turn_rows import samples_from_turns  # noqa: E402
 from longturn.trajectories import write_samples  # noqa: E402
 from tiny_model import (TinyModelError, add_tiny_args, ensure_tiny_model,  # noqa: E402
                         fill_defaults, smollm2_tokenizer)

@@ -24,7 +24,7 @@ import pytest
 from longturn.algo.gae import GAEParams
 from longturn.algo.reply_chains import ADVANTAGE_INPUTS, sample_advantages
 from longturn.audit.cli import main
-from longturn.rollout.samples import sample_from_turn
+from turn_rows import sample_from_turn
 from longturn.run.eval_journal import PARTIAL, EvalJournal
 from longturn.trajectories import (SAMPLE_SCHEMA, SCHEMA_VERSION, V1_SCHEMA_VERSION, file_metadata,
                                    rows_table, write_arrow, write_episodes, write_samples)

@@ -15,7 +15,7 @@ from longturn.run.eval_journal import PARTIAL, EvalJournal
 from longturn.params.config import parse_params
 from longturn.run.eval_key import (_digest, agent_code_digest, code_digest, evaluation_key,
                                    weights_digest)
-from longturn.rollout.samples import samples_from_turns
+from turn_rows import samples_from_turns
 from longturn.trajectories import SAMPLE_SCHEMA, file_metadata
 
 KEY = {"journal": "1", "params": "p", "weights": "w", "code": "c"}

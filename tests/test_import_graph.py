@@ -103,16 +103,15 @@ def test_algo_imports_only_the_layers_below_it() -> None:
     assert not upward
 
 
-# what turns a protocol's own record (an env slot's turn row, a conversation record) into samples
-RECORD_READERS = {"sample_from_turn", "samples_from_turns", "sample_from_episode",
-                  "samples_from_episodes", "samples_from_window"}
+# what turns the rollout's own record (a conversation record) into samples
+RECORD_READERS = {"sample_from_episode", "samples_from_episodes", "samples_from_window"}
 # where records are played, so converted: rollout/, and the agent's own collector in serve/
 MAY_READ_RECORDS = ("longturn.rollout.", "longturn.serve.agent_turns")
 
 
 def test_only_the_rollout_converts_a_protocol_s_record() -> None:
-    """Collectors, evaluation and validation hand on samples: nothing above rollout/ sees a turn
-    row or a conversation record (one sample schema from there up)."""
+    """Collectors, evaluation and validation hand on samples: nothing above rollout/ sees a
+    conversation record (one sample schema from there up)."""
     readers = set()
     for name, path in _modules().items():
         for node in ast.walk(ast.parse(path.read_text())):

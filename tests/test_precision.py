@@ -14,7 +14,7 @@ from longturn.algo import ppo_steps
 from longturn.algo.critic import ValueModel
 from longturn.algo.gae import GAEParams
 from longturn.algo.trainer import PPOTrainer, ds_config
-from longturn.rollout.samples import samples_from_turns
+from turn_rows import samples_from_turns
 from longturn.trajectories import write_samples
 from trainer_settings import make_settings
 from two_rank_update import make_rows

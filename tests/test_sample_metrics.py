@@ -12,7 +12,8 @@ import numpy as np
 
 from longturn.rollout import sample_metrics as batch
 from longturn.rollout.sample_metrics import action_mix
-from longturn.rollout.samples import samples_from_episodes, samples_from_turns
+from longturn.rollout.samples import samples_from_episodes
+from turn_rows import samples_from_turns
 from longturn.run.metrics import logprob_gap
 
 

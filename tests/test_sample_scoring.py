@@ -26,7 +26,8 @@ from longturn.algo.model_set import ModelSet
 from longturn.algo.reply_chains import ADVANTAGE_INPUTS
 from longturn.algo.sample_scoring import audit_samples_file, sample_advantages, score_samples
 from longturn.errors import TrajectoryFileError
-from longturn.rollout.samples import sample_from_turn, samples_from_episodes, samples_from_turns
+from longturn.rollout.samples import samples_from_episodes
+from turn_rows import sample_from_turn, samples_from_turns
 from longturn.run.models import prepare_base_model
 from longturn.trajectories import (V1_SCHEMA_VERSION, file_metadata, rows_table, write_arrow,
                                    write_samples)

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from longturn.algo.batches import TurnBatch, read_sample_batch
 from longturn.errors import TrajectoryFileError
-from longturn.rollout.samples import (sample_from_episode, sample_from_turn,
-                                      samples_from_episodes, samples_from_turns)
+from longturn.rollout.samples import sample_from_episode, samples_from_episodes
+from turn_rows import sample_from_turn, samples_from_turns
 from longturn.trajectories import (SAMPLE_SCHEMA, V1_SCHEMA_VERSION, file_metadata, rows_table,
                                    write_arrow, write_samples)
 from longturn.vision.frames import to_png

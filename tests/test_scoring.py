@@ -19,7 +19,7 @@ from longturn.algo.gae import GAEParams
 from longturn.algo.model_set import ModelSet
 from longturn.engines.logprobs import forward_logprobs
 from longturn.algo.sample_scoring import audit_samples_file, score_samples
-from longturn.rollout.samples import samples_from_turns
+from turn_rows import samples_from_turns
 from longturn.trajectories import write_samples
 
 PAD = 2

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from longturn.algo.critic import ValueModel, response_values
 from longturn.algo.gae import GAEParams
 from longturn.algo.trainer import PPOTrainer
-from longturn.rollout.samples import samples_from_turns
+from turn_rows import samples_from_turns
 from longturn.trajectories import write_samples
 from trainer_settings import make_settings
 from two_rank_update import make_rows

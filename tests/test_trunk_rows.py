@@ -16,7 +16,7 @@ from transformers import AutoTokenizer
 from longturn.algo.model_set import ModelSet
 from longturn.algo.trainer import PPOTrainer
 from longturn.engines.logprobs import pack_prompt_response
-from longturn.rollout.samples import samples_from_turns
+from turn_rows import samples_from_turns
 from longturn.trajectories import write_samples
 from test_trunk import PAD, PROMPTS, RESPONSES, SHARED, _models
 from test_trainer import GAE, SETTINGS, critic_dir  # noqa: F401 (fixture)

@@ -48,7 +48,7 @@ def test_two_ranks_train_on_the_global_token_mean(tiny_model_dir: str, tmp_path:
 
     from longturn.algo.gae import GAEParams
     from longturn.algo.trainer import PPOTrainer
-    from longturn.rollout.samples import samples_from_turns
+    from turn_rows import samples_from_turns
     from longturn.trajectories import write_samples
 
     ranks = _run_two_ranks(tiny_model_dir, tmp_path / "ranks", "2", "6")  # one step per rank

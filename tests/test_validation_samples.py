@@ -1,7 +1,8 @@
-"""The action protocol's prompt validation keeps its first turns as samples of the one schema,
-as the chat protocol keeps its episodes: the audit reads `data/validation/` like any run, and
-every number of the report is read back from those samples (checked here against the
-replies' own text, parsed again independently)."""
+"""The action protocol's prompt validation plays each seed's first reply as training's first
+lock-step does and keeps it as the sample training writes, as the chat protocol keeps its
+episodes: the audit reads `data/validation/` like any run, and every number of the report is
+read back from those samples (checked here against the replies' own text, parsed again
+independently, and the prompts against the env's own first observations)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ import pytest
 from transformers import AutoTokenizer
 
 from longturn.engines.base import Completion, SamplingParams
+from longturn.agent.prompts import build_prompt
 from longturn.envs.registry import make_env
+from longturn.errors import UserError
 from longturn.params.config import load_params
-from longturn.run.validation import validate_task
+from longturn.run.validation import validate_env_task
 from longturn.run.validation_report import render_report
 from longturn.trajectories import SAMPLE_SCHEMA, read_metadata, write_samples
 
@@ -50,32 +53,37 @@ class ScriptedEngine:
 def validated(smollm2_tokenizer_dir):
     tokenizer = AutoTokenizer.from_pretrained(smollm2_tokenizer_dir)
     params = load_params(ROOT / "params.yaml")
-    env = make_env("babyai", "goto")
-    try:
-        seeds = list(range(7, 7 + len(REPLIES)))
-        result = validate_task(ScriptedEngine(tokenizer), tokenizer, env, params,
+    assert params.env.name == "babyai"
+    seeds = list(range(7, 7 + len(REPLIES)))
+    result = validate_env_task(ScriptedEngine(tokenizer), tokenizer, params, "goto",
                                SamplingParams(1.0, 1.0, 0, 32, seed=0), seeds)
-    finally:
-        env.close()
-    return result, tokenizer, seeds
+    return result, tokenizer, seeds, params
 
 
-def test_each_first_turn_is_a_sample_with_one_reply(validated) -> None:
-    result, tokenizer, seeds = validated
+def test_each_first_reply_is_a_sample_of_its_seeds_first_observation(validated) -> None:
+    result, tokenizer, seeds, params = validated
     assert [s["episode_seed"] for s in result.samples] == seeds
     assert len({s["episode_id"] for s in result.samples}) == len(seeds)
-    for sample, (text, finish, _) in zip(result.samples, REPLIES):
+    for seed, sample, (text, finish, _) in zip(seeds, result.samples, REPLIES):
+        env = make_env("babyai", "goto")
+        try:  # the prompt of the seed's first observation, rendered here on an env of its own
+            first, _ = env.reset(seed=seed)
+            expected = build_prompt(tokenizer, env.instructions, [], first.text,
+                                    params.prompt.max_prompt_tokens, params.prompt.demonstration)
+        finally:
+            env.close()
+        assert sample["prompt_ids"] == expected.ids
+        assert sample["prompt_text"] == expected.text
         (reply,) = sample["replies"]
         assert (reply["start"], reply["end"]) == (0, len(sample["response_ids"]))
         assert sample["loss_mask"] == [1] * len(sample["response_ids"])
         assert tokenizer.decode(sample["response_ids"]) == reply["response_text"] == text
-        assert reply["finish_reason"] == finish and reply["turn"] == 0
-        assert sample["prompt_text"].endswith("assistant\n")  # the generation prompt
-        assert reply["reward"] is None and reply["termination"] is None  # the env never stepped
+        assert reply["finish_reason"] == finish and reply["turn"] == reply["step"] == 0
+        assert reply["observation"] == first.text
 
 
 def test_the_metrics_are_what_the_replies_say(validated) -> None:
-    result, _, _ = validated
+    result, _, _, _ = validated
     m = result.metrics
     n = len(REPLIES)
     assert m["samples"] == n
@@ -88,7 +96,7 @@ def test_the_metrics_are_what_the_replies_say(validated) -> None:
 
 
 def test_the_report_names_each_failure(validated) -> None:
-    result, _, seeds = validated
+    result, _, seeds, _ = validated
     report = render_report([result], [], 0.0, {}, examples_per_task=len(REPLIES))
     for seed, (_, _, failure) in zip(seeds, REPLIES):
         status = "valid" if failure in (None, "multiple_actions") else f"invalid ({failure})"
@@ -96,7 +104,7 @@ def test_the_report_names_each_failure(validated) -> None:
 
 
 def test_the_audit_reads_a_validation_dir(validated, tmp_path) -> None:
-    result, _, seeds = validated
+    result, _, seeds, _ = validated
     out = tmp_path / "validation"
     write_samples(result.samples, out / "samples.parquet", {"sampling": {}})
     assert set(SAMPLE_SCHEMA.names) <= set(pq.read_schema(out / "samples.parquet").names)
@@ -110,3 +118,13 @@ def test_the_audit_reads_a_validation_dir(validated, tmp_path) -> None:
     show = subprocess.run([*audit, "show", result.samples[2]["episode_id"], str(out)],
                           capture_output=True, text=True, check=True)
     assert "I would rather not say." in show.stdout
+
+
+def test_an_env_that_cannot_start_stops_validation_naming_task_and_seed(validated) -> None:
+    _, tokenizer, _, params = validated
+    env = params.env.model_copy(update={"name": "flaky_envs:FlakyCorridor", "tasks": ["corridor"],
+                                        "kwargs": {"raise_on_reset": [8]}})
+    broken = params.model_copy(update={"env": env})
+    with pytest.raises(UserError, match="task 'corridor' seed 8: the episode could not start"):
+        validate_env_task(ScriptedEngine(tokenizer), tokenizer, broken, "corridor",
+                          SamplingParams(1.0, 1.0, 0, 32, seed=0), [7, 8])

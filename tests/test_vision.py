@@ -20,13 +20,12 @@ from longturn.audit.show import show_episode
 from longturn.params.config import parse_params
 from longturn.engines.hf import HFEngine
 from longturn.engines.logprobs import token_logprobs
-from longturn.envs.registry import make_env
 from longturn.errors import UserError
 from longturn.run.models import prepare_base_model
 from longturn.rollout.chat_deltas import ChatDeltas
 from longturn.rollout.conversation_setup import ConversationRun
 from longturn.run.training import run_training
-from longturn.run.validation import validate_task
+from longturn.run.validation import validate_env_task
 from longturn.vision.encoder import VISION_DIR, load_vision
 from longturn.vision.frames import from_png, to_png
 from longturn.vision.split import VisionModelError
@@ -112,17 +111,15 @@ def test_images_need_a_vision_model(tiny_model_dir, vlm_dir):
         run.play(engine, engine.tokenizer, sampling_settings(max_new_tokens=4, seed=1),
                  [run.record("babyai_goto_frames", 3)], ["e0"])
     params = action_vision_params(tiny_model_dir)  # validation plays the first turn
-    env = make_env("babyai", "goto", **params.env.kwargs)
-    with pytest.raises(UserError, match="env gives image observations but the model has no"):
-        validate_task(engine, engine.tokenizer, env, params, sampling_settings(), [3])
+    with pytest.raises(UserError, match="gives image observations but the model has no image"):
+        validate_env_task(engine, engine.tokenizer, params, "goto", sampling_settings(), [3])
 
 
 def test_prompt_validation_shows_the_model_each_first_observations_frame(vlm_dir):
     params = action_vision_params(vlm_dir)
     engine = HFEngine(vlm_dir, dtype="float32")
-    env = make_env("babyai", "goto", **params.env.kwargs)
-    result = validate_task(engine, engine.tokenizer, env, params,
-                           sampling_settings(max_new_tokens=10, seed=1), [3, 4])
+    result = validate_env_task(engine, engine.tokenizer, params, "goto",
+                               sampling_settings(max_new_tokens=10, seed=1), [3, 4])
     assert [len(s["images"]) for s in result.samples] == [1, 1]
     assert result.metrics["samples"] == 2
     # the budget check counts the frame's feature positions: at least the first prompt's length

@@ -73,7 +73,7 @@ def main(model_dir: str, out_dir: str, zero_stage: int = 2, mini_batch_size: int
 
     from longturn.algo.gae import GAEParams
     from longturn.algo.trainer import PPOTrainer
-    from longturn.rollout.samples import samples_from_turns
+    from turn_rows import samples_from_turns
     from longturn.trajectories import write_samples
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

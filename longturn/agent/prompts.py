@@ -145,9 +145,9 @@ def build_prompt(
 
 @dataclass(frozen=True)
 class ActionView:
-    """What an action prompt of the next reply is built from, whoever plays the env (an env
-    slot, or the interaction behind a conversation: its `action_view`): the env's instructions,
-    its past steps of this episode (oldest first), the current observation and its frame."""
+    """What an action prompt of the next reply is built from (the env interaction behind a
+    conversation gives it: `action_view`): the env's instructions, its past steps of this
+    episode (oldest first), the current observation and its frame."""
 
     instructions: Instructions
     past: Sequence[PastTurn]
@@ -157,8 +157,8 @@ class ActionView:
 
 @dataclass(frozen=True)
 class ActionPrompt:
-    """How an action prompt shows the past (prompt.*), whichever rollout plays the env: an env
-    slot, or a conversation of an env with a history window, so the same step reads the same.
+    """How an action prompt shows the past (prompt.*): the action protocol's, or a chat
+    conversation of an env with a history window, so the same step reads the same.
     No defaults of its own: the prompt section's are the ones (`from_config`)."""
 
     history_content: Literal["output", "action"]

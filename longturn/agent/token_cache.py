@@ -1,7 +1,7 @@
 """Token ids of chat-template text, tokenized piece by piece between added tokens, pieces cached.
 
 Why: every agent prompt repeats the same system prompt and worked examples (about 500 of 600
-tokens); tokenizing them again for every turn of every env slot took 3.7 ms of the 5.5 ms a
+tokens); tokenizing them again for every reply of every episode took 3.7 ms of the 5.5 ms a
 prompt costs here, and on a GPU run that CPU time is time the GPU waits. A tokenizer cuts its
 input at added tokens (`<|im_start|>`, `<|im_end|>`, …) before anything else, so the pieces between
 them tokenize independently and the ids of a piece can be reused whenever it recurs.
@@ -10,7 +10,7 @@ That independence is a property of the tokenizer, so it is checked rather than a
 `VERIFY_CALLS` texts of each tokenizer are also tokenized whole, and any difference switches the
 cache off for that tokenizer (with a warning) instead of changing a single id.
 
-Both protocols tokenize through it: env slots' prompts, and every chat template text
+Both protocols tokenize through it: the action protocol's prompts, and every chat template text
 (`ChatDeltas.encode`: windows, deltas, the OpenAI endpoint's renders on its own thread, hence
 the lock).
 """

@@ -1,7 +1,7 @@
 """Dual-discount GAE (docs/design.md §5), vectorised as one linear-recurrence scan.
 
 The per-token rule is a first-order linear recurrence over the flat token order
-(turns ordered by env slot, then time):
+(turns ordered by slot, then time):
 
     A_i = δ_i + a_i · A_{i+1},   A_N = 0
 

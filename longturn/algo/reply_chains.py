@@ -4,7 +4,7 @@ advantage estimator is defined on.
 Why: a window-N turn is a sample with one reply and a whole episode is one sample holding all its
 replies, but GAE (dual discount over turns linked by the TurnGrid) and GRPO / GiGPO (a reward per
 turn) speak of turns. Flattened, both contexts run the same estimator code:
-- a sample with an env slot (`env_index`) is linked to the samples before and after it by the
+- a sample with a slot (`env_index`) is linked to the samples before and after it by the
   grid, as turn rows always were (same slot and iteration, next step, same episode);
 - a packed sample (no slot: a whole episode in one row) gets a slot of its own, so its replies
   form their own chain, reply k at step k; the context between them (tool results, user turns)
@@ -53,13 +53,13 @@ def reply_spans(replies: Sequence[Sequence[Mapping[str, Any]] | None]) -> list[R
 
 
 def is_packed(env_index: Any) -> bool:
-    """A sample without an env slot holds a whole episode: its replies chain among themselves."""
+    """A sample without a slot holds a whole episode: its replies chain among themselves."""
     return env_index is None
 
 
 def turn_columns(columns: Columns, spans: Sequence[ReplySpan]) -> dict[str, list[Any]]:
     """The ordering columns of `gae_for_table` / TurnGrid, one entry per reply. A packed row's
-    slot is -(row + 1) (env slots are >= 0), so no two packed rows, nor a packed row and a
+    slot is -(row + 1) (slots are >= 0), so no two packed rows, nor a packed row and a
     slotted one, ever share a chain."""
     out: dict[str, list[Any]] = {k: [] for k in ("env_index", "step", "episode_id", "iteration",
                                                  "terminated", "aborted", "segment_end")}

@@ -1,4 +1,4 @@
-"""Turn rows as a dense grid of lock-steps × env slots: the one answer to "which turn comes next
+"""Turns as a dense grid of lock-steps × slots: the one answer to "which turn comes next
 in this episode".
 
 The collector steps every slot in lock-step, so a batch is a [steps, slots] grid (the layout of

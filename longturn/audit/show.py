@@ -1,8 +1,8 @@
 """`show EPISODE_ID RUN_DIR`: every reply of an episode as the model saw it, with what training
 made of each, read from all the samples that hold the episode. A conversation (a packed whole
 episode, a windowed one, an agent's calls) is shown message by message (audit/conversation.py);
-an env slot's turns one by one: prompt, THINK, ACTION, the executed action, reward, value,
-advantage, return."""
+an env's episode (the action protocol) turn by turn: prompt, THINK, ACTION, the executed action,
+reward, value, advantage, return."""
 
 from __future__ import annotations
 
@@ -114,13 +114,13 @@ def _is_conversation(frame: pd.DataFrame) -> bool:
     """A chat-protocol episode: it stores its conversation (`messages`), or its prompts carry no
     text of their own (a packed episode's, a chat window's or an agent call's context is in the
     conversation of the episode's last sample, not written while the episode goes on; a window
-    of an env's episode writes an env slot's prompt text, and reads like its turns)."""
+    of an env's episode writes its action prompt's text, and reads turn by turn)."""
     return bool(frame["messages"].notna().any() or frame["prompt_text"].isna().all())
 
 
 def show_episode(run: Run, episode_id: str, with_prompt: bool = True,
                  turn: int | None = None, frames_dir: str | Path | None = None) -> Output:
-    """Every reply of the episode, in whichever samples it sits: the turns of an env slot, or the
+    """Every reply of the episode, in whichever samples it sits: the turns of an env's, or the
     replies of a conversation (one packed sample, or a sample per windowed reply or agent
     call) with its stored messages."""
     frame = read_replies(run, COLUMNS, filters=[("episode_id", "==", episode_id)])

@@ -21,8 +21,8 @@ def row_seed(seed: int, index: int) -> int:
 
 def lock_step_seed(seed: int | None, iteration: int, step: int) -> int | None:
     """The seed of one lock-step of a collection (every running episode's reply in one call):
-    one rule for every player, so an env sampled by env slots or as a conversation of its
-    interaction gets the same replies (None: unseeded)."""
+    one rule for every player, so every collection's replies follow from the run's seed, the
+    iteration and the lock-step alone (None: unseeded)."""
     return None if seed is None else seed + iteration * 100_003 + step
 
 

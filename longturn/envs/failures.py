@@ -2,7 +2,7 @@
 
 `EnvFailure` is one reset or step that raised, crashed its worker or hung past
 `env.step_timeout_s`: the rollout aborts that episode, restarts the env and goes on. `EnvGaveUp` is
-more than `env.max_retries` failures of one env slot in a row: a deterministically broken env must
+more than `env.max_retries` failures of one env in a row: a deterministically broken env must
 stop the stage with one line rather than loop forever.
 """
 
@@ -33,8 +33,7 @@ class EnvFailure(Exception):
 
 
 class EnvGaveUp(UserError):
-    """An env (an env slot's, or an env interaction's) failed more than its max_retries times in
-    a row."""
+    """An env (an env interaction's) failed more than its max_retries times in a row."""
 
 
 def restart_or_give_up(env: Any, failure: EnvFailure, *, name: str, task: str, call: str,

@@ -1,6 +1,6 @@
 """Envs that step in their own worker process: a hung or crashing env costs one episode, not a run.
 
-Topology: one process per env slot, started as a fresh interpreter (`worker_main`), never forked
+Topology: one process per env, started as a fresh interpreter (`worker_main`), never forked
 from a parent that may hold torch threads, CUDA or DeepSpeed state. Calls are split in two
 (`submit_step` then `wait_step`), so the rollout sends every slot's action first and the envs step
 in parallel while the main process collects results and renders the next prompts. A call that

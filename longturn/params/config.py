@@ -91,7 +91,7 @@ class EnvParams(Section):
     kwargs: dict[str, Any] = Field(default_factory=dict)
     invalid_action_penalty: float = Field(0.1, ge=0.0)
     max_turns: int | None = at_most(L.EPISODE_TURNS, None, ge=1)
-    # true: each env slot steps in its own worker process (a hung or crashing env is killed and
+    # true: each env steps in its own worker process (a hung or crashing env is killed and
     # restarted, its episode aborted); false: in this process (a raise still aborts the episode,
     # a hang blocks the stage)
     workers: bool = True

@@ -82,7 +82,7 @@ class Conversation:
     aborted: bool = False  # ended by a failure outside the model
     # the first reply out of the loss when aborted: 0 (an agent's failure: none of its replies
     # trains), or the reply whose env step failed (the replies before it acted on an env that
-    # answered, and train, as an env slot's turns before a failed step do)
+    # answered, and train)
     aborted_from: int = 0
     check: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
@@ -189,9 +189,9 @@ class Conversation:
                 self.metrics[key] = self.metrics.get(key, 0.0) + float(v)
 
     def read_as_action(self, parsed: ParsedAction, env_reward: float | None = None) -> None:
-        """The latest reply, as an env read it: the action columns an env slot's turn row has
-        (and the env's reward for it, before the invalid-action penalty, where the interaction
-        said it); a reply that named no valid action is not valid."""
+        """The latest reply, as an env read it: the action columns of its sample (and the env's
+        reward for it, before the invalid-action penalty, where the interaction said it); a reply
+        that named no valid action is not valid."""
         self.reply_actions[-1] = {"raw_action": parsed.raw_action, "action": parsed.action,
                                   "action_failure": parsed.failure,
                                   "env_reward": None if env_reward is None else float(env_reward)}
@@ -253,7 +253,7 @@ class Conversation:
             "window_prompts": [list(w.ids) for _, w in windows],
             "window_frames": [[local[j] for j in w.frames] for _, w in windows],
             "window_image_starts": [list(w.starts) for _, w in windows]}
-        if windows and windows[0][1].observation is not None:  # an env slot's prompts
+        if windows and windows[0][1].observation is not None:  # action protocol's prompts
             out.update(reply_observations=[w.observation for _, w in windows],
                        window_texts=[w.text for _, w in windows],
                        window_history_dropped=[w.history_dropped for _, w in windows])

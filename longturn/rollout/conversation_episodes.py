@@ -1,6 +1,7 @@
-"""Conversations played to their end outside the train loop: evaluation's jobs (task, seed, id),
-handed on as samples and one episode row each, and prompt validation's whole conversations as
-packed samples. So evaluation and validation read no conversation record.
+"""Conversations played outside the train loop: evaluation's jobs (task, seed, id) to their end,
+handed on as samples and one episode row each; prompt validation's whole conversations as packed
+samples, and an env's first replies as training's first lock-step plays them. So evaluation and
+validation read no conversation record.
 
 - The chat protocol: the run's rollout function plays `width` jobs at a time, each chunk a call
   of its own: a chunk's draws depend on its episodes only, so a rerun after a crash plays only
@@ -18,6 +19,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from longturn.engines.base import Engine, SamplingParams
+from longturn.errors import UserError
+from longturn.rollout.collection import EpisodeStart
 from longturn.rollout.conversation_setup import ConversationRun
 from longturn.rollout.conversation_player import ConversationPlayer
 from longturn.rollout.episode_jobs import EpisodeJob, play_jobs
@@ -62,6 +65,26 @@ def packed_samples(run: ConversationRun, engine: Engine, tokenizer: Any,
     return [sample_from_episode(record) for record in run.play(
         engine, tokenizer, sampling, [run.record(task, s) for s in seeds],
         [f"{id_prefix}-{task}-{s}" for s in seeds])]
+
+
+def first_replies(run: ConversationRun, engine: Engine, tokenizer: Any, sampling: SamplingParams,
+                  task: str, seeds: list[int], id_prefix: str) -> list[dict[str, Any]]:
+    """The first reply of `task`'s episode on each seed (an env's conversations: prompt
+    validation's), played as the first lock-step of a fixed-turn batch plays them: the prompt
+    the rollout renders, the reply read as an action and stepped, cut there. One sample per
+    seed, in seed order, each reply sampling from its episode's seeds (keyed seeds). An episode
+    that cannot start stops it: nothing can be validated on it."""
+    player = ConversationPlayer(run, len(seeds), fixed_turns=True, keyed_seeds=True)
+    try:
+        failed = player.start([EpisodeStart(slot, task, seed, f"{id_prefix}-{task}-{seed}")
+                               for slot, seed in enumerate(seeds)])
+        if failed:
+            raise UserError(f"task {task!r} seed {failed[0].seed}: the episode could not start "
+                            f"({failed[0].failure}), so its first reply cannot be validated")
+        samples, _ = player.lock_step(engine, tokenizer, sampling, 0, 0, closes_batch=True)
+    finally:
+        player.close()
+    return samples
 
 
 def play_env_episodes(

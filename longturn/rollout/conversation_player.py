@@ -165,8 +165,8 @@ class ConversationPlayer:
                                    [why for r in records for why in r.get("failed_starts", ())])
 
     def action_names(self) -> list[str]:
-        """Every action the envs behind the run's interaction know (for the action mix, as env
-        slots report it); none for tasks that play no env."""
+        """Every action the envs behind the run's interaction know (for the action mix); none
+        for tasks that play no env."""
         return interaction_action_names(self.run.settings.interaction)
 
     def state(self) -> dict[str, Any]:

@@ -12,8 +12,7 @@ After each reply:
   (`time_limit` when it says the episode was cut by a time limit, else `done`) or answers as the
   user; without an interaction such a reply ends the episode. An env behind the interaction
   that fails (`EnvFailure`, tasks/env_frames.py) aborts that episode alone (`env_error` or
-  `timeout`: the reply whose step failed is out of the loss, the episode counted apart, as an
-  env slot's);
+  `timeout`: the reply whose step failed is out of the loss, the episode counted apart);
 - limits end it too: `max_assistant_turns`, `max_user_turns`, `max_tokens` (the token budget of
   what a reply is given plus the reply: a reply is cut to fit, and no context is appended past
   it).
@@ -104,7 +103,7 @@ class ConversationSettings:
     progress: bool
     # what the built-in rollout does with an episode whose start failed (an env whose reset
     # failed; its env restarted): try the same task record again, as a group's members share
-    # it; or (an evaluation's jobs) return it as `unstarted`, as an env slot's evaluation does.
+    # it; or (an evaluation's jobs) return it as `unstarted`, an aborted episode of no reply.
     # The caller's choice, not a setting: `from_config` says retry, an evaluation turns it off.
     retry_failed_starts: bool
 
@@ -115,9 +114,8 @@ class ConversationSettings:
                     reward_fn: Callable[[dict[str, Any], list[dict[str, Any]]], float] | None,
                     progress: bool, action_prompt: ActionPrompt | None
                     ) -> ConversationSettings:
-        """rollout.chat's limits, the window's turns (`Params.history_window`, as an env slot's
-        window) and how an env is shown in it (prompt.*), plus what the run loaded from its
-        files."""
+        """rollout.chat's limits, the window's turns (`Params.history_window`) and how an env is
+        shown in it (prompt.*), plus what the run loaded from its files."""
         if history_turns is not None and history_turns < 1:
             raise SettingError("rollout.context window with prompt.history_turns 0 "
                                "would show no reply and no tool result: set it to 1 or more")
@@ -252,7 +250,7 @@ def _after_text(ep: Conversation, answer: tuple | None, s: ConversationSettings
         ep.end(DONE)
         return None
     if isinstance(answer, _EnvFailed):  # the step of this reply's action failed: it alone
-        ep.abort(answer.reason, last_reply_only=True)  # is out of the loss, as in env slots
+        ep.abort(answer.reason, last_reply_only=True)  # is out of the loss
         return None
     stop, text, score, metrics = answer
     ep.reward(0.0 if score is None else score, metrics)  # verl allows a turn without a score
@@ -279,8 +277,7 @@ def _finish(ep: Conversation, s: ConversationSettings, tool_rewards: dict[str, f
     reply would have seen when the episode was cut short (its bootstrap). The record of the
     replies from `first` on (`Conversation.record`), with `success` when the interaction says
     (an env's), else None: the task decides (ConversationRun.succeeded). An env's episode that
-    ended on its own is named as an env slot's is (envs/termination.py: success, failure,
-    time_limit)."""
+    ended on its own is named by envs/termination.py (success, failure, time_limit)."""
     if ep.windows:  # an aborted episode trains on nothing: no bootstrap
         ep.window = (None if ep.reason == DONE or ep.aborted
                      else _next_window(ep, s, ep.messages, ep.frame_owner))
@@ -295,7 +292,7 @@ def _finish(ep: Conversation, s: ConversationSettings, tool_rewards: dict[str, f
     said = (interaction_succeeded(_partner(s, ep), ep.episode_id) if s.interaction is not None
             else None)
     record = {**ep.record(first), "success": said}
-    if said is not None and ep.reason in (DONE, TIME_LIMIT):  # an env's: an env slot's words
+    if said is not None and ep.reason in (DONE, TIME_LIMIT):  # an env's: the env's words
         record["termination"] = reason_of({"success": said, "terminated": ep.reason == DONE,
                                            "truncated": ep.reason == TIME_LIMIT})
     return record
@@ -570,7 +567,7 @@ def _next_window(ep: Conversation, s: ConversationSettings,
 
 def _action_window(ep: Conversation, shown: ActionPrompt, turns: int | None, view: ActionView,
                    owners: Sequence[int]) -> WindowPrompt:
-    """An env slot's prompt of the episode's next reply: its env's instructions, its last
+    """The action protocol's prompt of the episode's next reply: its env's instructions, its last
     `turns` steps as prompt.* shows them (the oldest dropped to fit prompt.max_prompt_tokens),
     the current observation and its frame only. That frame is the episode's newest, once its
     observation is appended; an ended episode's last observation never is, so its frame is

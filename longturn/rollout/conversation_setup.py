@@ -48,7 +48,7 @@ def _interaction(params: Params) -> Any:
         return None
     found = load_interactions(s.interactions)
     env_run = [i for i in found.values() if hasattr(i, "use_env_settings")]
-    for interaction in env_run:  # an env behind the chat protocol: env.* as for env slots
+    for interaction in env_run:  # an env behind the chat protocol: env.* as in `of_env`
         interaction.use_env_settings(s.interactions, **{
             key: getattr(params.env, key) for key in ENV_SETTINGS})
     timeout = params.env.step_timeout_s if params.env.workers else None

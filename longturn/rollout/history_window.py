@@ -31,7 +31,7 @@ class WindowPrompt:
     ids: list[int]
     frames: list[int]  # indices into the episode's frames, in order
     starts: list[int]  # where each of those frames' placeholder runs begins in ids
-    # an env slot's prompt (an env's episode, `action_view`) also says, as its turn row does:
+    # an action protocol's prompt (an env's episode, `action_view`) also says, for its sample:
     text: str | None = None  # the prompt's text
     history_dropped: int | None = None  # past steps dropped to fit prompt.max_prompt_tokens
     observation: str | None = None  # the observation it answers, as the env wrote it

@@ -1,12 +1,12 @@
-"""Today's rollout rows as samples of schema v2 (docs/design.md §4): pure converters, nothing read
-or written.
+"""The rollout's conversation records as samples of schema v2 (docs/design.md §4): pure
+converters, nothing read or written.
 
-A window-N turn row becomes a sample with one reply. A whole episode (a conversation record, scored
-or not) becomes one sample holding all its replies: the context before its first reply is the
-prompt, everything after is the response, and every per-token list is cut at that same place, so
-its values stay where they were. Scored columns come along when present, null when not. An
-episode played with a history window (its record holds each reply's window) becomes one sample
-per reply instead: what that reply was given, and what it sampled.
+A whole episode (a conversation record, scored or not) becomes one sample holding all its
+replies: the context before its first reply is the prompt, everything after is the response, and
+every per-token list is cut at that same place, so its values stay where they were. Scored
+columns come along when present, null when not. An episode played with a history window (its
+record holds each reply's window) becomes one sample per reply instead: what that reply was
+given, and what it sampled.
 """
 
 from __future__ import annotations
@@ -17,17 +17,6 @@ from longturn.trajectories import REPLY_TYPE, SAMPLE_SCHEMA
 
 Row = dict[str, Any]
 
-# columns a turn row and a sample share as they are
-_TURN_ROW_COLUMNS = ("run_id", "policy_version", "iteration", "env_index", "env_name", "task",
-                     "episode_id", "episode_seed", "group_id", "prompt_ids", "response_ids",
-                     "prompt_text", "engine_logprobs", "old_logprobs", "ref_logprobs", "values",
-                     "token_rewards", "advantages", "returns", "bootstrap_prompt_ids", "images",
-                     "image_starts", "bootstrap_images", "bootstrap_image_starts")
-# a turn row's columns that describe its one reply
-_TURN_REPLY_COLUMNS = ("turn", "step", "response_text", "raw_action", "action", "action_valid",
-                       "action_failure", "env_reward", "reward", "terminated", "truncated",
-                       "success", "aborted", "segment_end", "termination", "finish_reason",
-                       "history_dropped", "next_value", "logprob_gap", "observation")
 # a conversation record's columns that a sample keeps as they are
 _EPISODE_COLUMNS = ("run_id", "policy_version", "iteration", "env_name", "task", "episode_id",
                     "episode_seed", "group_id", "images", "image_starts", "messages", "metrics",
@@ -41,19 +30,6 @@ CONVERSATION_COLUMNS = ("messages", "metrics", "tokenization_check", "tool_calls
 # a conversation record's per-token lists (as long as input_ids), cut where the response begins
 _EPISODE_TOKEN_LISTS = ("engine_logprobs", "old_logprobs", "ref_logprobs", "values",
                         "token_rewards", "advantages", "returns")
-
-
-def sample_from_turn(row: Row) -> Row:
-    """A turn row (prompt validation's first turns: run/validation.py) as a sample
-    with one reply spanning its whole response."""
-    sample = _blank_sample()
-    sample.update({name: row.get(name) for name in _TURN_ROW_COLUMNS})
-    response = row.get("response_ids")
-    n = len(response) if response is not None else 0
-    sample["loss_mask"] = [1] * n
-    sample["replies"] = [{**_blank_reply(), "start": 0, "end": n,
-                          **{name: row.get(name) for name in _TURN_REPLY_COLUMNS}}]
-    return sample
 
 
 def sample_from_episode(record: Row) -> Row:
@@ -169,10 +145,6 @@ def samples_from_window(record: Row, env_index: int) -> list[Row]:
                     bootstrap_images=[pngs[j] for j in record["bootstrap_frames"]],
                     bootstrap_image_starts=list(record["bootstrap_image_starts"]))
     return out
-
-
-def samples_from_turns(rows: Iterable[Row]) -> list[Row]:
-    return [sample_from_turn(row) for row in rows]
 
 
 def samples_from_episodes(records: Iterable[Row]) -> list[Row]:

@@ -2,7 +2,7 @@
 into place only when complete, so a crash never leaves a checkpoint that looks finished.
 
 Saving is two calls, so the caller can time the heavy part and record that time in the history
-the checkpoint carries: `write` (engines, env slots, digests; every rank writes its part) and
+the checkpoint carries: `write` (engines, running episodes, digests; every rank writes its part) and
 `commit` (history, manifest, COMPLETE marker, rename, pruning; rank 0).
 
 A complete checkpoint can still be damaged later (a truncated copy, a bad disk). Its MANIFEST.json

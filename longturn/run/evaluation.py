@@ -215,7 +215,7 @@ def conversation_plan(engine: Engine, tokenizer: Any, params: Params, sampling: 
 
 
 def in_lock_step_order(samples: pa.Table) -> pa.Table:
-    """Window samples (one reply each) by lock-step, then env slot: the order they were played."""
+    """Window samples (one reply each) by lock-step, then slot: the order they were played."""
     step = pc.struct_field(pc.list_element(samples["replies"], 0), "step")
     order = np.lexsort((samples["env_index"].to_numpy(zero_copy_only=False),
                         step.to_numpy(zero_copy_only=False)))

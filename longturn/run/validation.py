@@ -1,10 +1,11 @@
 """Prompt validation: before spending compute on RL, check prompts fit and the model can answer.
 
-Per task: render first-turn prompts for several seeds, check the token budget (including the worst
-case of a full history window of maximum-length replies), sample one response per prompt, and
-measure how often the answer is a valid action before and after synonym translation, how it fails,
-and how long and how varied the THINK parts are. A task below the gate fails the stage. Each first
-turn is kept as a sample of the one schema, as the chat protocol's validation keeps its episodes.
+Per task: play the first reply of several seeds as training plays it (the env's conversation: its
+prompt rendered and its reply read by the rollout), check the token budget (including the worst
+case of a full history window of maximum-length replies), and measure how often the answer is a
+valid action before and after synonym translation, how it fails, and how long and how varied the
+THINK parts are. A task below the gate fails the stage. Each first reply is kept as the sample
+training's first lock-step would write, as the chat protocol's validation keeps its episodes.
 
 The gate is a file: `passed` (PASSED_MARKER) is written only when every task passes, and removed
 before a run starts, so a failed or interrupted validation never leaves one behind. Training
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from longturn.agent.memory import HistoryEntry
-from longturn.agent.prompts import build_messages, build_prompt, render
+from longturn.agent.prompts import build_messages, render
 from longturn.agent.token_cache import expand_image_tokens
 from longturn.params.config import Params
 from longturn.engines.base import Engine, SamplingParams, engine_image_token
@@ -28,7 +29,8 @@ from longturn.envs.base import TextEnv
 from longturn.envs.registry import make_env
 from longturn.errors import UserError
 from longturn.reply_format import parse_reply
-from longturn.rollout.first_turns import first_turn_samples
+from longturn.rollout.conversation_episodes import first_replies
+from longturn.rollout.conversation_setup import ConversationRun
 from longturn.vision.encoder import IMAGE_PLACEHOLDER
 
 PASSED_MARKER = "passed"
@@ -119,33 +121,23 @@ def task_metrics(samples: list[dict[str, Any]], actions: list[str], tokenizer: A
 
 def validate_env_task(engine: Engine, tokenizer: Any, params: Params, task: str,
                       sampling: SamplingParams, seeds: list[int]) -> TaskValidation:
-    """Render, budget-check and sample one task of `env.name` on a fresh env."""
+    """The first reply of `task` of `env.name` on each seed, played as training plays it (the
+    env's conversation, `first_replies`), and the budget of a full history window checked on
+    the first seed's observation. The envs step in this process whatever `env.workers` says:
+    each is reset and stepped once, and a worker process per seed would cost more than that."""
+    in_process = params.model_copy(update={"env": params.env.model_copy(update={"workers": False})})
+    samples = first_replies(ConversationRun.of_env(in_process, [task], progress=False), engine,
+                            tokenizer, sampling, task, seeds, "validation")
     env = make_env(params.env.name, task, **params.env.kwargs)
     try:
-        return validate_task(engine, tokenizer, env, params, sampling, seeds)
+        first, _ = env.reset(seed=seeds[0])
+        image_token = None if first.image is None else engine_image_token(engine)
+        worst = worst_case_prompt_tokens(tokenizer, env, first.text, params, image_token)
+        actions = list(env.actions)
     finally:
         env.close()
-
-
-def validate_task(engine: Engine, tokenizer: Any, env: TextEnv, params: Params,
-                  sampling: SamplingParams, seeds: list[int]) -> TaskValidation:
-    """Render, budget-check and sample one task."""
-    result = TaskValidation(env.task)
-    prompts, observations = [], []
-    image_token = engine_image_token(engine)
-    for seed in seeds:
-        obs, _ = env.reset(seed=seed)
-        observations.append(obs.text)
-        prompts.append(build_prompt(tokenizer, env.instructions, [], obs.text,
-                                    params.prompt.max_prompt_tokens, params.prompt.demonstration,
-                                    obs.image, image_token))
-    result.samples = first_turn_samples(engine, tokenizer, env, prompts, seeds, sampling)
-    first, _ = env.reset(seed=seeds[0])
-    worst = worst_case_prompt_tokens(tokenizer, env, observations[0], params,
-                                     None if first.image is None else image_token)
-    result.metrics = task_metrics(result.samples, env.actions, tokenizer, worst,
-                                  params.prompt.max_prompt_tokens)
-    return result
+    return TaskValidation(task, samples, task_metrics(samples, actions, tokenizer, worst,
+                                                      params.prompt.max_prompt_tokens))
 
 
 def gate_failures(results: list[TaskValidation], min_ratio: float) -> list[str]:

@@ -1,7 +1,7 @@
 """Fixed-turn collection for `rollout.agent` under a critic (`algo.advantage: gae`): each
 iteration takes exactly `rollout.turns_per_env` calls of each of `rollout.n_envs` agent slots,
-and episodes go on across iterations, as Verlog's fixed-turn batches do for env slots
-(rollout/collection.py).
+and episodes go on across iterations, as Verlog's fixed-turn batches do for an env's
+episodes (rollout/collection.py).
 
 Why: played whole, a long agent episode makes an update wait for its slowest episode and sizes
 each batch by episode lengths. Here an agent runs in its thread across iterations against one

@@ -90,14 +90,14 @@ class EnvInteraction(BaseInteraction):
     """Resets the episode's env, opens the episode with its first observation, steps it with
     each reply's action and says whether the episode succeeded.
 
-    Its settings are env slots' (a run loaded from params gets them from env.*:
+    Its settings are env.*'s (a run loaded from params gets them there:
     `use_env_settings`; built directly, from `config`, the defaults in brackets):
     `invalid_action_penalty` (0.1), subtracted when a reply names no valid action; `max_turns`
     (none): the env steps after which the episode is cut as a time limit (`truncated`); `workers`
     (false): each env in a worker process of its own; `step_timeout_s` (30, with workers; under
     `rollout.chat.tool_timeout_s`, which bounds the whole call): a reset or step that takes
     longer is cut off; `max_retries` (3). An env that raises, dies or hangs aborts its episode
-    alone, as in env slots: `generate_response` raises the `EnvFailure`, the rollout ends the
+    alone: `generate_response` raises the `EnvFailure`, the rollout ends the
     episode as aborted (the reply whose step failed out of the loss, counted by its reason) and
     the env is restarted; more than `max_retries` failures of one env in a row (a reset that
     works does not clear them, a step does) stop the stage (`EnvGaveUp`). An env is kept when
@@ -109,7 +109,7 @@ class EnvInteraction(BaseInteraction):
         self._idle: dict[str, list[Any]] = {}  # idle envs by their spec's repr
         self._lock = threading.Lock()  # the rollout calls episodes' methods on several threads
         # failures in a row of each env (by id: kept here or idle for the interaction's life),
-        # counted as an env slot counts its env's: a successful step clears it, a reset does not
+        # a successful step clears it, a reset does not
         self._failures: dict[int, int] = {}
         self._settings_are = f"the {name!r} interaction's "  # where a message says they are set
 
@@ -140,7 +140,7 @@ class EnvInteraction(BaseInteraction):
 
     def _failed(self, env: Any, failure: EnvFailure, call: str, seed: int, turn: int) -> None:
         """Restart the env; past `max_retries` failures of this env in a row, stop the stage.
-        Said as an env slot says it: the env's own name, the seed and the episode's turn."""
+        Said with the env's own name, the seed and the episode's turn."""
         with self._lock:
             failures = self._failures[id(env)] = self._failures.get(id(env), 0) + 1
         restart_or_give_up(env, failure, name=env.name, task=env.task, call=call,
@@ -154,8 +154,8 @@ class EnvInteraction(BaseInteraction):
 
     def start(self, instance_id: str, **kwargs: Any) -> None:
         """Reset an env for the episode (in its worker process with `workers`). A reset that
-        fails raises its `EnvFailure` once the env is restarted (the episode does not begin, as
-        an env slot's failed reset), or past `max_retries` failures in a row `EnvGaveUp`."""
+        fails raises its `EnvFailure` once the env is restarted (the episode does not begin and
+        is counted as an aborted reset), or past `max_retries` failures in a row `EnvGaveUp`."""
         spec, seed = self._spec(kwargs), int(kwargs["seed"])
         env = self._take(spec)
         try:
@@ -205,9 +205,9 @@ class EnvInteraction(BaseInteraction):
                              observation.image if state["image"] else None)
         metrics = {"env_reward": reward, "invalid_actions": float(not parsed.valid)}
         limit = self.config.get("max_turns")
-        truncated = truncated or bool(limit and len(state["past"]) >= limit)  # as env slots cut
+        truncated = truncated or bool(limit and len(state["past"]) >= limit)  # env.max_turns
         state["truncated"] = truncated and not terminated
-        state["success"] = bool(info.get("success", False))  # as an env slot's turn row
+        state["success"] = bool(info.get("success", False))  # the env's own word
         state["parsed"] = parsed
         return terminated or truncated, answer, reward - penalty, metrics
 
@@ -215,18 +215,18 @@ class EnvInteraction(BaseInteraction):
         return bool(self.instances[instance_id].get("truncated"))
 
     def succeeded(self, instance_id: str) -> bool:
-        """The env's `success` on the episode's last step (False before any), as env slots
-        count it: known here, so the task need not replay the episode."""
+        """The env's `success` on the episode's last step (False before any): known here, so
+        the task need not replay the episode."""
         return bool(self.instances[instance_id].get("success"))
 
     def read_action(self, instance_id: str) -> ParsedAction:
-        """The action the last reply named (or the default one it fell back to), as an env
-        slot's turn row records it."""
+        """The action the last reply named (or the default one it fell back to), as its sample
+        records it."""
         return self.instances[instance_id]["parsed"]
 
     def action_view(self, instance_id: str) -> ActionView:
-        """The episode as an env slot's prompt shows it: the env's instructions, its steps so
-        far, the current observation and (with `image`) its frame."""
+        """The episode as the action protocol's prompt shows it: the env's instructions, its
+        steps so far, the current observation and (with `image`) its frame."""
         state = self.instances[instance_id]
         observation = state["observation"]
         return ActionView(state["env"].instructions, state["past"], observation.text,
