@@ -34,7 +34,7 @@ from longturn.engines.base import Completion  # noqa: E402
 from longturn.engines.registry import make_engine, sampling_from_params  # noqa: E402
 from longturn.run.evaluation import eval_jobs  # noqa: E402
 from longturn.run.models import load_tokenizer  # noqa: E402
-from longturn.rollout.conversation_episodes import play_env_episodes  # noqa: E402
+from longturn.rollout.conversation_episodes import play_episode_jobs  # noqa: E402
 from cpu_threads import add_threads_arg, use_threads  # noqa: E402
 from tiny_model import add_tiny_args, fill_defaults, resolve_model_dir  # noqa: E402
 
@@ -46,7 +46,7 @@ def timed_play(engine, tokenizer, params, jobs, parallel: int) -> tuple[int, flo
     """Turns played and wall seconds for `jobs` with `parallel` envs in lock-step."""
     run = ConversationRun.of_env(params, progress=False)
     start = time.perf_counter()
-    samples, _ = play_env_episodes(run, engine, tokenizer, jobs, parallel,
+    samples, _ = play_episode_jobs(run, engine, tokenizer, jobs, parallel,
                                    sampling_from_params(params, seed=0), progress=False)
     return len(samples), time.perf_counter() - start  # a sample per turn
 

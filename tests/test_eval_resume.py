@@ -26,7 +26,7 @@ from longturn.run.eval_journal import PARTIAL
 from longturn.run.evaluation import eval_jobs
 from longturn.run.protocol import evaluate, evaluate_model
 from longturn.run.models import load_tokenizer
-from longturn.rollout.conversation_episodes import play_env_episodes
+from longturn.rollout.conversation_episodes import play_episode_jobs
 from longturn.rollout.conversation_setup import ConversationRun
 from reply_rows import replies_of
 from settings_from_params import sampling_settings
@@ -69,7 +69,7 @@ def test_a_resumed_queue_plays_the_rest_in_the_same_slots_steps_and_draws(
             ended.append(episode)
             turns.extend(rows)
 
-        returned, _ = play_env_episodes(ConversationRun.of_env(params, progress=False),
+        returned, _ = play_episode_jobs(ConversationRun.of_env(params, progress=False),
                                         SeededEngine(tokenizer), tokenizer, jobs, parallel,
                                         sampling_settings(seed=7), progress=False,
                                         finished=finished, on_episode=on_episode)
@@ -114,7 +114,7 @@ def test_an_env_is_built_per_slot_and_kept_for_the_next_episode_of_its_task(
     monkeypatch.setattr(FlakyCorridor, "__init__", counted)
 
     def play(tasks, per_task):
-        samples, episodes = play_env_episodes(
+        samples, episodes = play_episode_jobs(
             ConversationRun.of_env(params, tasks, progress=False), SeededEngine(tokenizer),
             tokenizer, eval_jobs(tasks, per_task, 1000), 2, sampling_settings(seed=7),
             progress=False)
@@ -209,3 +209,23 @@ def test_sigkill_mid_evaluation_then_rerun_gives_the_uninterrupted_outputs(tiny_
     evaluate_model(tiny_model_dir, parse_params(params), tmp_path / "whole", "base",
                    progress=False)
     assert_same_outputs(tmp_path / "whole", out)
+
+
+def test_chat_evaluation_plays_each_episode_alike_at_any_width(tiny_model_dir, tmp_path):
+    """The built-in chat rollout is evaluated in slots in lock-step, as an env's episodes are:
+    each reply seeded by its episode's id and turn, so an episode samples the same however many
+    play beside it (played in chunks, a chunk's draws depended on what shared it)."""
+    params = one_reply_sequence_params(tiny_model_dir)
+    params["engine"]["sampling"].update(max_new_tokens=6)
+    params["rollout"]["chat"].update(max_assistant_turns=3, max_user_turns=2)
+    params["eval"].update(episodes_per_task=4)
+    written = {}
+    for width in (1, 3):
+        params["eval"].update(parallel_envs=width)
+        evaluate_model(tiny_model_dir, parse_params(params), tmp_path / f"w{width}", "base",
+                       progress=False)
+        _, episodes, samples = outputs(tmp_path / f"w{width}")
+        written[width] = episodes, samples.drop(columns=["env_index"])
+    assert written[1][0]["length"].sum() > len(written[1][0])  # episodes of several replies
+    pd.testing.assert_frame_equal(written[1][0], written[3][0])
+    pd.testing.assert_frame_equal(written[1][1], written[3][1])

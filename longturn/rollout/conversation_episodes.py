@@ -3,13 +3,14 @@ handed on as samples and one episode row each; prompt validation's whole convers
 samples, and an env's first replies as training's first lock-step plays them. So evaluation and
 validation read no conversation record.
 
-- The chat protocol: the run's rollout function plays `width` jobs at a time, each chunk a call
-  of its own: a chunk's draws depend on its episodes only, so a rerun after a crash plays only
-  the chunks its journal lacks (run/eval_journal.py).
-- An env's conversations (`ConversationRun.of_env`): up to `width` slots in lock-step
-  (`play_jobs`), each reply sampling from seeds of its episode's id and turn alone, so an
-  episode plays the same whatever shares its lock-steps, and a rerun plays only what the
-  journal lacks.
+- A run that plays in lock-steps (an env's conversations, `ConversationRun.of_env`, or the
+  built-in chat rollout's): up to `width` slots in lock-step (`play_jobs`), a slot taking the
+  next job as soon as its episode ends (no wait for a chunk's longest episode), each reply
+  sampling from seeds of its episode's id and turn alone, so an episode plays the same whatever
+  shares its lock-steps, and a rerun plays only what the journal lacks.
+- A rollout function of the user's (an agent's, slime's) plays `width` jobs at a time, each
+  chunk a call of its own: a chunk's draws depend on its episodes only, so a rerun after a
+  crash plays only the chunks its journal lacks (run/eval_journal.py).
 
 An episode's row is read from its samples (rollout/sample_metrics.py `episode_row`).
 """
@@ -87,20 +88,21 @@ def first_replies(run: ConversationRun, engine: Engine, tokenizer: Any, sampling
     return samples
 
 
-def play_env_episodes(
+def play_episode_jobs(
     run: ConversationRun, engine: Engine, tokenizer: Any, jobs: list[EpisodeJob], width: int,
     sampling: SamplingParams, extra: dict[str, Any] | None = None, progress: bool = True,
     finished: dict[str, int] | None = None,
     on_episode: Callable[[dict[str, Any], list[dict[str, Any]]], None] | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Play every job of an env's conversations (an evaluation's) to its end in up to `width`
-    slots in lock-step (`play_jobs`), each reply sampling from its episode's seeds (keyed
-    seeds).
+    """Play every job (an evaluation's) to its end in up to `width` slots in lock-step
+    (`play_jobs`; a run that plays `in_lock_steps`: an env's, or the built-in chat rollout's),
+    each reply sampling from its episode's seeds (keyed seeds), so an episode plays the same
+    whatever shares its lock-steps and however wide they are.
 
     Returns (samples, episode rows) of the jobs played here, episode after episode as they
     ended; a job whose start failed is an episode row, `aborted`, of no reply. Jobs in
-    `finished` (episode id → replies) are not played but keep their slot for as many
-    lock-steps. `on_episode(episode, samples)` is called as each episode ends (an evaluation's
+    `finished` (episode id → lock-steps, `lock_steps_held`) are not played but keep their slot
+    for as many lock-steps. `on_episode(episode, samples)` is called as each episode ends (an evaluation's
     journal); the samples then go only there, not into the returned list as well."""
     extra, finished = extra or {}, finished or {}
     player = ConversationPlayer(run, min(width, len(jobs)), fixed_turns=False, keyed_seeds=True)
@@ -121,7 +123,7 @@ def play_env_episodes(
 
     def unstarted(slot: int, job: EpisodeJob, reason: str) -> None:
         ended(unstarted_row(extra.get("run_id"), extra.get("policy_version"),
-                            run.record(job.task, job.seed).get("env_name"), job.task,
+                            run.record(job.task, job.seed).get("env_name") or "chat", job.task,
                             job.episode_id, job.seed, reason), [])
 
     try:

@@ -22,7 +22,7 @@ from longturn.tasks.plugins import import_class
 from longturn.tasks.env_frames import ENV_SETTINGS, EnvInteraction, EnvTask
 from longturn.tasks.interactions import close_all, load_interactions
 from longturn.rollout.conversation import replies_valid
-from longturn.rollout.conversation_rollout import ConversationSettings
+from longturn.rollout.conversation_rollout import ConversationSettings, conversation_rollout
 from longturn.tasks.tools import ToolBox, load_tools
 from longturn.tasks.registry import load_task
 
@@ -144,6 +144,13 @@ class ConversationRun:
         tasks = {task: EnvTask(e.name, task, image=image, kwargs=dict(e.kwargs))
                  for task in task_names or e.tasks}
         return cls(tasks, settings, None)
+
+    @property
+    def in_lock_steps(self) -> bool:
+        """Whether `ConversationPlayer` can play its episodes reply by reply: an env's run, or
+        the built-in rollout's (whose function is those lock-steps played to the end); a
+        rollout function of the user's, an agent's or slime's plays whole episodes only."""
+        return self.function is None or self.function is conversation_rollout
 
     @property
     def of_an_env(self) -> bool:

@@ -27,6 +27,13 @@ class EpisodeJob:
     episode_id: str
 
 
+def lock_steps_held(episode: dict[str, Any]) -> int:
+    """How many lock-steps a finished episode (its row) held its slot: one per reply, one for an
+    episode that began but had no room for a reply (its first context filled the token budget),
+    none for a job whose start failed (aborted before any reply)."""
+    return int(episode["length"]) or (0 if episode["aborted"] else 1)
+
+
 def play_jobs(player: SlotPlayer, engine: Engine, tokenizer: Any, sampling: SamplingParams,
               jobs: list[EpisodeJob], finished: dict[str, int],
               on_episode: Callable[[Samples], None],
@@ -35,9 +42,10 @@ def play_jobs(player: SlotPlayer, engine: Engine, tokenizer: Any, sampling: Samp
     """Play every job to its end in the player's slots; `on_episode(samples)` as each ends.
 
     A job whose start failed goes to `on_unstarted(slot, job, reason)`, and its slot takes the
-    job after it. A job already played (`finished`: episode id → its number of replies, from an
-    evaluation's journal) holds its slot for that many lock-steps without an episode, so the jobs
-    still to play start in the slot and at the lock-step they would have had in one run. An
+    job after it. A job already played (`finished`: episode id → the lock-steps it held its slot,
+    `lock_steps_held` of its row in an evaluation's journal) holds its slot for that many
+    lock-steps without an episode, so the jobs still to play start in the slot and at the
+    lock-step they would have had in one run. An
     evaluation has no segments: every reply's `segment_end` is None."""
     pending = list(reversed(jobs))
     playing: dict[int, str] = {}  # slot → the id of the episode it plays

@@ -34,8 +34,8 @@ from longturn.run.eval_journal import EvalJournal
 from longturn.run.eval_key import evaluation_key
 from longturn.run.headline import SUMMARY_FILE, evaluation_summary
 from longturn.envs.termination import reason_of
-from longturn.rollout.episode_jobs import EpisodeJob
-from longturn.rollout.conversation_episodes import play_conversations, play_env_episodes
+from longturn.rollout.episode_jobs import EpisodeJob, lock_steps_held
+from longturn.rollout.conversation_episodes import play_conversations, play_episode_jobs
 from longturn.rollout.conversation_setup import ConversationRun
 from longturn.engines.registry import sampling_from_params
 from longturn.stats import standard_error, wilson_interval
@@ -177,32 +177,32 @@ def env_plan(engine: Engine, tokenizer: Any, params: Params, sampling: SamplingP
     """The action protocol: the env's episodes as conversations in lock-step, one sample per
     reply, each reply seeded by its episode's id and turn."""
     run = ConversationRun.of_env(params, list(params.eval.tasks or params.env.tasks), progress)
-
-    def play(jobs: list[EpisodeJob], journal: EvalJournal) -> None:
-        play_env_episodes(run, engine, tokenizer, jobs, params.eval.parallel_envs, sampling,
-                          extra=extra, progress=progress, on_episode=journal.add,
-                          finished={i: ep["length"] for i, ep in journal.finished.items()})
-
     return EvalPlan(meta={"env": params.env.model_dump(), "prompt": params.prompt.model_dump()},
-                    flush_every=math.ceil(params.eval.parallel_envs / 8), play=play,
+                    flush_every=math.ceil(params.eval.parallel_envs / 8),
+                    play=_in_slots(run, engine, tokenizer, params, sampling, extra, progress),
                     order=lambda samples, jobs: in_lock_step_order(samples))
 
 
 def conversation_plan(engine: Engine, tokenizer: Any, params: Params, sampling: SamplingParams,
                       extra: dict[str, Any], progress: bool) -> EvalPlan:
-    """The chat protocol: the rollout function plays `eval.parallel_envs` episodes at a time,
-    each chunk a call of its own, and the journal is written after each."""
+    """The chat protocol: the built-in rollout plays `eval.parallel_envs` slots in lock-step,
+    as an env's episodes are played, each reply seeded by its episode's id and turn; a rollout
+    function of the user's plays that many episodes at a time, each chunk a call of its own, and
+    the journal is written after each. Samples in job order."""
     run = ConversationRun.from_params(params, list(params.eval.tasks or params.env.tasks),
                                       progress)
-    run.settings.retry_failed_starts = False  # a job whose start failed is counted, not retried
     width = params.eval.parallel_envs
+    if run.in_lock_steps:
+        play = _in_slots(run, engine, tokenizer, params, sampling, extra, progress)
+    else:
+        run.settings.retry_failed_starts = False  # a job whose start failed is counted
 
-    def play(jobs: list[EpisodeJob], journal: EvalJournal) -> None:
-        try:
-            play_conversations(run, engine, tokenizer, sampling, jobs, width, extra,
-                               set(journal.finished), journal.add, journal.flush)
-        finally:
-            run.close()
+        def play(jobs: list[EpisodeJob], journal: EvalJournal) -> None:
+            try:
+                play_conversations(run, engine, tokenizer, sampling, jobs, width, extra,
+                                   set(journal.finished), journal.add, journal.flush)
+            finally:
+                run.close()
 
     def order(samples: pa.Table, jobs: list[EpisodeJob]) -> pa.Table:
         position = {job.episode_id: i for i, job in enumerate(jobs)}
@@ -212,6 +212,20 @@ def conversation_plan(engine: Engine, tokenizer: Any, params: Params, sampling: 
     return EvalPlan(meta={"chat": params.rollout.chat.model_dump(),
                           "context": params.rollout.context},
                     flush_every=width, play=play, order=order)
+
+
+def _in_slots(run: ConversationRun, engine: Engine, tokenizer: Any, params: Params,
+              sampling: SamplingParams, extra: dict[str, Any], progress: bool
+              ) -> Callable[[list[EpisodeJob], EvalJournal], None]:
+    """An evaluation's play of a run that plays in lock-steps: `eval.parallel_envs` slots, each
+    episode journaled as it ends; a job the journal has holds its slot as long as it played."""
+    def play(jobs: list[EpisodeJob], journal: EvalJournal) -> None:
+        play_episode_jobs(run, engine, tokenizer, jobs, params.eval.parallel_envs, sampling,
+                          extra=extra, progress=progress, on_episode=journal.add,
+                          finished={i: lock_steps_held(ep)
+                                    for i, ep in journal.finished.items()})
+
+    return play
 
 
 def in_lock_step_order(samples: pa.Table) -> pa.Table:
