@@ -45,8 +45,8 @@ def play_jobs(player: SlotPlayer, engine: Engine, tokenizer: Any, sampling: Samp
     job after it. A job already played (`finished`: episode id → the lock-steps it held its slot,
     `lock_steps_held` of its row in an evaluation's journal) holds its slot for that many
     lock-steps without an episode, so the jobs still to play start in the slot and at the
-    lock-step they would have had in one run. An
-    evaluation has no segments: every reply's `segment_end` is None."""
+    lock-step they would have had in one run. An evaluation has no segments: every reply's
+    `segment_end` is None."""
     pending = list(reversed(jobs))
     playing: dict[int, str] = {}  # slot → the id of the episode it plays
     held: dict[int, int] = {}  # slot → lock-steps left of a finished job
