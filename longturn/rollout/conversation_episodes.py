@@ -102,8 +102,9 @@ def play_episode_jobs(
     Returns (samples, episode rows) of the jobs played here, episode after episode as they
     ended; a job whose start failed is an episode row, `aborted`, of no reply. Jobs in
     `finished` (episode id → lock-steps, `lock_steps_held`) are not played but keep their slot
-    for as many lock-steps. `on_episode(episode, samples)` is called as each episode ends (an evaluation's
-    journal); the samples then go only there, not into the returned list as well."""
+    for as many lock-steps. `on_episode(episode, samples)` is called as each episode ends (an
+    evaluation's journal); the samples then go only there, not into the returned list as
+    well."""
     extra, finished = extra or {}, finished or {}
     player = ConversationPlayer(run, min(width, len(jobs)), fixed_turns=False, keyed_seeds=True)
     episodes: list[dict[str, Any]] = []
