@@ -29,7 +29,7 @@ from longturn.params.sizes import iteration_rows
 from longturn.rollout.collection import EpisodeGroups
 from longturn.rollout.conversation_setup import ConversationRun
 from longturn.rollout.samples import samples_from_episodes
-from longturn.run.protocol import protocol
+from longturn.run.wiring import make_collector
 from longturn.serve.agent_turns import AgentTurnCollector
 
 SAMPLING = SamplingParams(max_new_tokens=6, temperature=1.0, top_p=1.0, top_k=0, seed=3)
@@ -71,10 +71,10 @@ def _params(advantage: str = "gae"):
 
 def test_the_estimator_picks_fixed_turn_agents_with_a_critic_and_whole_groups_without():
     params = _params()
-    assert isinstance(protocol(params).collector(params, 0, "t"), AgentTurnCollector)
+    assert isinstance(make_collector(params, 0, "t"), AgentTurnCollector)
     assert iteration_rows(params) == [("rollout.n_envs", N_ENVS), ("rollout.turns_per_env", 8)]
     params = _params("grpo")
-    assert isinstance(protocol(params).collector(params, 0, "t"), EpisodeGroups)
+    assert isinstance(make_collector(params, 0, "t"), EpisodeGroups)
 
 
 def test_a_resumed_collector_starts_fresh_episodes_with_the_counters_it_saved():

@@ -23,6 +23,7 @@ from longturn.envs.workers import WorkerEnv
 from longturn.run.evaluation import env_plan, evaluate, write_outputs
 from longturn.run.models import load_tokenizer
 from longturn.run.training import run_training
+from longturn.trajectories import SAMPLE_SCHEMA
 from reply_rows import reply_rows
 from test_pipeline_smoke import write_params
 from test_training import paths, toy_params
@@ -201,12 +202,12 @@ def test_a_failed_write_keeps_the_outputs_written_before_it(tmp_path, monkeypatc
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(evaluation, "write_samples", full_disk)
+    monkeypatch.setattr(evaluation, "write_arrow", full_disk)
     episodes = [{"task": "t", "episode_seed": 1, "success": True, "length": 1, "return": 1.0,
                  "env_return": 1.0, "valid_actions": 1, "aborted": False}]
     metrics = evaluation.metrics_by_task(episodes, ["t"])
     with pytest.raises(OSError, match="No space"):
-        write_outputs(tmp_path, metrics, episodes, [{"task": "t"}], {})
+        write_outputs(tmp_path, metrics, episodes, SAMPLE_SCHEMA.empty_table(), {})
     assert json.loads((tmp_path / "metrics.json").read_text()) == metrics
     assert len(pd.read_parquet(tmp_path / "episodes.parquet")) == 1
     assert not Path(tmp_path / "turns.parquet").exists()

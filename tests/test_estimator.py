@@ -16,7 +16,7 @@ from longturn.params.config import AlgoParams, ParamsError, parse_params
 from longturn.params.estimator import ESTIMATORS, Collection, Estimator
 from longturn.rollout.collection import EpisodeGroups, FixedTurnBatches
 from longturn.rollout.conversation_player import ConversationPlayer
-from longturn.run.wiring import close_collector, critic_dir, make_collector, trainer_settings
+from longturn.run.wiring import critic_dir, make_collector, trainer_settings
 from longturn.tasks.env_frames import EnvInteraction
 
 
@@ -74,7 +74,7 @@ def test_the_action_protocol_collects_as_the_estimator_says(advantage, kind, gro
         assert run.settings.action_prompt is not None
         assert getattr(collector, "group_size", None) == group
     finally:
-        close_collector(collector)
+        collector.close()
     has_critic = ESTIMATORS[advantage].has_critic
     assert trainer_settings(params).estimator is ESTIMATORS[advantage]
     assert trainer_settings(params).has_critic is has_critic
@@ -139,4 +139,4 @@ def test_every_protocol_context_and_estimator_make_one_collection(protocol, cont
         else:
             assert window == params.history_window
     finally:
-        close_collector(collector)
+        collector.close()

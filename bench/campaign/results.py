@@ -137,4 +137,3 @@ def goals(results: dict[str, Any]) -> dict[str, Any]:
                 "engine_vs_generate_at_512": engine["engine_vs_generate"] if engine else None}
     return {k: {"goal": GOALS[k], "measured": v, "met": None if v is None else v >= GOALS[k]}
             for k, v in measured.items()}
-

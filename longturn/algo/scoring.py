@@ -123,24 +123,3 @@ def bootstrap_values(models: ModelSet, rows: list[Row], settings: ScoringSetting
 def _advance(bar: Any, n: int) -> None:
     if bar is not None:
         bar.update(n)
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-

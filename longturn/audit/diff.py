@@ -26,16 +26,12 @@ def _key(sample_file: SampleFile) -> tuple[int, int]:
 
 
 def _first_token_difference(a: list[int], b: list[int]) -> int:
-    for k, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return k
-    return min(len(a), len(b))
+    return next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def _turn_at(replies: list[dict[str, Any]] | None, column: str, token: int) -> int | None:
     """The episode turn of the reply holding response token `token`, or of the last reply
     before it (the context after it); the first reply's for a prompt token."""
-    replies = replies or []
     if not replies:
         return None
     before = [r for r in replies if r["start"] <= token] if column == "response_ids" else []

@@ -30,7 +30,7 @@ class EpisodeFilter:
     iteration: int | None = None
 
 
-def _mean(values: pd.Series) -> float:
+def mean_of(values: pd.Series) -> float:
     """Mean of the non-null entries; NaN when none (tool or free-text replies parse no action)."""
     numbers = pd.to_numeric(values, errors="coerce")
     return float(numbers.mean()) if numbers.notna().any() else float("nan")
@@ -53,7 +53,7 @@ def episode_table(run: Run) -> pd.DataFrame:
             "last_iteration": int(turns["iteration"].max()),
             "length": len(turns), "return": float(turns["reward"].sum()),
             "env_return": float(pd.to_numeric(turns["env_reward"]).sum(min_count=1)),
-            "valid_action_ratio": _mean(turns["action_valid"]),
+            "valid_action_ratio": mean_of(turns["action_valid"]),
             "success": bool(ended and last["success"]), "ended_by": last["reason"],
         })
     for _, episode in unstarted_episodes(run).iterrows():
@@ -67,10 +67,10 @@ def episode_table(run: Run) -> pd.DataFrame:
 def unstarted_episodes(run: Run) -> pd.DataFrame:
     """An evaluation's episodes that never had a reply (their env's reset failed): only its
     episodes.parquet holds them, since they have no sample."""
+    columns = ["episode_id", "task", "length", "termination"]
     if run.episodes_file is None:
-        return pd.DataFrame(columns=["episode_id", "task", "length", "termination"])
-    rows = pd.read_parquet(run.episodes_file,
-                           columns=["episode_id", "task", "length", "termination"])
+        return pd.DataFrame(columns=columns)
+    rows = pd.read_parquet(run.episodes_file, columns=columns)
     return rows[rows["length"] == 0].reset_index(drop=True)
 
 

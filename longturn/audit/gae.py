@@ -15,7 +15,6 @@ from longturn.trajectories import read_metadata
 # what the recomputation reads; an evaluation file has the columns but no values in them
 GAE_COLUMNS = ("values", "token_rewards", "loss_mask", "replies", "env_index", "episode_id",
                "iteration", "group_id", "advantages", "returns")
-DEFAULT_TOLERANCE = 1e-4
 
 
 def _iteration(metadata: dict[str, str], sample_file: SampleFile) -> int | None:
@@ -24,7 +23,7 @@ def _iteration(metadata: dict[str, str], sample_file: SampleFile) -> int | None:
     return int(value) if value.isdigit() else None
 
 
-def audit_run(run: Run, tolerance: float = DEFAULT_TOLERANCE) -> Output:
+def audit_run(run: Run, tolerance: float) -> Output:
     # import torch only when asked
     from longturn.algo.sample_scoring import audit_samples_file
     from longturn.algo.scoring import GAE_METADATA_KEYS

@@ -45,11 +45,11 @@ def plain(value: Any) -> Any:
     return value
 
 
-def table(frame: pd.DataFrame, index: bool = False) -> str:
+def table(frame: pd.DataFrame) -> str:
     """A frame as aligned plain text, every row and column, floats to 4 decimals."""
     if frame.empty:
         return "(no rows)"
     with pd.option_context("display.max_rows", None, "display.max_columns", None,
                            "display.width", 250, "display.max_colwidth", 80,
                            "display.float_format", "{:.4f}".format):
-        return frame.to_string(index=index)
+        return frame.to_string(index=False)

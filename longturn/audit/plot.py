@@ -14,6 +14,7 @@ import pandas as pd  # noqa: E402
 
 from longturn.audit.output import Output  # noqa: E402
 from longturn.audit.replies import read_replies  # noqa: E402
+from longturn.audit.reply_blocks import first_value  # noqa: E402
 from longturn.audit.run_files import Run  # noqa: E402
 from longturn.report.plots import save_png  # noqa: E402  (atomic: never a half-written PNG)
 
@@ -22,8 +23,7 @@ COLUMNS = ("iteration", "action", "returns", "advantages")
 
 def first_tokens(frame: pd.DataFrame, column: str) -> pd.Series:
     """Entry 0 of each reply's per-token slice; replies without one (evaluation) dropped."""
-    values = frame[column].map(lambda v: float(v[0]) if v is not None and len(v) else None)
-    return pd.to_numeric(values, errors="coerce").dropna()
+    return pd.to_numeric(frame[column].map(first_value), errors="coerce").dropna()
 
 
 def _distribution(frame: pd.DataFrame, column: str, label: str, path: Path) -> Path | None:

@@ -76,35 +76,23 @@ def explode(table: pa.Table, fields: Iterable[str]) -> pa.Table:
     return pa.table(columns)
 
 
-def read_replies(run: Run, required: Iterable[str], optional: Iterable[str] = (),
-                 filters: list | None = None) -> pd.DataFrame:
+def read_replies(run: Run, columns: Iterable[str], filters: list | None = None) -> pd.DataFrame:
     """The replies of every file as one frame: the asked columns (row columns, reply fields and
-    per-token lists, cut to the reply) plus KEYS; an optional column a file lacks is None.
-    `filters` (pyarrow's) apply to row columns."""
-    required, optional = list(dict.fromkeys(required)), list(dict.fromkeys(optional))
+    per-token lists, cut to the reply) plus KEYS. `filters` (pyarrow's) apply to row columns."""
+    columns = list(dict.fromkeys(columns))
     frames, samples = [], 0
     for sample_file in run.files:
         require_version(sample_file.path)
-        schema = require_columns(sample_file.path,
-                                 ["replies", *(_qualified(c) for c in required)])
-        present = [c for c in optional if c not in required and _has(schema, c)]
-        wanted = [*required, *present]
-        rows = [c for c in wanted if c not in REPLY_FIELDS]
+        require_columns(sample_file.path, ["replies", *(_qualified(c) for c in columns)])
+        rows = [c for c in columns if c not in REPLY_FIELDS]
         table = read_file(sample_file.path, [*rows, "replies"], filters)
-        frame = explode(table, [c for c in wanted if c in REPLY_FIELDS]).to_pandas()
+        frame = explode(table, [c for c in columns if c in REPLY_FIELDS]).to_pandas()
         frame["sample"] += samples
         frame["rank"] = sample_file.rank
         samples += table.num_rows
         frames.append(frame)
     frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    for column in [*required, *optional, *KEYS]:
+    for column in [*columns, *KEYS]:
         if column not in frame.columns:
             frame[column] = None
     return frame
-
-
-def _has(schema: pa.Schema, column: str) -> bool:
-    if column not in REPLY_FIELDS:
-        return column in schema.names
-    kind = schema.field("replies").type.value_type
-    return kind.get_field_index(column) >= 0

@@ -16,14 +16,14 @@ def int_or_none(value: Any) -> int | None:
     return None if value is None or pd.isna(value) else int(value)
 
 
-def _first(values: Any) -> float | None:
+def first_value(values: Any) -> float | None:
     """Entry 0 of a reply's per-token slice; None where the file holds none (critic-free values,
     evaluation files)."""
     return None if values is None or len(values) == 0 else float(values[0])
 
 
 def number(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4f}"
+    return "-" if value is None or pd.isna(value) else f"{value:.4f}"
 
 
 def reply_records(episode: pd.DataFrame) -> list[dict[str, Any]]:
@@ -35,8 +35,8 @@ def reply_records(episode: pd.DataFrame) -> list[dict[str, Any]]:
              "prompt_tokens": 0 if r["prompt_ids"] is None else len(r["prompt_ids"]),
              "start": int(r["start"]), "end": int(r["end"]),
              "tokens": int(r["end"]) - int(r["start"]), "reward": value_or_none(r["reward"]),
-             "value": _first(r["values"]), "advantage": _first(r["advantages"]),
-             "return": _first(r["returns"])}
+             "value": first_value(r["values"]), "advantage": first_value(r["advantages"]),
+             "return": first_value(r["returns"])}
             for r in episode.to_dict(orient="records")]
 
 

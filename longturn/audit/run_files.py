@@ -137,18 +137,6 @@ def require_version(path: Path) -> None:
     require_samples(path)
 
 
-def check_run(run: Run, required: Iterable[str], *, versioned: bool = True) -> None:
-    """Every file of the run readable, of schema version 2 and holding the required columns.
-    `versioned` False lets a Parquet file without longturn metadata through (sql reads any
-    Parquet); a file that names another version is still refused."""
-    required = tuple(required)
-    for sample_file in run.files:
-        schema = schema_of(sample_file.path)
-        if versioned or b"longturn.schema_version" in (schema.metadata or {}):
-            require_version(sample_file.path)
-        require_columns(sample_file.path, required)
-
-
 def read_file(path: Path, columns: list[str], filters: list | None = None) -> pa.Table:
     """Read columns of one file; damaged data pages are named like a damaged footer."""
     try:

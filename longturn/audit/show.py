@@ -16,6 +16,7 @@ from longturn.audit.frames import write_frames
 from longturn.audit.output import Output
 from longturn.audit.reasons import FLAG_COLUMNS, turn_reasons
 from longturn.audit.replies import read_replies
+from longturn.audit.reply_blocks import first_value, number
 from longturn.audit.run_files import Run
 from longturn.errors import UserError
 from longturn.reply_format import parse_reply
@@ -37,17 +38,6 @@ def split_reply(text: str) -> tuple[str, str]:
     return reply.think, (reply.action_tail or "").strip()
 
 
-def _first(values: Any) -> float | None:
-    """Entry 0 of a reply's per-token slice (V(state), A and return at its first token)."""
-    if values is None or len(values) == 0:
-        return None
-    return float(values[0])
-
-
-def _number(value: Any) -> str:
-    return "-" if value is None or pd.isna(value) else f"{value:.4f}"
-
-
 def turn_record(row: dict[str, Any]) -> dict[str, Any]:
     think, action_text = split_reply(row["response_text"] or "")
     images = row["images"] if row["images"] is not None else []
@@ -57,8 +47,8 @@ def turn_record(row: dict[str, Any]) -> dict[str, Any]:
         "think": think, "action_text": action_text, "action": row["action"],
         "action_valid": bool(row["action_valid"]), "action_failure": row["action_failure"],
         "reward": row["reward"], "env_reward": row["env_reward"],
-        "value": _first(row["values"]), "advantage": _first(row["advantages"]),
-        "return": _first(row["returns"]), "next_value": row["next_value"],
+        "value": first_value(row["values"]), "advantage": first_value(row["advantages"]),
+        "return": first_value(row["returns"]), "next_value": row["next_value"],
         "ended_by": row["reason"], "finish_reason": row["finish_reason"],
         "history_dropped": row["history_dropped"], "images": len(images),
     }
@@ -78,12 +68,12 @@ def _render(turn: dict[str, Any], with_prompt: bool) -> str:
         lines += [f"THINK: {turn['think']}", f"ACTION: {turn['action_text']}"]
     else:
         lines += [f"REPLY (no THINK:/ACTION:): {reply}"]
-    lines.append(f"executed: {turn['action']} ({valid}) · reward {_number(turn['reward'])} "
-                 f"(env {_number(turn['env_reward'])}) · {turn['ended_by']}")
+    lines.append(f"executed: {turn['action']} ({valid}) · reward {number(turn['reward'])} "
+                 f"(env {number(turn['env_reward'])}) · {turn['ended_by']}")
     if turn["value"] is not None:  # scored turns only (evaluation turns have no critic)
-        lines += [f"V(s) {_number(turn['value'])} · advantage {_number(turn['advantage'])} · "
-                  f"return {_number(turn['return'])} · next value "
-                  f"{_number(turn['next_value'])} (first response token)"]
+        lines += [f"V(s) {number(turn['value'])} · advantage {number(turn['advantage'])} · "
+                  f"return {number(turn['return'])} · next value "
+                  f"{number(turn['next_value'])} (first response token)"]
     return "\n".join(lines)
 
 

@@ -20,7 +20,7 @@ from longturn.audit.output import Output, table
 from longturn.audit.read_only_sql import (file_access_refused, lock_down, quote_literal,
                                         require_one_select)
 from longturn.audit.replies import TOKEN_LISTS
-from longturn.audit.run_files import Run, check_run, schema_of
+from longturn.audit.run_files import Run, require_version, schema_of
 from longturn.errors import UserError
 
 
@@ -31,8 +31,11 @@ class QueryError(UserError):
 def connect(run: Run, spill_dir: Path) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB with the run's views, able to read those files and nothing else; what
     does not fit in memory spills to `spill_dir`."""
-    check_run(run, (), versioned=False)  # any Parquet reads; a longturn file must be v2
-    files = ", ".join(quote_literal(f.path) for f in run.files)
+    readable = [f.path for f in run.files]
+    for path in readable:  # any Parquet reads; a file that says it is longturn's must be v2
+        if b"longturn.schema_version" in (schema_of(path).metadata or {}):
+            require_version(path)
+    files = ", ".join(quote_literal(path) for path in readable)
     con = duckdb.connect(":memory:")
     con.execute(
         "CREATE VIEW samples AS SELECT * EXCLUDE (filename), "
@@ -44,9 +47,8 @@ def connect(run: Run, spill_dir: Path) -> duckdb.DuckDBPyConnection:
         schema_of(run.episodes_file)
         episodes = quote_literal(run.episodes_file)
         con.execute(f"CREATE VIEW episodes AS SELECT * FROM read_parquet({episodes})")
-    readable = [f.path for f in run.files]
-    lock_down(con, readable + ([run.episodes_file] if run.episodes_file is not None else []),
-              spill_dir)
+        readable.append(run.episodes_file)
+    lock_down(con, readable, spill_dir)
     return con
 
 

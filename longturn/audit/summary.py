@@ -10,7 +10,7 @@ import math
 
 import pandas as pd
 
-from longturn.audit.episodes import unstarted_episodes
+from longturn.audit.episodes import mean_of, unstarted_episodes
 from longturn.audit.output import Output, table
 from longturn.audit.reasons import FLAG_COLUMNS, reason_counts, turn_reasons
 from longturn.audit.replies import read_replies
@@ -32,13 +32,12 @@ def _stats(group: pd.DataFrame, tools: bool) -> dict[str, float | int]:
     counts = reason_counts(group["reason"])
     decided = _decided(group)
     successes = int((decided & group["success"].fillna(False).astype(bool)).sum())
-    valid = pd.to_numeric(group["action_valid"], errors="coerce")  # null where no rollout said
     out: dict[str, float | int] = {
         "turns": len(group), "samples": int(group["sample"].nunique()),
         "episodes": int(group["episode_id"].nunique()),
         "ended": int((group["reason"] != "continues").sum()),
         "successes": successes, "success_rate": _ratio(successes, int(decided.sum())),
-        "valid_action_ratio": float(valid.mean()) if valid.notna().any() else float("nan"),
+        "valid_action_ratio": mean_of(group["action_valid"]),  # null where no rollout said
         "mean_reward": float(group["reward"].mean()),
     }
     if tools:

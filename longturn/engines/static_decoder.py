@@ -235,4 +235,3 @@ class StaticDecoder:
         slot.token.copy_(slot.state.record(self.lm_head(hidden), slot.sampling))
         slot.position.add_(1)
         slot.column.add_(1)
-

@@ -18,15 +18,12 @@ from typing import Any
 import pandas as pd
 
 from longturn.atomic import write_text
-from longturn.report.evaluation import (  # noqa: F401  (comparison_table is part of this module's API)
-    aborted_reading, comparison_table, endings_table, eval_reading, pair_evaluations,
-    table_markdown,
-)
+from longturn.report.evaluation import (aborted_reading, comparison_table, endings_table,
+                                        eval_reading, pair_evaluations, table_markdown)
 from longturn.report.plots import plot_kl, plot_learning_curves, plot_task_bars, plot_warmup
-from longturn.report.training import (  # noqa: F401  (kl_reading is part of this module's API)
-    PHASE_KEYS, action_reading, kl_reading, pool_success_blocks, success_reading,
-    termination_reading, timing_reading, training_reading, warmup_reading,
-)
+from longturn.report.training import (PHASE_KEYS, action_reading, kl_reading,
+                                      pool_success_blocks, success_reading, termination_reading,
+                                      timing_reading, training_reading, warmup_reading)
 from longturn.report.replies import kl_mean_reading, replies_reading
 from longturn.report.training_plots import plot_action_mix, plot_success_blocks, plot_timing
 
@@ -78,12 +75,9 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, float]:
     return out
 
 
-def _from_summary(path: Path) -> pd.DataFrame:
+def _from_summary(live: Path) -> pd.DataFrame:
     """Fallback when the plot files are gone: the last step from metrics.json, as one row."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return pd.DataFrame()
+    data = read_metrics_json(live)
     row = _strip_namespace(_flatten(data))
     if not row:
         return pd.DataFrame()
@@ -100,25 +94,26 @@ def read_live_metrics(live_dir: str | Path) -> pd.DataFrame:
         if series is not None:
             columns[tsv.relative_to(root).with_suffix("").as_posix()] = series
     if not columns:
-        return _from_summary(live / "metrics.json")
+        return _from_summary(live)
     df = pd.DataFrame(_strip_namespace(columns)).sort_index()
     df.index.name = "step"
     return df
 
 
-def read_eval_metrics(eval_dir: str | Path) -> dict[str, Any]:
-    """An eval stage's metrics.json, or {} when it is absent or unreadable."""
+def read_metrics_json(folder: str | Path) -> dict[str, Any]:
+    """A folder's metrics.json (an eval's, or DVCLive's last step); {} if absent or unreadable."""
     try:
-        return json.loads((Path(eval_dir) / "metrics.json").read_text())
+        return json.loads((Path(folder) / "metrics.json").read_text())
     except (OSError, ValueError):
         return {}
 
 
 # --------------------------------------------------------------------------- the report
 
-def _section(title: str, drawn: bool, image: str, alt: str, body: list[str], why: str) -> list[str]:
+def _section(title: str, drawn: dict[str, bool], image: str, alt: str, body: list[str],
+             why: str = "") -> list[str]:
     lines = [f"## {title}", ""] + body + ([""] if body else [])
-    lines += [f"![{alt}]({image})"] if drawn else [f"*No plot: {why}.*"]
+    lines += [f"![{alt}]({image})"] if drawn[image] else [f"*No plot: {why}.*"]
     return lines + [""]
 
 
@@ -153,13 +148,11 @@ def _missing(zs: dict, fin: dict, train: pd.DataFrame, warm: pd.DataFrame,
 def _draw(out: Path, table: list, blocks: list, train: pd.DataFrame,
           warm: pd.DataFrame) -> dict[str, bool]:
     """Every plot, by file name -> drawn; a plot not drawn this time loses its stale file."""
-    drawn = {"tasks.png": plot_task_bars(table, out / "tasks.png"),
-             "success.png": plot_success_blocks(blocks, out / "success.png"),
-             "curves.png": plot_learning_curves(train, out / "curves.png"),
-             "timing.png": plot_timing(train, out / "timing.png"),
-             "actions.png": plot_action_mix(train, out / "actions.png"),
-             "kl.png": plot_kl(train, out / "kl.png"),
-             "warmup.png": plot_warmup(warm, out / "warmup.png")}
+    plots = {"tasks.png": (plot_task_bars, table), "success.png": (plot_success_blocks, blocks),
+             "curves.png": (plot_learning_curves, train), "timing.png": (plot_timing, train),
+             "actions.png": (plot_action_mix, train), "kl.png": (plot_kl, train),
+             "warmup.png": (plot_warmup, warm)}
+    drawn = {name: plot(data, out / name) for name, (plot, data) in plots.items()}
     for name, ok in drawn.items():
         if not ok:
             (out / name).unlink(missing_ok=True)  # never leave a stale plot from an earlier run
@@ -187,24 +180,23 @@ def _training_sections(drawn: dict[str, bool], train: pd.DataFrame, blocks: list
     one)."""
     phases = ", ".join(PHASE_KEYS)
     lines = (
-        _section("Training success (pooled)", drawn["success.png"], "success.png",
+        _section("Training success (pooled)", drawn, "success.png",
                  "training success pooled into blocks", success_reading(blocks),
                  "no episode counts to pool (episodes_ended with successes or success_rate)")
-        + _section("Training curves", drawn["curves.png"], "curves.png", "training curves",
+        + _section("Training curves", drawn, "curves.png", "training curves",
                    training_reading(train, blocks), "no training metrics")
-        + _section("Where the time goes", drawn["timing.png"], "timing.png",
-                   "seconds per phase per iteration", timing_reading(train),
-                   f"none of {phases} was logged"))
+        + _section("Where the time goes", drawn, "timing.png", "seconds per phase per iteration",
+                   timing_reading(train), f"none of {phases} was logged"))
     body = replies_reading(train, blocks) or ["*No reply metrics were logged.*"]
     lines += ["## Replies", "", *body, ""]
     if drawn["actions.png"]:
-        lines += _section("Action mix", True, "actions.png", "action mix per iteration",
-                          action_reading(train), "")
+        lines += _section("Action mix", drawn, "actions.png", "action mix per iteration",
+                          action_reading(train))
     kl = kl_mean_reading(train) or ["*kl_mean was not logged.*"]
     if drawn["kl.png"]:
-        return lines + _section("KL to the reference: THINK vs ACTION", True, "kl.png",
+        return lines + _section("KL to the reference: THINK vs ACTION", drawn, "kl.png",
                                 "KL think vs action",
-                                kl + [f"- {line}" for line in kl_reading(train)], "")
+                                kl + [f"- {line}" for line in kl_reading(train)])
     return lines + ["## KL to the reference", "", *kl, ""]
 
 
@@ -215,7 +207,7 @@ def build_report(zero_shot_dir: str | Path, final_dir: str | Path, train_live_di
     `critic=False` (a critic-free estimator): no warm-up and no value metrics are expected."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    zs, fin = read_eval_metrics(zero_shot_dir), read_eval_metrics(final_dir)
+    zs, fin = read_metrics_json(zero_shot_dir), read_metrics_json(final_dir)
     paired, why_unpaired = pair_evaluations(zero_shot_dir, final_dir)
     train, warm = read_live_metrics(train_live_dir), read_live_metrics(warmup_live_dir)
     table = comparison_table(zs, fin)
@@ -227,13 +219,13 @@ def build_report(zero_shot_dir: str | Path, final_dir: str | Path, train_live_di
     lines = ["# longturn run report", ""] + _settings(title_info) + [""]
     evals = (table_markdown(table, paired) + [""] if table else []) + eval_reading(
         table, paired, why_unpaired)
-    lines += _section("Zero-shot vs final evaluation", drawn["tasks.png"], "tasks.png",
+    lines += _section("Zero-shot vs final evaluation", drawn, "tasks.png",
                       "success per task, zero-shot vs final", evals, "no evaluation metrics")
     lines += _endings_section(zs, fin, train)
     lines += _training_sections(drawn, train, blocks)
     if critic:
         warm_body = warmup_reading(warm) if drawn["warmup.png"] else []
-        lines += _section("Critic warm-up", drawn["warmup.png"], "warmup.png", "critic warm-up",
+        lines += _section("Critic warm-up", drawn, "warmup.png", "critic warm-up",
                           warm_body, "no warm-up value loss was logged")
     else:
         lines += ["## Critic warm-up", "", "*No critic: the estimator compares episodes within "

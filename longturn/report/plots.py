@@ -1,5 +1,5 @@
 """The report's PNG plots: learning curves, zero-shot vs final per task, KL, critic warm-up
-(pooled success, timing and action mix are in report_training_plots).
+(pooled success, timing and action mix are in training_plots).
 
 Every function takes plain data (a metrics DataFrame indexed by step, or the comparison table) and a
 path, draws with the non-interactive Agg backend and writes the PNG atomically. Each returns False
@@ -20,12 +20,13 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first
 from matplotlib.ticker import FormatStrFormatter, MaxNLocator  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from longturn.report.training import numeric  # noqa: E402
 from longturn.report.value_fit import (  # noqa: E402
     KEY as EV_KEY, explained_variance_series, not_meaningful_steps,
 )
 
 # success_rate is not here: one iteration may end a single episode, so it is drawn pooled into
-# blocks with intervals (report_training_plots.plot_success_blocks) instead of per iteration.
+# blocks with intervals (training_plots.plot_success_blocks) instead of per iteration.
 CURVE_KEYS = [
     "mean_reward", "episode_length", "valid_action_ratio", "value_loss",
     "explained_variance", "clip_fraction", "approx_kl", "entropy",
@@ -51,12 +52,7 @@ def save_png(fig: Any, path: str | Path) -> Path:
 
 def present_keys(df: pd.DataFrame, keys: list[str]) -> list[str]:
     """Keys of `keys` that are columns of `df` with at least one finite value."""
-    return [k for k in keys
-            if k in df.columns and pd.to_numeric(df[k], errors="coerce").notna().any()]
-
-
-def series(df: pd.DataFrame, key: str) -> pd.Series:
-    return pd.to_numeric(df[key], errors="coerce").dropna()
+    return [k for k in keys if len(numeric(df, k))]
 
 
 def curve_keys(df: pd.DataFrame, keys: list[str]) -> list[str]:
@@ -72,7 +68,7 @@ def _panel(ax: Any, df: pd.DataFrame, key: str, **kwargs: Any) -> None:
     """One metric's line and title; explained variance without its not-meaningful steps, their
     count in the title, and "not meaningful" across a panel left empty."""
     if key != EV_KEY:
-        _line(ax, series(df, key), **kwargs)
+        _line(ax, numeric(df, key), **kwargs)
         ax.set_title(key.replace("_", " "), fontsize=10)
         return
     s, steps = explained_variance_series(df), not_meaningful_steps(df)
@@ -128,14 +124,10 @@ def _bar_errors(rows: list[dict[str, Any]], side: str) -> tuple[list[float], lis
     heights, lower, upper = [], [], []
     for r in rows:
         p = r[f"{side}_success"]
-        if p is None:
-            heights.append(math.nan)
-            lower.append(0.0)
-            upper.append(0.0)
-        else:
-            heights.append(p)
-            lower.append(max(0.0, p - r[f"{side}_low"]))  # float noise can put a bound past p
-            upper.append(max(0.0, r[f"{side}_high"] - p))
+        heights.append(math.nan if p is None else p)
+        # float noise can put a bound past p
+        lower.append(0.0 if p is None else max(0.0, p - r[f"{side}_low"]))
+        upper.append(0.0 if p is None else max(0.0, r[f"{side}_high"] - p))
     return heights, [lower, upper]
 
 
@@ -184,7 +176,7 @@ def plot_kl(df: pd.DataFrame, path: str | Path) -> bool:
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     for key in keys:
         label, colour, style = styles[key]
-        _line(ax, series(df, key), color=colour, linestyle=style, label=label)
+        _line(ax, numeric(df, key), color=colour, linestyle=style, label=label)
     ax.set_xlabel("iteration")
     ax.set_ylabel("KL(π ‖ π_ref) per token")
     ax.set_title("KL to the reference policy, THINK vs ACTION tokens\n"
@@ -204,7 +196,7 @@ def plot_warmup(df: pd.DataFrame, path: str | Path) -> bool:
     fig, axes = plt.subplots(1, len(keys), figsize=(4.6 * len(keys), 3.4), squeeze=False)
     for ax, key in zip(axes.flat, keys):
         _panel(ax, df, key, color="#9467bd")
-        s = series(df, key) if key == "value_loss" else None
+        s = numeric(df, key) if key == "value_loss" else None
         if s is not None and (s > 0).all() and s.max() > 30 * s.min():
             ax.set_yscale("log")
         ax.set_xlabel("warm-up iteration")

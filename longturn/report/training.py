@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from longturn.envs.termination import PREFIX
 from longturn.report.evaluation import REASON_LABELS
 from longturn.report.value_fit import explained_variance_reading
 from longturn.stats import wilson_interval
@@ -52,9 +53,8 @@ def ended_counts(df: pd.DataFrame) -> pd.DataFrame:
     ended = (ended - numeric(df, "episodes_aborted").reindex(ended.index).fillna(0.0))
     ended = ended.round().astype(int)
     ended = ended[ended > 0]
-    wins = numeric(df, "successes").reindex(ended.index)
     from_rate = (numeric(df, "success_rate").reindex(ended.index) * ended).round()
-    wins = wins.fillna(from_rate)
+    wins = numeric(df, "successes").reindex(ended.index).fillna(from_rate)
     keep = wins.notna()
     wins = wins[keep].clip(lower=0, upper=ended[keep]).astype(int)
     return pd.DataFrame({"episodes": ended[keep], "successes": wins}).sort_index()
@@ -203,14 +203,10 @@ def action_reading(df: pd.DataFrame) -> list[str]:
 
 # --------------------------------------------------------------------------- terminations
 
-TERMINATION_PREFIX = "termination/"
-TERMINATION_LABELS = REASON_LABELS
-
-
 def termination_totals(df: pd.DataFrame) -> dict[str, int]:
     """Episodes per termination reason over the whole run ({} when none was logged)."""
-    return {reason: int(round(numeric(df, TERMINATION_PREFIX + reason).sum()))
-            for reason in TERMINATION_LABELS if TERMINATION_PREFIX + reason in df.columns}
+    return {reason: int(round(numeric(df, PREFIX + reason).sum()))
+            for reason in REASON_LABELS if PREFIX + reason in df.columns}
 
 
 def termination_reading(df: pd.DataFrame) -> list[str]:
@@ -219,9 +215,9 @@ def termination_reading(df: pd.DataFrame) -> list[str]:
     if not totals:
         return []
     ended = sum(totals.values())
-    parts = ", ".join(f"{TERMINATION_LABELS[r]} {n}" for r, n in totals.items() if n) or "none"
+    parts = ", ".join(f"{REASON_LABELS[r]} {n}" for r, n in totals.items() if n) or "none"
     aborted = sum(totals.get(r, 0) for r in ("env_error", "timeout", "agent_error"))
-    iterations = len(set().union(*(numeric(df, TERMINATION_PREFIX + r).index for r in totals)))
+    iterations = len(set().union(*(numeric(df, PREFIX + r).index for r in totals)))
     line = f"- training: {ended} episodes ended over {iterations} iteration(s): {parts}."
     if aborted:
         worst = numeric(df, "episodes_aborted")

@@ -1,7 +1,7 @@
 """Training plots beyond the per-iteration curves: success pooled into blocks with Wilson intervals,
 where each iteration's time goes, and the mix of executed actions.
 
-Like report_plots, each function writes a PNG atomically and returns False, writing nothing, when
+Like plots.py, each function writes a PNG atomically and returns False, writing nothing, when
 the metrics it needs were not logged.
 """
 
@@ -16,8 +16,8 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from longturn.report.plots import FINAL_COLOUR, present_keys, save_png, series  # noqa: E402
-from longturn.report.training import PHASE_KEYS, SuccessBlock, action_mix  # noqa: E402
+from longturn.report.plots import FINAL_COLOUR, present_keys, save_png  # noqa: E402
+from longturn.report.training import PHASE_KEYS, SuccessBlock, action_mix, numeric  # noqa: E402
 
 PHASE_COLOURS = {"seconds_rollout": "#1f77b4", "seconds_scoring": "#ff7f0e",
                  "seconds_update": "#2ca02c", "seconds_sync": "#9467bd",
@@ -70,23 +70,23 @@ def plot_timing(df: pd.DataFrame, path: str | Path) -> bool:
     if not phases:
         return False
     frame = df[phases].apply(pd.to_numeric, errors="coerce").dropna(how="all").fillna(0.0)
-    rate = present_keys(df, ["turns_per_s"])
-    fig, axes = plt.subplots(1 + len(rate), 1, figsize=(7.6, 3.4 + 2.0 * len(rate)),
-                             sharex=True, squeeze=False, height_ratios=[3] + [2] * len(rate))
+    rate = numeric(df, "turns_per_s")
+    below = 1 if len(rate) else 0  # a panel of turns/s under the bars, when logged
+    fig, axes = plt.subplots(1 + below, 1, figsize=(7.6, 3.4 + 2.0 * below),
+                             sharex=True, squeeze=False, height_ratios=[3] + [2] * below)
     ax = axes[0, 0]
     _stacked_bars(ax, frame, [PHASE_COLOURS[k] for k in phases])
-    if present_keys(df, ["seconds_per_iteration"]):
-        total = series(df, "seconds_per_iteration")
+    total = numeric(df, "seconds_per_iteration")
+    if len(total):
         ax.plot(total.index, total.values, "o", color="black", markersize=3,
                 label="seconds per iteration")
     ax.set_ylabel("seconds")
     ax.set_title("Where the time goes: seconds per phase in each iteration", fontsize=10)
     ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(axis="y", alpha=0.3)
-    if rate:
+    if below:
         low = axes[1, 0]
-        s = series(df, "turns_per_s")
-        low.plot(s.index, s.values, marker="o" if len(s) <= 30 else None, markersize=3,
+        low.plot(rate.index, rate.values, marker="o" if len(rate) <= 30 else None, markersize=3,
                  color="#d62728")
         low.set_ylabel("turns / s")
         low.grid(alpha=0.3)

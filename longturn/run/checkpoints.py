@@ -90,21 +90,16 @@ class CheckpointStore:
         self.root, self.keep = root, keep
         self._digested: dict[int, dict[str, list]] = {}  # files hashed in write (rank 0)
 
-    def complete(self) -> list[Path]:
-        """Checkpoints with a COMPLETE marker, oldest first."""
-        return complete_checkpoints(self.root)
-
     def latest(self) -> Path | None:
         """The newest complete checkpoint whose files match its manifest; damaged newer ones
         are skipped with a warning naming the file."""
-        skipped = 0
-        for ckpt in reversed(self.complete()):
+        complete = complete_checkpoints(self.root)
+        for ckpt in reversed(complete):
             problem = verify(ckpt)
             if problem is None:
                 return ckpt
             log.warning("checkpoint %s skipped, damaged: %s", ckpt, problem)
-            skipped += 1
-        if skipped:
+        if complete:  # every one was skipped
             log.warning("no intact checkpoint under %s: starting from iteration 0", self.root)
         return None
 
@@ -137,8 +132,7 @@ class CheckpointStore:
                 (tmp / "history.pkl").write_bytes(pickle.dumps(history))
                 done = self._digested.pop(iteration, {})
                 entries = {**done, **file_entries(tmp, skip={*done, MANIFEST, COMPLETE})}
-                entries = {rel: entries[rel] for rel in sorted(entries)}
-                (tmp / MANIFEST).write_text(json.dumps(entries, indent=1) + "\n")
+                (tmp / MANIFEST).write_text(json.dumps(entries, indent=1, sort_keys=True) + "\n")
                 (tmp / COMPLETE).write_text(f"{iteration}\nmanifest {file_sha256(tmp / MANIFEST)}\n")
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
@@ -156,7 +150,7 @@ class CheckpointStore:
         newer checkpoint never pushes out the intact one a resume would fall back to. `fresh`
         was hashed in this commit and is taken as intact without hashing it again."""
         intact = 0
-        for ckpt in reversed(self.complete()):
+        for ckpt in reversed(complete_checkpoints(self.root)):
             if intact >= self.keep:
                 shutil.rmtree(ckpt, ignore_errors=True)
                 continue

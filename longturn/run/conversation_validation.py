@@ -43,7 +43,7 @@ def task_metrics(samples: list[dict[str, Any]], budget: int) -> dict[str, Any]:
 def validate_conversation_tasks(engine: Engine, tokenizer: Any, params: Params,
                             sampling: SamplingParams, seeds: list[int]) -> list[TaskValidation]:
     """Play `seeds` of every eval task; one TaskValidation (episodes as samples) per task."""
-    run = ConversationRun.from_params(params, list(params.eval.tasks or params.env.tasks))
+    run = ConversationRun.from_params(params, list(params.eval.tasks))
     results = []
     try:
         for task in run.tasks:

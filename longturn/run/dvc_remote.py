@@ -58,12 +58,12 @@ def pointer_for(repo: Path, source: Path) -> Path:
     return repo / POINTER_ROOT / source.resolve().relative_to(repo)
 
 
-def iteration_dirs(root: Path, upto: int | None = None) -> list[Path]:
+def iteration_dirs(root: Path, upto: int) -> list[Path]:
     """`iteration=NNNN` dirs under `root` (no `.tmp`), up to iteration `upto` inclusive."""
     out = []
     for d in sorted(root.glob("iteration=*")):
         number = d.name.split("=", 1)[1]
-        if d.is_dir() and number.isdigit() and (upto is None or int(number) <= upto):
+        if d.is_dir() and number.isdigit() and int(number) <= upto:
             out.append(d)
     return out
 

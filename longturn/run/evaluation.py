@@ -42,7 +42,7 @@ from longturn.stats import standard_error, wilson_interval
 from longturn.rollout.sample_metrics import (TOKENIZATION_KEYS, count_endings, json_safe,
                                              sample_metrics)
 from longturn.trajectories import (SAMPLE_SCHEMA, SCHEMA_VERSION, file_metadata, write_arrow,
-                                   write_episodes, write_samples)
+                                   write_episodes)
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ def evaluate(plan_for: PlanFactory, engine: Engine, tokenizer: Any, params: Para
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     e = params.eval
-    tasks = list(e.tasks or params.env.tasks)
+    tasks = list(e.tasks)
     jobs = eval_jobs(tasks, e.episodes_per_task, e.seed)
     sampling = sampling_from_params(params, seed=e.seed, temperature=e.temperature)
     extra = {"run_id": run_id, "policy_version": policy_version, "iteration": 0}
@@ -176,7 +176,7 @@ def env_plan(engine: Engine, tokenizer: Any, params: Params, sampling: SamplingP
              extra: dict[str, Any], progress: bool) -> EvalPlan:
     """The action protocol: the env's episodes as conversations in lock-step, one sample per
     reply, each reply seeded by its episode's id and turn."""
-    run = ConversationRun.of_env(params, list(params.eval.tasks or params.env.tasks), progress)
+    run = ConversationRun.of_env(params, list(params.eval.tasks), progress)
     return EvalPlan(meta={"env": params.env.model_dump(), "prompt": params.prompt.model_dump()},
                     flush_every=math.ceil(params.eval.parallel_envs / 8),
                     play=_in_slots(run, engine, tokenizer, params, sampling, extra, progress),
@@ -189,8 +189,7 @@ def conversation_plan(engine: Engine, tokenizer: Any, params: Params, sampling: 
     as an env's episodes are played, each reply seeded by its episode's id and turn; a rollout
     function of the user's plays that many episodes at a time, each chunk a call of its own, and
     the journal is written after each. Samples in job order."""
-    run = ConversationRun.from_params(params, list(params.eval.tasks or params.env.tasks),
-                                      progress)
+    run = ConversationRun.from_params(params, list(params.eval.tasks), progress)
     width = params.eval.parallel_envs
     if run.in_lock_steps:
         play = _in_slots(run, engine, tokenizer, params, sampling, extra, progress)
@@ -237,21 +236,16 @@ def in_lock_step_order(samples: pa.Table) -> pa.Table:
 
 
 def write_outputs(out: Path, metrics: dict[str, Any], episodes: list[dict[str, Any]],
-                  turns: pa.Table | list[dict[str, Any]], meta: dict[str, Any]) -> None:
+                  turns: pa.Table, meta: dict[str, Any]) -> None:
     """summary.json (what DVC shows), metrics.json, episodes.parquet, turns.parquet: smallest
     first, and each tried even when one before it failed (a full disk), so a finished evaluation
     keeps what could be written; the first error is raised after the last write. `turns`: a
-    table in its final schema, or rows."""
-    def write_turn_file() -> None:
-        if isinstance(turns, pa.Table):
-            write_arrow(turns, out / "turns.parquet", file_metadata(meta, version=SCHEMA_VERSION))
-        else:
-            write_samples(turns, out / "turns.parquet", meta)
-
+    table in its final schema."""
+    turn_metadata = file_metadata(meta, version=SCHEMA_VERSION)
     writes = [(lambda: write_json(out / SUMMARY_FILE, evaluation_summary(metrics))),
               (lambda: write_json(out / "metrics.json", metrics)),
               (lambda: write_episodes(episodes, out / "episodes.parquet", meta)),
-              write_turn_file]
+              (lambda: write_arrow(turns, out / "turns.parquet", turn_metadata))]
     first: Exception | None = None
     for write in writes:
         try:

@@ -14,10 +14,6 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 
-def _replies(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [reply for sample in samples for reply in sample["replies"] or ()]
-
-
 def logprob_gap(samples: list[dict[str, Any]],
                 sum_over_ranks: Callable[[np.ndarray], np.ndarray] | None = None
                 ) -> dict[str, float]:
@@ -25,7 +21,7 @@ def logprob_gap(samples: list[dict[str, Any]],
     the scored replies of every rank (scoring writes each reply's `logprob_gap`: a gap that
     grows says the engine samples from another policy than the one PPO corrects for). Absent
     when no reply was scored with engine logprobs."""
-    gaps = [reply["logprob_gap"] for reply in _replies(samples)
+    gaps = [reply["logprob_gap"] for sample in samples for reply in sample["replies"] or ()
             if reply.get("logprob_gap") is not None]
     total = np.array([float(sum(gaps)), float(len(gaps))])
     if sum_over_ranks is not None:
@@ -67,6 +63,7 @@ class PhaseClock:
         import torch
 
         self.device = torch.device(device)
+        self.cuda = torch.cuda if self.device.type == "cuda" else None
         self.started = time.perf_counter()
         self.seconds: dict[str, float] = defaultdict(float)
         self.peaks: dict[str, float] = {}  # GiB allocated at most during each phase (CUDA)
@@ -76,42 +73,27 @@ class PhaseClock:
     def phase(self, name: str) -> Iterator[None]:
         from longturn.profiling import PHASE, mark
 
-        self._reset_peak()
+        if self.cuda:
+            self.cuda.reset_peak_memory_stats(self.device)
         start = time.perf_counter()
         try:
             with mark(PHASE + name):
                 yield
         finally:
-            self._synchronize()
+            if self.cuda:
+                self.cuda.synchronize(self.device)
             self.seconds[name] += time.perf_counter() - start
-            self._read_peak(name)
-
-    def _reset_peak(self) -> None:
-        if self.device.type == "cuda":
-            import torch
-
-            torch.cuda.reset_peak_memory_stats(self.device)
-
-    def _read_peak(self, name: str) -> None:
-        if self.device.type == "cuda":
-            import torch
-
-            peak = torch.cuda.max_memory_allocated(self.device) / 2**30
-            self.peaks[name] = max(self.peaks.get(name, 0.0), peak)
-            self._iteration_peak = max(self._iteration_peak, peak)
-
-    def _synchronize(self) -> None:
-        if self.device.type == "cuda":
-            import torch
-
-            torch.cuda.synchronize(self.device)
+            if self.cuda:
+                peak = self.cuda.max_memory_allocated(self.device) / 2**30
+                self.peaks[name] = max(self.peaks.get(name, 0.0), peak)
+                self._iteration_peak = max(self._iteration_peak, peak)
 
     def metrics(self, turns: float) -> dict[str, float]:
         """seconds_<phase>, seconds_per_iteration, turns_per_s (and peak_gpu_memory_gib)."""
         total = time.perf_counter() - self.started
         out = {f"seconds_{name}": value for name, value in self.seconds.items()}
         out.update(seconds_per_iteration=total, turns_per_s=turns / max(total, 1e-9))
-        if self.device.type == "cuda":
+        if self.cuda:
             out["peak_gpu_memory_gib"] = self._iteration_peak
             out.update({f"peak_gpu_memory_gib_{name}": v for name, v in self.peaks.items()})
         return out

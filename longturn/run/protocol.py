@@ -1,5 +1,5 @@
 """How replies are read (`rollout.protocol`): the one place that setting picks the code which plays,
-collects, evaluates and validates episodes.
+evaluates and validates episodes (how they are collected is the estimator's: run/wiring.py).
 
 - `action`: THINK/ACTION replies parsed into an action of `env.name`: the env's episodes played
   as conversations of its interaction (`ConversationRun.of_env`), each reply given the action
@@ -25,14 +25,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from longturn.engines.base import Engine
 from longturn.engines.registry import make_engine
 from longturn.params.config import Params
-from longturn.params.estimator import Collection
-from longturn.rollout.collection import EpisodeGroups, FixedTurnBatches
-from longturn.rollout.conversation_player import conversation_episodes, conversation_fixed_turns
 from longturn.rollout.conversation_setup import ConversationRun
 from longturn.run import conversation_validation, validation
 from longturn.run.evaluation import PlanFactory, conversation_plan, env_plan
@@ -40,12 +37,6 @@ from longturn.run.evaluation import evaluate as evaluate_with
 from longturn.run.models import load_tokenizer
 from longturn.run.names import check_conversation_plugins, check_env_tasks
 from longturn.run.validation_report import render_report
-
-if TYPE_CHECKING:  # the agent's endpoint needs aiohttp, imported only when an agent plays
-    from longturn.serve.agent_turns import AgentTurnCollector
-
-    # what the train loop collects with
-    Collector = FixedTurnBatches | EpisodeGroups | AgentTurnCollector
 
 
 @dataclass(frozen=True)
@@ -64,37 +55,11 @@ class Protocol:
     """What differs between the two ways of reading replies; everything else is shared."""
 
     name: str
-    collector: Callable[[Params, int, str], Collector]  # collects samples (the one schema)
+    # its episodes as conversations: (params, task names or None for env.tasks, progress) → run
+    conversation_run: Callable[..., ConversationRun]
     eval_plan: PlanFactory  # how an evaluation plays, orders, summarises and logs
     check_names: Callable[[Params], None]  # the names params gives resolve (preflight)
     validation: Validation
-
-
-def _env_collector(params: Params, rank: int, run_id: str) -> Collector:
-    """The env's episodes as conversations of its interaction, each reply given the action
-    prompt of its window (`ConversationRun.of_env`), played by lock-steps: fixed-turn batches
-    with a critic, groups of whole episodes without."""
-    r, tasks, run = params.rollout, list(params.env.tasks), ConversationRun.of_env(params)
-    if params.collection is Collection.SEED_GROUPS:
-        return conversation_episodes(run, tasks, r.n_envs, params.algo.group_size, params.seed,
-                                     rank=rank, run_id=run_id)
-    return conversation_fixed_turns(run, tasks, r.n_envs, r.turns_per_env, params.seed,
-                                    rank=rank, run_id=run_id)
-
-
-def _conversation_collector(params: Params, rank: int, run_id: str) -> Collector:
-    r, run, tasks = params.rollout, ConversationRun.from_params(params), list(params.env.tasks)
-    collection = params.collection
-    if collection is Collection.FIXED_TURNS and r.agent is not None:  # an agent's calls
-        from longturn.serve.agent_turns import AgentTurnCollector
-
-        return AgentTurnCollector.from_params(params, run, rank, run_id)
-    if collection is Collection.FIXED_TURNS:  # the built-in rollout with a window
-        return conversation_fixed_turns(run, tasks, r.n_envs, r.turns_per_env, params.seed,
-                                        rank=rank, run_id=run_id)
-    group = params.algo.group_size if collection is Collection.SEED_GROUPS else None
-    return conversation_episodes(run, tasks, r.n_envs, group, params.seed, rank=rank,
-                                 run_id=run_id)
 
 
 def _validate_envs(engine: Engine, tokenizer: Any, params: Params, sampling: Any,
@@ -105,14 +70,14 @@ def _validate_envs(engine: Engine, tokenizer: Any, params: Params, sampling: Any
 
 PROTOCOLS = {
     "action": Protocol(
-        "action", collector=_env_collector,
+        "action", conversation_run=ConversationRun.of_env,
         eval_plan=env_plan, check_names=check_env_tasks,
         validation=Validation(
             _validate_envs, validation.gate_failures,
             lambda results, failures, gate, settings, tokenizer:
                 render_report(results, failures, gate, settings))),
     "chat": Protocol(
-        "chat", collector=_conversation_collector, eval_plan=conversation_plan,
+        "chat", conversation_run=ConversationRun.from_params, eval_plan=conversation_plan,
         check_names=check_conversation_plugins,
         validation=Validation(
             conversation_validation.validate_conversation_tasks,

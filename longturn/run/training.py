@@ -32,12 +32,12 @@ from longturn.engines.registry import make_engine, sampling_from_params
 from longturn.run.metrics import MetricsLog, PhaseClock, describe_iteration
 from longturn.run.models import load_tokenizer
 from longturn.profiling import IterationProfiler
-from longturn.run.wiring import (batch_metrics, close_collector, critic_dir, file_metadata,
-                                 gae_params, make_collector, score_and_write, trainer_settings)
+from longturn.run.wiring import (batch_metrics, critic_dir, file_metadata, gae_params,
+                                 make_collector, score_and_write, trainer_settings)
 from longturn.run.resume_key import changed_parts, read_key, resume_key
 
 if TYPE_CHECKING:
-    from longturn.run.protocol import Collector
+    from longturn.run.wiring import Collector
 
 log = logging.getLogger(__name__)
 
@@ -194,14 +194,13 @@ def run_training(params: Params, paths: TrainPaths, progress: bool = True,
             if profiler:
                 profiler.record_phases(iteration, clock)
             history.append(metrics)
-            save = ((iteration + 1) % params.train.checkpoint_every == 0
-                    or iteration + 1 == params.train.iterations)
-            saved = save
-            if save:
+            saved = ((iteration + 1) % params.train.checkpoint_every == 0
+                     or iteration + 1 == params.train.iterations)
+            if saved:
                 with clock.phase("checkpoint"):
                     store.write(trainer, collector.state(), iteration)
             metrics.update(clock.metrics(metrics["turns"]))  # the history entry, before commit
-            if save:
+            if saved:
                 store.commit(iteration, history)
                 if params.train.push and is_main_process():  # a failed push only warns
                     push_training_outputs(paths.trajectories, paths.checkpoints, iteration,
@@ -213,7 +212,7 @@ def run_training(params: Params, paths: TrainPaths, progress: bool = True,
     finally:
         if engine is not None:
             engine.close()
-        close_collector(collector)
+        collector.close()
     return history
 
 

@@ -29,8 +29,7 @@ from longturn.run.metrics import MetricsLog
 from longturn.run.models import load_tokenizer
 from longturn.trajectories import write_samples
 from longturn.run.checkpoints import iteration_dir
-from longturn.run.wiring import (close_collector, file_metadata, gae_params,
-                                 make_collector, trainer_settings)
+from longturn.run.wiring import file_metadata, gae_params, make_collector, trainer_settings
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +52,7 @@ def collect_frozen(params: Params, base: Path, rank: int, progress: bool) -> lis
                                           {"run_id": "warmup", "policy_version": "base"},
                                           progress)
         finally:
-            close_collector(collector)
+            collector.close()
     finally:
         engine.close()
     return samples

@@ -14,15 +14,22 @@ from typing import TYPE_CHECKING, Any
 from longturn.algo.gae import GAEParams
 from longturn.algo.trainer import PPOTrainer, TrainerSettings
 from longturn.params.config import Params
+from longturn.params.estimator import Collection
 from longturn.device import resolve_bf16, resolve_device
 from longturn.distributed import sum_over_ranks
+from longturn.rollout.conversation_player import conversation_episodes, conversation_fixed_turns
 from longturn.rollout.sample_metrics import sample_metrics
 from longturn.run.metrics import logprob_gap
 from longturn.run.protocol import protocol
 from longturn.trajectories import write_samples
 
-if TYPE_CHECKING:
-    from longturn.run.protocol import Collector
+if TYPE_CHECKING:  # the agent's endpoint needs aiohttp, imported only when an agent plays
+    from longturn.rollout.collection import EpisodeGroups, FixedTurnBatches
+    from longturn.serve.agent_turns import AgentTurnCollector
+
+    # what the train loop collects with
+    Collector = FixedTurnBatches | EpisodeGroups | AgentTurnCollector
+
 
 def trainer_settings(params: Params) -> TrainerSettings:
     """The trainer's settings from the ppo, algo, engine and seed sections."""
@@ -50,16 +57,22 @@ def gae_params(params: Params) -> GAEParams:
 
 
 def make_collector(params: Params, rank: int, run_id: str) -> Collector:
-    """The collector of the protocol and the estimator (run/protocol.py)."""
-    return protocol(params).collector(params, rank, run_id)
+    """The protocol's episodes (run/protocol.py) collected as the estimator says: fixed-turn
+    batches whose episodes continue across updates (a critic; an agent's calls with one), groups
+    of whole episodes from one seed (critic-free), or whole episodes (a critic, a rollout that
+    cannot be cut)."""
+    r, tasks, collection = params.rollout, list(params.env.tasks), params.collection
+    run = protocol(params).conversation_run(params)
+    if collection is Collection.FIXED_TURNS and r.agent is not None:  # an agent's calls
+        from longturn.serve.agent_turns import AgentTurnCollector
 
-
-def close_collector(collector: Collector) -> None:
-    """Stop a collector's env worker processes once a stage is done with it, an error included
-    (a stage that stops on a full disk or an env that keeps failing leaves none running)."""
-    close = getattr(collector, "close", None)  # conversations hold no env processes
-    if close is not None:
-        close()
+        return AgentTurnCollector.from_params(params, run, rank, run_id)
+    if collection is Collection.FIXED_TURNS:  # the built-in rollout with a window, or an env's
+        return conversation_fixed_turns(run, tasks, r.n_envs, r.turns_per_env, params.seed,
+                                        rank=rank, run_id=run_id)
+    group = params.algo.group_size if collection is Collection.SEED_GROUPS else None
+    return conversation_episodes(run, tasks, r.n_envs, group, params.seed, rank=rank,
+                                 run_id=run_id)
 
 
 def critic_dir(params: Params, warm: Path) -> Path | None:
@@ -75,10 +88,9 @@ def file_metadata(params: Params, iteration: int) -> dict[str, Any]:
 
 
 def score_and_write(trainer: PPOTrainer, samples: list[dict[str, Any]], path: Path,
-                    metadata: dict[str, Any], reuse_logprobs: bool = False) -> Path:
-    """Fill the training columns of a batch of samples and write it as the update's Parquet
-    part (``reuse_logprobs``: keep the old/ref logprobs the samples carry: the warm-up)."""
-    trainer.score(samples, reuse_logprobs=reuse_logprobs)
+                    metadata: dict[str, Any]) -> Path:
+    """Fill a batch's training columns and write it as the update's Parquet part."""
+    trainer.score(samples)
     return write_samples(samples, path, metadata)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from longturn.tasks import gsm8k_score
-from longturn.tasks.arithmetic import make_problem
+from longturn.tasks.arithmetic import ArithmeticTask, make_problem
 
 TOOL = "calc_gsm8k_reward"  # the tool's name in verl's gsm8k_tool_config.yaml
 INTERACTION = "gsm8k"       # the interaction's name in verl's gsm8k_interaction_config.yaml
@@ -52,12 +52,9 @@ def task_record(seed: int, demonstration: bool = True) -> dict[str, Any]:
                                    "ground_truth": truth}}
 
 
-class ArithmeticGsm8kTask:
+class ArithmeticGsm8kTask(ArithmeticTask):
     """`env.tasks: [arithmetic_gsm8k]` (longturn/tasks/registry.py): records per seed, and verl's
     strict GSM8K score of the last reply as reward and success."""
-
-    def __init__(self, demonstration: bool = True):
-        self.demonstration = demonstration
 
     def record(self, seed: int) -> dict[str, Any]:
         return task_record(seed, self.demonstration)
@@ -68,9 +65,6 @@ class ArithmeticGsm8kTask:
         replies = [m["content"] for m in played if m["role"] == "assistant"]
         return (float(gsm8k_score.compute_score(replies[-1], task["ground_truth"]))
                 if replies else 0.0)
-
-    def success(self, task: dict[str, Any], messages: list[dict[str, Any]]) -> bool:
-        return self.reward(task, messages) >= 1.0
 
 
 TASK = ArithmeticGsm8kTask()

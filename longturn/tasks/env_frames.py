@@ -72,18 +72,15 @@ class EnvTask:
                                           else {})}}
 
     def reward(self, record: dict[str, Any], messages: list[dict[str, Any]]) -> float:
-        raise SettingError(self._unplayable(record))
+        """Refused, and `success` too: an env task asked to judge its episode itself was played
+        wrong; only the env behind `EnvInteraction` knows its reward and success
+        (`BaseInteraction.succeeded`)."""
+        raise SettingError(f"task {record.get('task', self.env)!r} plays env {self.env!r} "
+                           "through EnvInteraction, which scores each reply and says whether the "
+                           "episode succeeded: play it with the built-in rollout and "
+                           "rollout.chat.interactions: configs/env_interactions.yaml")
 
-    def success(self, record: dict[str, Any], messages: list[dict[str, Any]]) -> bool:
-        raise SettingError(self._unplayable(record))
-
-    def _unplayable(self, record: dict[str, Any]) -> str:
-        """Why an env task asked to judge its episode itself was played wrong: only the env
-        behind `EnvInteraction` knows its reward and success (`BaseInteraction.succeeded`)."""
-        return (f"task {record.get('task', self.env)!r} plays env {self.env!r} through "
-                "EnvInteraction, which scores each reply and says whether the episode "
-                "succeeded: play it with the built-in rollout and rollout.chat.interactions: "
-                "configs/env_interactions.yaml")
+    success = reward
 
 
 class EnvInteraction(BaseInteraction):
@@ -148,10 +145,6 @@ class EnvInteraction(BaseInteraction):
                            limit=int(self.config.get("max_retries", 3)),
                            setting=f"{self._settings_are}max_retries")
 
-    def _stepped(self, env: Any) -> None:
-        with self._lock:
-            self._failures.pop(id(env), None)
-
     def start(self, instance_id: str, **kwargs: Any) -> None:
         """Reset an env for the episode (in its worker process with `workers`). A reset that
         fails raises its `EnvFailure` once the env is restarted (the episode does not begin and
@@ -195,7 +188,8 @@ class EnvInteraction(BaseInteraction):
         except EnvFailure as failure:
             self._failed(env, failure, "step", state["seed"], len(state["past"]))
             raise
-        self._stepped(env)
+        with self._lock:
+            self._failures.pop(id(env), None)  # a step that works clears the failures in a row
         state["past"].append(PastTurn(state["observation"].text, messages[-1]["content"],
                                       parsed.action, parsed.valid))
         state["observation"] = observation

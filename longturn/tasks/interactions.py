@@ -66,7 +66,6 @@ class BaseInteraction(EpisodeInstances):
         """The messages that open the episode, asked right after `start`, and their frames (one
         per `<image>` line, in order): appended to the task record's messages before the first
         reply. None: the task's messages are the whole opening."""
-        del instance_id
         return None
 
     def generate_response(self, instance_id: str, messages: list[dict[str, Any]]
@@ -77,27 +76,23 @@ class BaseInteraction(EpisodeInstances):
     def truncated(self, instance_id: str) -> bool:
         """Whether the episode this interaction just ended was cut by a time limit rather than
         finished (asked only after `generate_response` returned should_terminate)."""
-        del instance_id
         return False
 
     def succeeded(self, instance_id: str) -> bool | None:
         """Whether the episode succeeded, asked when it ends (before `finalize`); None: this
         interaction does not know, the task's `success` decides."""
-        del instance_id
         return None
 
     def read_action(self, instance_id: str) -> ParsedAction | None:
         """What the episode's last reply was read as, asked after each `generate_response`: the
         env action it named (or the default action it fell back to). None: replies are not
         actions."""
-        del instance_id
         return None
 
     def action_view(self, instance_id: str) -> ActionView | None:
         """The episode as an action prompt shows it (the env's instructions, its steps, the
         current observation), asked for each reply's prompt when the rollout renders the action
         protocol's prompts. None: this interaction plays no env."""
-        del instance_id
         return None
 
     def action_names(self) -> list[str]:

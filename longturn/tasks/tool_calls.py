@@ -43,13 +43,9 @@ def _finite(text: str) -> float:
     return value
 
 
-def _no_constant(text: str) -> float:
-    raise _NotFinite(text)
-
-
 def _decode(raw: str) -> Any:
     """json.loads that refuses NaN, Infinity and floats that overflow (a tool would get them)."""
-    return json.loads(raw, parse_float=_finite, parse_constant=_no_constant)
+    return json.loads(raw, parse_float=_finite, parse_constant=_finite)
 
 # A JSON string, or an unterminated one up to the end: possessive, so a match never gives back
 # what it took and every character is read once. Strings are cut out before brackets and digits

@@ -113,16 +113,6 @@ def _check_schema(schema: Any, where: str) -> dict[str, Any]:
 _TOOL_KEYS = {"class_name": "class", "tool_schema": "schema", "config": "config"}
 
 
-def _verl_config(config: dict[str, Any], where: str) -> dict[str, Any]:
-    """A verl-spelled entry's config: verl reads `type` from it (how to build the tool); only
-    `native` tools exist here, MCP servers are not reached."""
-    kind = config.get("type", "native")
-    if kind != "native":
-        raise SettingError(f"{where}: config.type {kind!r} is not supported; tools here are "
-                           "classes (verl's 'native')")
-    return config
-
-
 def _build_tool(cls: type, config: dict[str, Any], schema: dict[str, Any] | None, where: str,
                 verl_spelled: bool) -> Any:
     """The tool of one entry. A verl-style class gets what verl gives it (the whole config, the
@@ -136,13 +126,12 @@ def _build_tool(cls: type, config: dict[str, Any], schema: dict[str, Any] | None
                 first = err.errors()[0]
                 raise SettingError(f"{where}: tool_schema {'.'.join(map(str, first['loc']))}: "
                                    f"{first['msg']}") from err
-        return cls(config=config, tool_schema=schema)
-    if schema is None:
-        raise SettingError(f"{where}: 'schema' must be an OpenAI function schema "
-                           "{type: function, function: {name, description, parameters}}")
+        tool = cls(config=config, tool_schema=schema)
+        _check_schema(schema_of(tool), where)
+        return tool
     if verl_spelled:
         config = {k: v for k, v in config.items() if k != "type"}
-    return cls(config, schema)
+    return cls(config, _check_schema(schema, where))  # None: a verl-spelled entry without one
 
 
 def load_tools(path: str | Path) -> list[Any]:
@@ -159,8 +148,10 @@ def load_tools(path: str | Path) -> list[Any]:
                                "tools here are classes")
         entry = entry_keys(raw, where, _TOOL_KEYS)
         config = dict(entry.get("config") or {})
-        if verl_spelled:
-            config = _verl_config(config, where)
+        # verl reads `type` (how to build the tool): only `native` tools exist here, no MCP server
+        if verl_spelled and config.get("type", "native") != "native":
+            raise SettingError(f"{where}: config.type {config['type']!r} is not supported; tools "
+                               "here are classes (verl's 'native')")
         schema = (None if entry.get("schema") is None and verl_spelled
                   else _check_schema(entry.get("schema"), where))
         cls = import_class(entry.get("class"), where)
@@ -168,10 +159,7 @@ def load_tools(path: str | Path) -> list[Any]:
             raise SettingError(f"{where}: {entry['class']!r} is not a tool class: subclass "
                                "longturn.tasks.tools.BaseTool, or a verl tool with its import "
                                "changed to `from longturn.tasks.verl_api import BaseTool`")
-        tool = _build_tool(cls, config, schema, where, verl_spelled)
-        if isinstance(tool, verl_api.BaseTool):
-            _check_schema(schema_of(tool), where)
-        tools.append(tool)
+        tools.append(_build_tool(cls, config, schema, where, verl_spelled))
     names = [t.name for t in tools]
     if len(set(names)) != len(names):
         raise SettingError(f"{path}: tool names repeat: {names}")
@@ -310,12 +298,9 @@ class ToolBox:
 
     def episode_states(self, instance_ids: list[str]) -> list[dict[str, Any]]:
         """Each episode's state in every tool (its instance id there, and `episode_state`)."""
-        def state(episode: str) -> dict[str, Any]:
-            ids = {name: self._ids.get((name, episode), episode) for name in self.tools}
-            return {name: (ids[name], tool.episode_state(ids[name]))
-                    for name, tool in self.tools.items()}
-
-        return [state(episode) for episode in instance_ids]
+        ids = [{name: self._ids.get((name, e), e) for name in self.tools} for e in instance_ids]
+        return [{name: (i[name], tool.episode_state(i[name])) for name, tool in self.tools.items()}
+                for i in ids]
 
     def restore_episodes(self, instance_ids: list[str], states: list[dict[str, Any]]) -> None:
         """Running episodes again from `episode_states` (a resumed run): no `create`."""
