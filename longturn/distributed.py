@@ -46,18 +46,20 @@ def extensions_root() -> Path:
     return Path(get_default_build_root())
 
 
-def _build_ops_in(root: Path) -> Path:
-    """Point torch's JIT builds at `root`, run by this venv's ninja when it has one (both read
-    by torch at each build or load). Torch runs the first `ninja` on PATH, and a system ninja
-    (1.11) and pip's (1.13) hash a build command differently in the build log: stages run with
-    the venv's bin first on PATH (`make repro`, DVC) and processes without it rebuilt each
-    other's op, about 23 s each time (10 times in one run of the test suite)."""
+def _prepare_op_builds() -> None:
+    """Point torch's JIT builds at `extensions_root()`, run by this venv's ninja when it has one
+    (both read by torch at each build or load), and clear stale build locks there. Torch runs the
+    first `ninja` on PATH, and a system ninja (1.11) and pip's (1.13) hash a build command
+    differently in the build log: stages run with the venv's bin first on PATH (`make repro`,
+    DVC) and processes without it rebuilt each other's op, about 23 s each time (10 times in one
+    run of the test suite)."""
+    root = extensions_root()
     os.environ["TORCH_EXTENSIONS_DIR"] = str(root)
     own = str(Path(sys.executable).parent)
     path = os.environ.get("PATH", "")
     if Path(own, "ninja").is_file() and path.split(os.pathsep)[0] != own:
         os.environ["PATH"] = os.pathsep.join([own, path]) if path else own
-    return root
+    clear_stale_build_locks(root)
 
 
 def clear_stale_build_locks(root: Path, max_age_s: float = STALE_BUILD_LOCK_S) -> list[Path]:
@@ -74,13 +76,6 @@ def clear_stale_build_locks(root: Path, max_age_s: float = STALE_BUILD_LOCK_S) -
             log.warning("%s exists (%.0f s old): waiting for another process's DeepSpeed build; "
                         "if none is running, delete the file", lock, age)
     return removed
-
-
-def free_port() -> int:
-    """A TCP port that is free right now on 127.0.0.1 (for MASTER_PORT of a single process)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def launched() -> bool:
@@ -136,42 +131,33 @@ def _single_process_init_method() -> str:
     return f"file://{store_dir / 'store'}"
 
 
-def default_backend(device: torch.device | None = None) -> str:
-    """NCCL between GPUs, gloo between CPU processes."""
-    if device is None:
-        return "nccl" if torch.cuda.is_available() else "gloo"
-    return "nccl" if device.type == "cuda" else "gloo"
-
-
 def build_comm_op() -> bool:
     """Build DeepSpeed's CPU comm op now (`make install` does), so the first stage of a fresh
     machine neither pays the build (about 25 s) nor, killed during it, leaves its lock behind.
     False where this accelerator has no such op (a GPU node talks over NCCL)."""
     from deepspeed.comm.torch import build_shm_op
 
-    clear_stale_build_locks(_build_ops_in(extensions_root()))
+    _prepare_op_builds()
     return build_shm_op() is not None
 
 
-def init_distributed(device: torch.device | str | None = None,
-                     backend: str | None = None) -> tuple[int, int]:
+def init_distributed(device: torch.device | str) -> tuple[int, int]:
     """Initialise torch.distributed and DeepSpeed's comm layer once; return (rank, world_size).
 
     ``device`` (resolved `engine.device`) decides where DeepSpeed puts its engines and which
-    backend the ranks talk over; None means this rank's GPU when there is one."""
-    from longturn.device import pin_accelerator, resolve_device
+    backend the ranks talk over: NCCL between GPUs, gloo between CPU processes."""
+    from longturn.device import pin_accelerator
 
     single = not launched() and not dist.is_initialized()
     init_method = _single_process_init_method() if single else None
-    device = resolve_device("auto") if device is None else torch.device(device)
+    device = torch.device(device)
     pin_accelerator(device)
     if not dist.is_initialized():
         import deepspeed
 
-        clear_stale_build_locks(_build_ops_in(extensions_root()))
-        deepspeed.init_distributed(dist_backend=backend or default_backend(device),
-                                   auto_mpi_discovery=False, verbose=False,
-                                   init_method=init_method,
+        _prepare_op_builds()
+        deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo",
+                                   auto_mpi_discovery=False, verbose=False, init_method=init_method,
                                    rank=0 if single else -1, world_size=1 if single else -1)
         # Registered after the rendezvous dir's removal, so it runs before it (atexit is LIFO).
         atexit.register(destroy_distributed)

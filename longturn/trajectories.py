@@ -176,8 +176,7 @@ def write_samples(rows: Iterable[dict[str, Any]], path: str | Path,
     rows = list(rows)
     for i, row in enumerate(rows):
         check_replies(row, i)
-    return write_arrow(rows_table(rows, SAMPLE_SCHEMA), path,
-                       file_metadata(metadata, version=SCHEMA_VERSION))
+    return write_arrow(rows_table(rows, SAMPLE_SCHEMA), path, file_metadata(metadata))
 
 
 def check_replies(sample: dict[str, Any], index: int = 0) -> None:
@@ -229,8 +228,6 @@ def require_samples(path: str | Path) -> None:
                               f"{SCHEMA_VERSION} (docs/design.md §4): rerun the stage that wrote it")
 
 
-
-
 def read_schema(path: str | Path) -> pa.Schema:
     """The schema of a Parquet file; a missing or damaged file names itself."""
     path = Path(path)
@@ -271,9 +268,5 @@ def _first_line(err: BaseException) -> str:
 def read_metadata(path: str | Path) -> dict[str, str]:
     """The longturn.* key-value metadata of a Parquet file, keys without the prefix."""
     raw = read_schema(path).metadata or {}
-    out = {}
-    for key, value in raw.items():
-        key = key.decode()
-        if key.startswith("longturn."):
-            out[key.removeprefix("longturn.")] = value.decode()
-    return out
+    return {key.decode().removeprefix("longturn."): value.decode()
+            for key, value in raw.items() if key.startswith(b"longturn.")}

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 
 from longturn.algo.batches import read_sample_batch
-from longturn.distributed import free_port
 from longturn.rollout.samples import samples_from_episodes
 from longturn.trajectories import write_samples
+from conftest import free_port
 from two_rank_conversation_update import rank_records
 
 SCRIPT = Path(__file__).with_name("two_rank_conversation_update.py")

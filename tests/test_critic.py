@@ -140,7 +140,7 @@ def test_merge_and_save_actor(tiny_model_dir: str, tmp_path: Path) -> None:
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     with torch.no_grad():
         reference, _ = response_logprobs_tensor(base, PROMPTS, RESPONSES, PAD)
-    actor = apply_lora(base, r=4, alpha=8, dropout=0.0)
+    actor = apply_lora(base, r=4, alpha=8)
     optimizer = torch.optim.SGD([p for p in actor.parameters() if p.requires_grad], lr=1.0)
     for _ in range(2):  # lora_B starts at 0: the first step only moves B, the second moves outputs
         logprobs, mask = response_logprobs_tensor(actor, PROMPTS, RESPONSES, PAD)

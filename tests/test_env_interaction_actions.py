@@ -26,10 +26,10 @@ REPLIES = ["THINK: go. ACTION: forward", "I am not sure what to do.", "ACTION: j
 class Scripted:
     """An engine whose n-th call answers every prompt with REPLIES[n] (then the last)."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, replies: list[str] = REPLIES):
         end = tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.replies = [tokenizer.encode(text, add_special_tokens=False) + [end]
-                        for text in REPLIES]
+                        for text in replies]
         self.calls = 0
 
     def generate(self, prompt_ids, sampling):
@@ -96,3 +96,27 @@ def test_an_episode_pickled_before_replies_were_read_as_actions_resumes(tokenize
     got = [a and a["action_failure"] for a in old.record()["reply_actions"]]
     assert got == [None, "no_action"]
     release_all([old], settings)
+
+
+@pytest.mark.parametrize("workers", [False, True])
+def test_an_env_with_a_text_action_space_takes_the_reply_as_written(tokenizer, workers):
+    """A gymnasium Text action space has no action list: the env interaction reads each reply
+    as free text (envs/free_text.py), in this process and in an env worker alike."""
+    shout = EnvTask("flaky_envs:GymShout", "door", image=False, kwargs={})
+    interaction = EnvInteraction({}, "env")
+    interaction.use_env_settings("env.*", workers=workers, step_timeout_s=30.0, max_retries=1,
+                                 max_turns=10, invalid_action_penalty=-0.1)
+    settings = conversation_settings(max_assistant_turns=4, max_user_turns=10,
+                                     history_turns=None, interaction=interaction)
+    try:
+        engine = Scripted(tokenizer, ["THINK: try. ACTION: OPEN!", "ACTION: open sesame"])
+        (record,) = conversation_rollout(engine, tokenizer,
+                                         sampling_settings(max_new_tokens=16),
+                                         [shout.record(0)], settings)
+    finally:
+        interaction.close()
+    got = [(r["raw_action"], r["action"], r["action_valid"], r["action_failure"])
+           for r in samples_from_episodes([record])[0]["replies"]]
+    assert got == [("OPEN!", "hello", False, "unknown_action"),  # outside the space's charset
+                   ("open sesame", "open sesame", True, None)]
+    assert record["success"] is True and record["termination"] == "success"

@@ -154,7 +154,7 @@ def test_old_logprobs_match_forward_logprobs_at_t1(models) -> None:
     actor, ref, critic = models
     rows = score(hand_rows(), models, Settings(temperature=1.0))
     plain = forward_logprobs(actor, [r["prompt_ids"] for r in rows],
-                             [r["response_ids"] for r in rows], batch_size=3, pad_id=PAD)
+                             [r["response_ids"] for r in rows])
     for row, expected in zip(rows, plain):
         np.testing.assert_allclose(row["old_logprobs"], expected, atol=1e-5)
     tempered = score(hand_rows(), models, Settings(temperature=0.7))

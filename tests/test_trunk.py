@@ -12,7 +12,7 @@ from longturn.algo.critic import ValueModel, packed_response_values, packed_stat
 from longturn.engines.decoder_stack import decoder_of
 from longturn.algo.lora import apply_lora
 from longturn.algo.model_set import ModelSet
-from longturn.algo.trunk import Branch, TrunkState, run_branch
+from longturn.algo.trunk import TrunkState, run_branch
 from longturn.engines.logprobs import pack_prompt_response, response_logits, token_logprobs
 
 PAD = 2
@@ -44,7 +44,7 @@ def test_piecewise_forward_equals_the_whole_model(tiny_model_dir, share) -> None
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     batch = pack_prompt_response(PROMPTS, RESPONSES, PAD, share_prefix=share)
     with torch.no_grad():
-        hidden = run_branch(Branch(decoder_of(model)), TrunkState(0), batch)
+        hidden = run_branch(decoder_of(model), TrunkState(0), batch)
         whole = model.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                             position_ids=batch.position_ids).last_hidden_state if not share else None
         logits = model.lm_head(hidden)[:, batch.prompt_width - 1 : -1]

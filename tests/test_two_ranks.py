@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from longturn.distributed import free_port
+from conftest import free_port
 from two_rank_update import rank_rows, settings
 
 SCRIPT = Path(__file__).with_name("two_rank_update.py")

@@ -17,7 +17,6 @@ import pyarrow.compute as pc
 import torch
 
 from longturn.algo.gae import masked_whiten
-from longturn.engines.logprobs import PackedBatch, token_logprobs
 from longturn.errors import TrajectoryFileError
 from longturn.trajectories import read_table, require_samples
 from longturn.vision.frames import from_png
@@ -30,12 +29,6 @@ def autocast(enabled: bool, device: torch.device | str = "cpu") -> AbstractConte
     if not enabled:
         return nullcontext()
     return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
-
-
-def masked_logprobs(logits: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
-    """[B, R] logprobs of the response tokens (0 at padding)."""
-    logprobs = token_logprobs(logits, batch.response_ids)
-    return logprobs.masked_fill(~batch.response_mask, 0.0)
 
 
 def pad_rows(rows: Sequence[Sequence[float]] | Sequence[np.ndarray], width: int | None = None,
@@ -83,11 +76,11 @@ class TurnBatch:
     columns: dict[str, list[np.ndarray]]
     aborted: np.ndarray
     whitened: list[np.ndarray]
-    has_values: bool = True  # False: a critic-free file, whose `values` column is all zeros here
     # per response token, True where the model sampled it (in a whole episode packed as one
     # sample, tool results and user turns inside the response are context, out of every loss and
-    # statistic); None: all True
-    token_mask: list[np.ndarray] | None = None
+    # statistic)
+    token_mask: list[np.ndarray]
+    has_values: bool = True  # False: a critic-free file, whose `values` column is all zeros here
     # conversations with image observations: per row, (placeholder start in prompt + response,
     # PNG bytes) of each frame; decoded per micro-batch
     images: list[list[tuple[int, bytes]]] | None = None
@@ -99,8 +92,6 @@ class TurnBatch:
         """Row i's response tokens that count (all False for an aborted turn)."""
         if self.aborted[i]:
             return np.zeros(len(self.response_ids[i]), dtype=bool)
-        if self.token_mask is None:
-            return np.ones(len(self.response_ids[i]), dtype=bool)
         return self.token_mask[i]
 
     def padded_to(self, n: int) -> "TurnBatch":
@@ -117,9 +108,8 @@ class TurnBatch:
             self.response_ids + [self.response_ids[0]] * extra,
             {k: rows + [rows[0]] * extra for k, rows in self.columns.items()},
             np.concatenate([self.aborted, np.ones(extra, dtype=bool)]),
-            self.whitened + [dead] * extra, has_values=self.has_values,
-            token_mask=None if self.token_mask is None else
-            self.token_mask + [np.zeros(len(dead), dtype=bool)] * extra,
+            self.whitened + [dead] * extra, self.token_mask + [dead.astype(bool)] * extra,
+            has_values=self.has_values,
             images=None if self.images is None else self.images + [self.images[0]] * extra)
 
     def select(self, index: Sequence[int]) -> MicroBatch:
@@ -143,19 +133,15 @@ class TurnBatch:
         among rows ``index``."""
         return int(sum(self.loss_tokens(i).sum() for i in index))
 
-    def flat(self, name: str, valid_only: bool = True) -> np.ndarray:
-        """A float column concatenated over rows (loss tokens only by default)."""
-        rows = [r[self.loss_tokens(i)] if valid_only else r
-                for i, r in enumerate(self.columns[name])]
+    def flat(self, name: str) -> np.ndarray:
+        """A float column's loss tokens concatenated over rows."""
+        rows = [r[self.loss_tokens(i)] for i, r in enumerate(self.columns[name])]
         return np.concatenate(rows) if rows else np.zeros(0, dtype=np.float32)
 
 
 def _split_lists(column: pa.ChunkedArray, dtype: type) -> list[np.ndarray]:
     """A list<…> column as one numpy array per row (fast path over offsets, no Python floats)."""
     array = column.combine_chunks()
-    if array.null_count:
-        raise ValueError("a training column has nulls: score the samples (score_samples) before "
-                         "writing")
     offsets = array.offsets.to_numpy()
     values = array.flatten().to_numpy(zero_copy_only=False).astype(dtype, copy=False)
     return np.split(values, offsets[1:-1] - offsets[0]) if len(array) else []
@@ -202,8 +188,8 @@ def read_sample_batch(paths: Sequence[str | Path], whiten: bool = True,
     frames = zip(table.column("image_starts").to_pylist(), table.column("images").to_pylist())
     images = [list(zip(starts or [], pngs or [])) for starts, pngs in frames]
     whitened = _whiten(columns["advantages"], masks, whiten)
-    return TurnBatch(prompts, responses, columns, aborted, whitened, has_values=values,
-                     token_mask=masks, images=images if any(images) else None)
+    return TurnBatch(prompts, responses, columns, aborted, whitened, masks, has_values=values,
+                     images=images if any(images) else None)
 
 
 def _aborted_replies(column: pa.ChunkedArray) -> list[tuple[int, int, int]]:
@@ -220,7 +206,7 @@ def _aborted_replies(column: pa.ChunkedArray) -> list[tuple[int, int, int]]:
 def _check_training_columns(path: str | Path, table: pa.Table, names: Sequence[str]) -> None:
     """Every training column is filled (an evaluation file, or rows never scored, has nulls)."""
     for name in names:
-        if name != "aborted" and table.column(name).null_count:
+        if table.column(name).null_count:
             raise TrajectoryFileError(
                 f"{path}: column {name!r} has nulls: not a scored training file (evaluation "
                 "files leave the training columns empty)")

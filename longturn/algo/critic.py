@@ -44,23 +44,14 @@ class ValueModel(nn.Module):
             nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        past_key_values: Any = None,
-        use_cache: bool = False,
-    ) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, past_key_values: Any = None,
+                use_cache: bool = False) -> torch.Tensor:
         """Values [B, T] in float32 (the head runs in its own dtype, float32 unless cast). A
         ``past_key_values`` cache is read and extended in place (shared-prefix scoring)."""
-        out = self.backbone(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=past_key_values,
-            use_cache=use_cache,
-        )
+        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
+                            position_ids=position_ids, past_key_values=past_key_values,
+                            use_cache=use_cache)
         return self.head_values(out.last_hidden_state)
 
     def head_values(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -68,15 +59,10 @@ class ValueModel(nn.Module):
         return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1).float()
 
     @classmethod
-    def from_pretrained(
-        cls,
-        model_dir: str | Path,
-        dtype: torch.dtype = torch.float32,
-        head_std: float = 0.0,
-    ) -> ValueModel:
-        """Load the backbone (base model part of any causal-LM dir) and the head if saved."""
-        backbone = AutoModel.from_pretrained(str(model_dir), dtype=dtype)
-        model = cls(backbone, head_std=head_std)
+    def from_pretrained(cls, model_dir: str | Path, head_std: float = 0.0) -> ValueModel:
+        """Load the backbone (base model part of any causal-LM dir, in float32) and the head if
+        saved."""
+        model = cls(AutoModel.from_pretrained(str(model_dir), dtype=torch.float32), head_std)
         head_path = Path(model_dir) / VALUE_HEAD_FILE
         if head_path.is_file():
             state = load_file(str(head_path))
@@ -108,13 +94,9 @@ def _device(module: nn.Module) -> torch.device:
     return next(module.parameters()).device
 
 
-def response_values(
-    critic: ValueModel,
-    prompt_ids: list[list[int]],
-    response_ids: list[list[int]],
-    pad_id: int = 0,
-    share_prefix: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def response_values(critic: ValueModel, prompt_ids: list[list[int]],
+                    response_ids: list[list[int]], pad_id: int = 0,
+                    share_prefix: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """values [B, R] (V before emitting each response token) and its bool mask [B, R].
 
     Masked entries are 0. Gradients flow when called with grad enabled.

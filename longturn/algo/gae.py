@@ -217,10 +217,6 @@ def gae_for_table(columns: Mapping[str, Sequence[Any]],
     Needs list columns ``values``, ``token_rewards``, scalar ``next_value`` and the
     ordering columns (``iteration`` optional); results are in the ORIGINAL row order.
     """
-    missing = [k for k in ("values", "token_rewards", "next_value", *_ORDER_COLS)
-               if k not in columns]
-    if missing:
-        raise KeyError(f"gae_for_table: missing columns {missing}")
     vals = [np.asarray(v, dtype=np.float64) for v in columns["values"]]
     rews = [np.asarray(r, dtype=np.float64) for r in columns["token_rewards"]]
     for row, (v, r) in enumerate(zip(vals, rews, strict=True)):
@@ -235,9 +231,6 @@ def gae_for_table(columns: Mapping[str, Sequence[Any]],
     adv, ret = dual_discount_gae(np.concatenate([vals[i] for i in order]),
                                  np.concatenate([rews[i] for i in order]),
                                  lengths, nv, carries, params)
-    cuts = np.cumsum(lengths)[:-1]
-    adv_out: list[np.ndarray] = [np.empty(0)] * len(vals)
-    ret_out: list[np.ndarray] = [np.empty(0)] * len(vals)
-    for row, a, g in zip(order, np.split(adv.numpy(), cuts), np.split(ret.numpy(), cuts)):
-        adv_out[row], ret_out[row] = a, g
-    return adv_out, ret_out
+    cuts, back = np.cumsum(lengths)[:-1], np.argsort(order)
+    adv_rows, ret_rows = np.split(adv.numpy(), cuts), np.split(ret.numpy(), cuts)
+    return [adv_rows[k] for k in back], [ret_rows[k] for k in back]

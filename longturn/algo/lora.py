@@ -14,20 +14,14 @@ from typing import Any
 from torch import nn
 
 
-def apply_lora(
-    model: nn.Module,
-    r: int = 8,
-    alpha: float = 16.0,
-    dropout: float = 0.0,
-    target_modules: list[str] | str | None = "all-linear",
-    top_layers: int | None = None,
-) -> nn.Module:
+def apply_lora(model: nn.Module, r: int = 8, alpha: float = 16.0,
+               top_layers: int | None = None) -> nn.Module:
     """Freeze the base weights and add trainable LoRA adapters; returns the model to train.
 
     A causal LM comes back as a ``PeftModelForCausalLM`` (same forward signature). A ValueModel is
     returned itself, its ``backbone`` wrapped in place: the value head stays fully trainable, since
-    a fresh head has nothing a low-rank update could build on. ``"all-linear"`` targets every
-    linear layer except the LM output layer.
+    a fresh head has nothing a low-rank update could build on. Adapters go on every linear
+    layer except the LM output layer (peft's ``"all-linear"``).
 
     ``top_layers=N`` puts adapters on the last N transformer layers only. Nothing below them
     needs a gradient then, so backward stops at layer L-N: on CPU that is most of its cost.
@@ -37,17 +31,12 @@ def apply_lora(
     is_critic = isinstance(getattr(model, "backbone", None), nn.Module)  # a ValueModel
     base = model.backbone if is_critic else model
     layers = _top_layer_indices(base, top_layers)
-    if layers is not None and target_modules == "all-linear":  # peft wants names with layers
-        target_modules = _linear_names(base)
-    config = LoraConfig(
-        r=r,
-        lora_alpha=alpha,
-        lora_dropout=dropout,
-        target_modules=target_modules,
-        task_type=None if is_critic else TaskType.CAUSAL_LM,
-        layers_to_transform=layers,
-        layers_pattern="layers" if layers is not None else None,
-    )
+    # peft wants the layers' names (not "all-linear") when adapters go on some layers only
+    targets = "all-linear" if layers is None else _linear_names(base)
+    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=targets,
+                        task_type=None if is_critic else TaskType.CAUSAL_LM,
+                        layers_to_transform=layers,
+                        layers_pattern="layers" if layers is not None else None)
     if not is_critic:
         return _peft_model(model, config)
     model.backbone = _peft_model(model.backbone, config)
@@ -95,8 +84,7 @@ def merged_model(model: nn.Module) -> nn.Module:
 
     if not isinstance(model, PeftModel):
         return model
-    merged = copy.deepcopy(model).merge_and_unload()
-    return merged
+    return copy.deepcopy(model).merge_and_unload()
 
 
 def merged_state_dict(model: nn.Module) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from torch import nn
 from longturn.algo.critic import ValueModel, packed_response_values, packed_state_values
 from longturn.engines.decoder_stack import decoder_of
 from longturn.engines.prefix_memo import PrefixMemo
-from longturn.algo.trunk import Branch, TrunkState, run_branch, run_trunk
+from longturn.algo.trunk import TrunkState, run_branch, run_trunk
 from longturn.algo.trunk_rows import TrunkRows
 from longturn.engines.logprobs import PackedBatch, response_logits, token_logprobs
 from longturn.errors import UserError
@@ -165,7 +165,7 @@ class ModelSet:
         """Raw logits [B, R, V] predicting each response token (grad follows grad mode)."""
         if not self.split:
             return response_logits(self.actor, batch)
-        hidden = run_branch(Branch(self.actor_decoder), trunk, batch, self.checkpoint)
+        hidden = run_branch(self.actor_decoder, trunk, batch, self.checkpoint)
         return _lm_head(self.actor)(_response_columns(hidden, batch))
 
     def policy_logprobs(self, batch: PackedBatch, trunk: TrunkState, temperature: float,
@@ -178,8 +178,8 @@ class ModelSet:
             if not self.split:
                 return _logprobs(response_logits(model, batch), None, batch, temperature)
             decoder = self.ref_decoder if reference else self.actor_decoder
-            hidden = run_branch(Branch(decoder, role="reference" if reference else "actor"),
-                                trunk, batch, memo=self._branch_prefixes)
+            hidden = run_branch(decoder, trunk, batch, memo=self._branch_prefixes,
+                                role="reference" if reference else "actor")
             return _logprobs(_response_columns(hidden, batch), _lm_head(model), batch,
                              temperature)
 
@@ -193,8 +193,8 @@ class ModelSet:
         self._need_critic()
         if not self.split:
             return packed_response_values(self.critic, batch)
-        hidden = run_branch(Branch(self.critic_decoder, role="critic"), trunk, batch,
-                            self.checkpoint, self._branch_prefixes)
+        hidden = run_branch(self.critic_decoder, trunk, batch, self.checkpoint,
+                            self._branch_prefixes, "critic")
         values = self.critic.head_values(_response_columns(hidden, batch))
         return values.masked_fill(~batch.response_mask, 0.0)
 
@@ -203,6 +203,6 @@ class ModelSet:
         self._need_critic()
         if not self.split:
             return packed_state_values(self.critic, batch)
-        hidden = run_branch(Branch(self.critic_decoder, role="critic"), trunk, batch,
-                            memo=self._branch_prefixes)
+        hidden = run_branch(self.critic_decoder, trunk, batch, memo=self._branch_prefixes,
+                            role="critic")
         return self.critic.head_values(hidden[:, -1])

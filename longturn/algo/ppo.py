@@ -171,14 +171,12 @@ def entropy_from_logits(
     the float32 copy of [tokens, vocab] never exists all at once (vocab is ~50-150k).
     """
     rows = logits[mask.bool()]
-    if rows.shape[0] == 0:
-        return logits.new_zeros((), dtype=torch.float32)
     total = logits.new_zeros((), dtype=torch.float32)
     for chunk in rows.split(chunk_size):
         x = chunk.float()
         log_p = x - torch.logsumexp(x, dim=-1, keepdim=True)
         total = total - (log_p.exp() * log_p).sum()
-    return total / rows.shape[0]
+    return total / max(rows.shape[0], 1)  # 0 where no position is valid
 
 
 def _action_start(ids: list[int], tokenizer: Any) -> int:

@@ -16,19 +16,18 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from longturn.algo.batches import TurnBatch, autocast, masked_logprobs, pad_rows
+from longturn.algo.batches import TurnBatch, autocast, pad_rows
 from longturn.algo.model_set import ModelSet
 from longturn.algo.ppo import (entropy_from_logits, explained_variance, masked_mean, policy_loss,
                                think_action_masks, value_loss)
 from longturn.distributed import sum_over_ranks
-from longturn.engines.logprobs import pack_prompt_response
+from longturn.engines.logprobs import pack_prompt_response, token_logprobs
 from longturn.profiling import MICRO_BATCH, mark
 from longturn.vision.feed import has_images
 
@@ -87,10 +86,6 @@ def _detached(value: torch.Tensor | float) -> torch.Tensor | float:
     return value.detach() if isinstance(value, torch.Tensor) else float(value)
 
 
-def _device(engine: Any) -> torch.device:
-    return next(engine.parameters()).device
-
-
 def _take_step(engine: Any) -> float:
     """Optimizer step; returns the pre-clip gradient norm (after the cross-rank reduction)."""
     norm = None
@@ -101,14 +96,6 @@ def _take_step(engine: Any) -> float:
     if norm is None:
         norm = engine.get_global_grad_norm()
     return float("nan") if norm is None else float(norm)
-
-
-@dataclass
-class Engines:
-    """The two DeepSpeed engines one update steps (their modules are the ModelSet's)."""
-
-    actor: Any
-    critic: Any  # None: a critic-free estimator
 
 
 def _normalizers(batch: TurnBatch, mini: np.ndarray, s: Any) -> tuple[float, float]:
@@ -122,16 +109,17 @@ def _normalizers(batch: TurnBatch, mini: np.ndarray, s: Any) -> tuple[float, flo
     return max(float(pair[0]), 1.0), max(float(pair[1]), 1e-8)
 
 
-def minibatch_step(models: ModelSet, engines: Engines, batch: TurnBatch, mini: np.ndarray,
-                   micros: list[np.ndarray], s: Any, pad_id: int, stats: UpdateStats,
-                   train_actor: bool = True) -> None:
-    """One optimizer step per engine over one mini-batch.
+def minibatch_step(models: ModelSet, actor: Any, critic: Any, batch: TurnBatch,
+                   mini: np.ndarray, micros: list[np.ndarray], s: Any, pad_id: int,
+                   stats: UpdateStats, train_actor: bool = True) -> None:
+    """One optimizer step per DeepSpeed engine over one mini-batch (`actor` and `critic` are
+    the engines of the ModelSet's modules; `critic` None: a critic-free estimator).
 
     Per micro-batch the shared trunk runs once; the actor branch then runs forward and backward
     (clipped surrogate minus the entropy bonus), then the critic branch (clipped value loss,
     position 0 weighted more), so only one branch's activations are alive at a time."""
     actor_norm, critic_norm = _normalizers(batch, mini, s)
-    device = _device(engines.actor)
+    device = next(actor.parameters()).device
     actor_total = critic_total = 0.0
     for j, idx in enumerate(micros):
         with mark(MICRO_BATCH):  # a trace counts launches and syncs per micro-batch
@@ -143,23 +131,23 @@ def minibatch_step(models: ModelSet, engines: Engines, batch: TurnBatch, mini: n
                 with autocast(s.bf16, device):
                     trunk = models.trunk(packed)
                 if train_actor:
-                    engines.actor.set_gradient_accumulation_boundary(last)
-                    actor_total += _actor_backward(models, engines.actor, trunk, packed, mb, s,
+                    actor.set_gradient_accumulation_boundary(last)
+                    actor_total += _actor_backward(models, actor, trunk, packed, mb, s,
                                                    actor_norm, stats)
-                if engines.critic is None:
+                if critic is None:
                     continue
-                engines.critic.set_gradient_accumulation_boundary(last)
+                critic.set_gradient_accumulation_boundary(last)
                 with autocast(s.bf16, device):
                     values = models.values(packed, trunk)
             loss, st = value_loss(values.float(), mb.values, mb.returns, mb.mask, s.value_clip,
                                   s.first_token_weight, critic_norm)
-            engines.critic.backward(loss, scale_wrt_gas=False)
+            critic.backward(loss, scale_wrt_gas=False)
             critic_total = critic_total + loss.detach()
             stats.add_tokens(mb.n_tokens, value_clip_fraction=st["value_clip_fraction"])
     if train_actor:
-        stats.add_step(policy_loss=actor_total, grad_norm_actor=_take_step(engines.actor))
-    if engines.critic is not None:
-        stats.add_step(value_loss=critic_total, grad_norm_critic=_take_step(engines.critic))
+        stats.add_step(policy_loss=actor_total, grad_norm_actor=_take_step(actor))
+    if critic is not None:
+        stats.add_step(value_loss=critic_total, grad_norm_critic=_take_step(critic))
 
 
 def _actor_backward(models: ModelSet, engine: Any, trunk: Any, packed: Any, mb: Any, s: Any,
@@ -167,7 +155,7 @@ def _actor_backward(models: ModelSet, engine: Any, trunk: Any, packed: Any, mb: 
     """Forward and backward of the actor branch on one micro-batch; returns its loss."""
     with autocast(s.bf16, packed.input_ids.device):
         logits = models.actor_logits(packed, trunk).float() / s.temperature
-    logprobs = masked_logprobs(logits, packed)
+    logprobs = token_logprobs(logits, packed.response_ids).masked_fill(~packed.response_mask, 0.0)
     loss, st = policy_loss(logprobs, mb.old_logprobs, mb.advantages, mb.mask, s.clip_ratio,
                            normalizer)
     total = loss.detach()

@@ -134,14 +134,11 @@ def reply_rewards(token_rewards: Sequence[Sequence[float]], spans: Sequence[Repl
     reply's end (0 for the first) to its own end, so the KL terms of its tokens and the reward
     credited on its last one."""
     out = []
-    for span, prev in zip(spans, _previous_ends(spans)):
+    for j, span in enumerate(spans):
         row = np.asarray(token_rewards[span.sample], dtype=np.float64)
+        prev = 0 if span.reply == 0 else spans[j - 1].end
         out.append(float(np.sum(row[prev:span.end])))
     return out
-
-
-def _previous_ends(spans: Sequence[ReplySpan]) -> list[int]:
-    return [0 if span.reply == 0 else spans[j - 1].end for j, span in enumerate(spans)]
 
 
 def sample_advantages(columns: Columns, gae_params: GAEParams | None,
@@ -191,20 +188,17 @@ def _reply_gae(columns: Columns, spans: list[ReplySpan],
 
 
 def _reply_group(columns: Columns, spans: list[ReplySpan],
-                 params: GroupParams) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """GRPO / GiGPO with each reply a turn: every token of a reply gets its advantage and
-    discounted return."""
+                 params: GroupParams) -> tuple[np.ndarray, np.ndarray]:
+    """GRPO / GiGPO with each reply a turn: each reply's advantage and discounted return, which
+    every token of the reply gets."""
     replies = [columns["replies"][s.sample][s.reply] for s in spans]
     observation = [r.get("observation") for r in replies]
     if params.estimator == "gigpo" and None in observation:
         at = spans[observation.index(None)]
         raise ValueError(f"sample {at.sample} reply {at.reply}: no observation, GiGPO's anchor "
                          "state")
-    advantages, returns = turn_advantages(
+    return turn_advantages(
         [columns["group_id"][s.sample] for s in spans],
         [columns["episode_id"][s.sample] for s in spans], [int(r["turn"]) for r in replies],
         reply_rewards(columns["token_rewards"], spans), observation,
         [bool(r.get("aborted")) for r in replies], params)
-    widths = [s.end - s.start for s in spans]
-    return ([np.full(n, a) for n, a in zip(widths, advantages)],
-            [np.full(n, r) for n, r in zip(widths, returns)])

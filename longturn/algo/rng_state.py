@@ -12,8 +12,14 @@ import numpy as np
 import torch
 
 
-def rng_states() -> dict[str, Any]:
-    """The current RNG states as plain containers and tensors (loadable with weights_only)."""
+def _as_tuples(x: Any) -> Any:
+    """random.setstate wants nested tuples; a round trip may hand back lists."""
+    return tuple(_as_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
+def save_rng_states(path: str | Path) -> Path:
+    """Write this process's RNG states atomically, as plain containers and tensors (loadable
+    with weights_only)."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     states: dict[str, Any] = {
         "python": random.getstate(),
@@ -23,32 +29,19 @@ def rng_states() -> dict[str, Any]:
     }
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state_all()
-    return states
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    torch.save(states, tmp)
+    os.replace(tmp, path)
+    return path
 
 
-def set_rng_states(states: dict[str, Any]) -> None:
+def load_rng_states(path: str | Path) -> None:
+    states = torch.load(Path(path), weights_only=True)
     random.setstate(_as_tuples(states["python"]))
     kind, keys, pos, has_gauss, cached = states["numpy"]
     np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(states["torch"])
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
-
-
-def _as_tuples(x: Any) -> Any:
-    """random.setstate wants nested tuples; a round trip may hand back lists."""
-    return tuple(_as_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x
-
-
-def save_rng_states(path: str | Path) -> Path:
-    """Write this process's RNG states atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    torch.save(rng_states(), tmp)
-    os.replace(tmp, path)
-    return path
-
-
-def load_rng_states(path: str | Path) -> None:
-    set_rng_states(torch.load(Path(path), weights_only=True))

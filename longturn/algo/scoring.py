@@ -91,12 +91,7 @@ def score_batch(models: ModelSet, prompts: list[list[int]], responses: list[list
 
 def _unsorted(column: list[np.ndarray], order: list[int]) -> list[np.ndarray]:
     """A column computed in `order` put back in input order (empty stays empty)."""
-    if not column:
-        return column
-    back: list[np.ndarray] = [column[0]] * len(order)
-    for position, index in enumerate(order):
-        back[index] = column[position]
-    return back
+    return [column[k] for k in np.argsort(order)] if column else column
 
 
 def bootstrap_values(models: ModelSet, rows: list[Row], settings: ScoringSettings,

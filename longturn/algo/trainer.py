@@ -18,6 +18,7 @@ import logging
 import math
 import shutil
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ from longturn.params.estimator import Estimator
 from longturn.algo.group_advantages import GroupParams
 from longturn.algo.lora import apply_lora, merge_and_save, merged_state_dict
 from longturn.algo.model_set import ModelSet
-from longturn.algo.ppo_steps import Engines, UpdateStats, batch_stats, minibatch_step, schedule
+from longturn.algo.ppo_steps import UpdateStats, batch_stats, minibatch_step, schedule
 from longturn.algo.rng_state import load_rng_states, save_rng_states
 from longturn.algo.sample_scoring import score_samples
 from longturn.atomic import atomic_dir
@@ -102,10 +103,6 @@ class TrainerSettings:
         if self.kl_estimator not in ("k1", "k2", "k3"):
             raise ValueError(f"kl_estimator must be k1, k2 or k3, got {self.kl_estimator!r}")
 
-    @property
-    def grad_accum_steps(self) -> int:
-        return self.mini_batch_size // self.micro_batch_size
-
 
 def ds_config(settings: TrainerSettings) -> dict[str, Any]:
     """DeepSpeed config of one engine: fp32 master weights, and with `bf16` torch's bf16 autocast
@@ -117,7 +114,7 @@ def ds_config(settings: TrainerSettings) -> dict[str, Any]:
     per engine, memory a GPU shared with an inference server does not have to spare."""
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": settings.micro_batch_size,
-        "gradient_accumulation_steps": settings.grad_accum_steps,
+        "gradient_accumulation_steps": settings.mini_batch_size // settings.micro_batch_size,
         "gradient_clipping": settings.grad_clip,
         "zero_optimization": {"stage": settings.zero_stage, "reduce_bucket_size": BUCKET,
                               "allgather_bucket_size": BUCKET},
@@ -178,6 +175,7 @@ class PPOTrainer:
         self.actor_engine = _engine(actor, settings.actor_lr, settings)
         self.critic_engine = None if critic is None else _engine(critic, settings.critic_lr,
                                                                  settings)
+        self.engines = [e for e in (self.actor_engine, self.critic_engine) if e is not None]
         if ref is not None:  # DeepSpeed moved the actor to its device; the ref follows
             ref.to(self.actor_engine.device)
         vision = load_vision(actor_dir, self.actor_engine.device)
@@ -186,10 +184,11 @@ class PPOTrainer:
                                None if self.critic_engine is None else self.critic_engine.module,
                                settings.share_trunk, settings.gradient_checkpointing, vision,
                                keep_trunk_rows=settings.zero_stage < 3)
+        decoder = self.models.actor_decoder
         log.info("trainer on %s, bf16 autocast %s, advantage %s: %d of %d layers shared by %s",
                  self.actor_engine.device, "on" if settings.bf16 else "off",
                  settings.estimator.name, self.models.depth,
-                 _layer_count(self.models.actor_decoder),
+                 len(decoder.layers) if decoder is not None else 0,
                  "actor, reference and critic" if critic is not None else "actor and reference")
 
     @property
@@ -215,9 +214,8 @@ class PPOTrainer:
         values, token rewards, advantages, returns and each reply's next_value, whatever context
         the samples were played with (``reuse_logprobs``: keep the old/ref logprobs they carry).
         Critic-free: values and next_value stay empty, advantages come from the groups."""
-        self.actor_engine.eval()
-        if self.critic_engine is not None:
-            self.critic_engine.eval()
+        for engine in self.engines:
+            engine.eval()
         gae, group = ((self.gae_params, None) if self.settings.has_critic
                       else (None, self.group_params()))
         return score_samples(samples, self.models, self.settings, gae, group, self.pad_id,
@@ -245,22 +243,20 @@ class PPOTrainer:
         played = len(batch)
         batch = batch.padded_to(self._largest_rank(played))
         stats = UpdateStats()
-        self.actor_engine.train()
-        if self.critic_engine is not None:
-            self.critic_engine.train()
+        for engine in self.engines:
+            engine.train()
         rng = np.random.default_rng([s.seed, self.updates])
         steps = s.ppo_epochs * math.ceil(len(batch) / s.mini_batch_size)
         bar = tqdm(total=steps, desc="update", unit="mini-batch", disable=not self.progress,
                    leave=False)
-        engines = Engines(self.actor_engine, self.critic_engine)
         lengths = [len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids)]
         epochs = 0
         for _ in range(s.ppo_epochs):
             epoch_stats = UpdateStats()
             for mini, micros in schedule(len(batch), s.mini_batch_size, s.micro_batch_size, rng,
                                          lengths):
-                minibatch_step(self.models, engines, batch, mini, micros, s, self.pad_id,
-                               epoch_stats, train_actor)
+                minibatch_step(self.models, self.actor_engine, self.critic_engine, batch, mini,
+                               micros, s, self.pad_id, epoch_stats, train_actor)
                 bar.update(1)
             stats.merge(epoch_stats)
             epochs += 1
@@ -309,11 +305,8 @@ class PPOTrainer:
         rank after an update, which checkpoints record so runs can be audited. Under ZeRO-3 each
         rank holds only its partition, so digests differ by design there."""
         digest = hashlib.sha256()
-        modules = [self.actor_module]
-        if self.critic_engine is not None:
-            modules.append(self.critic_module)
-        for module in modules:
-            for name, param in sorted(module.named_parameters(), key=lambda kv: kv[0]):
+        for engine in self.engines:
+            for name, param in sorted(engine.module.named_parameters(), key=lambda kv: kv[0]):
                 digest.update(name.encode())
                 digest.update(param.detach().float().cpu().contiguous().numpy().tobytes())
         return digest.hexdigest()
@@ -383,14 +376,8 @@ def _learning_rate(engine: Any) -> float:
     return float(engine.optimizer.param_groups[0]["lr"])
 
 
-def _layer_count(decoder: torch.nn.Module | None) -> int:
-    return len(decoder.layers) if decoder is not None else 0
-
-
 def _gathered(module: torch.nn.Module, zero_stage: int) -> Any:
     """Full parameters for saving: ZeRO-3 partitions them, lower stages keep them whole."""
-    from contextlib import nullcontext
-
     if zero_stage < 3:
         return nullcontext()
     import deepspeed

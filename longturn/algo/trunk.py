@@ -16,9 +16,8 @@ scoring ran where it was kept (`trunk_rows.py`).
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -32,16 +31,6 @@ from longturn.engines.logprobs import PackedBatch
 
 
 @dataclass
-class Branch:
-    """One model's view: whose layers[depth:] and norm to run, inside which context (the
-    reference is the actor with its adapters disabled)."""
-
-    decoder: nn.Module
-    context: Callable[[], AbstractContextManager] = nullcontext
-    role: str = "actor"  # names its kept prefix passes (the reference runs the actor's modules)
-
-
-@dataclass
 class TrunkState:
     """The shared part of one packed batch, up to layer `depth` (nothing when depth is 0)."""
 
@@ -51,11 +40,6 @@ class TrunkState:
     prefix: PassInputs | None = None
     hidden: torch.Tensor | None = None  # [B, T, H] of the non-prefix columns
     suffix: PassInputs | None = None
-
-
-def _suffix_inputs(decoder: nn.Module, embeds: torch.Tensor, batch: PackedBatch,
-                   cache: ReadOnlyPrefixCache | None) -> PassInputs:
-    return pass_inputs(decoder, embeds, batch.attention_mask, batch.position_ids, cache)
 
 
 def run_trunk(decoder: nn.Module, batch: PackedBatch, depth: int,
@@ -82,7 +66,7 @@ def run_trunk(decoder: nn.Module, batch: PackedBatch, depth: int,
             state.prefix_hidden, state.prefix, state.prefix_layers = parts
             cache = ReadOnlyPrefixCache(state.prefix_layers)
         embeds = decoder.embed_tokens(batch.input_ids)
-        state.suffix = _suffix_inputs(decoder, embeds, batch, cache)
+        state.suffix = pass_inputs(decoder, embeds, batch.attention_mask, batch.position_ids, cache)
 
         def own_pass() -> torch.Tensor:
             return run_layers(decoder, 0, depth, embeds, state.suffix, cache)
@@ -92,33 +76,35 @@ def run_trunk(decoder: nn.Module, batch: PackedBatch, depth: int,
     return state
 
 
-def run_branch(branch: Branch, trunk: TrunkState, batch: PackedBatch,
-               checkpoint: bool = False, memo: PrefixMemo | None = None) -> torch.Tensor:
-    """Normed last hidden states [B, T, H] of one model over the non-prefix columns; grad follows
-    torch's grad mode (only this branch's layers can carry it). Without grad, `memo` keeps this
-    branch's prefix pass for the next batch (it must not outlive the weights: see ModelSet)."""
-    decoder, depth = branch.decoder, trunk.depth
-    with branch.context():
-        cache, prefix_hidden, prefix = None, trunk.prefix_hidden, trunk.prefix
-        if batch.prefix_ids is not None:
-            if prefix_hidden is None:
-                prefix_hidden = decoder.embed_tokens(batch.prefix_ids)
-                prefix = prefix_inputs(decoder, prefix_hidden)
+def run_branch(decoder: nn.Module, trunk: TrunkState, batch: PackedBatch,
+               checkpoint: bool = False, memo: PrefixMemo | None = None,
+               role: str = "actor") -> torch.Tensor:
+    """Normed last hidden states [B, T, H] of one model, `decoder`'s layers[depth:] and norm,
+    over the non-prefix columns; grad follows torch's grad mode (only this branch's layers can
+    carry it). Without grad, `memo` keeps this branch's prefix pass for the next batch under
+    `role` (the reference runs the actor's modules; the memo must not outlive the weights: see
+    ModelSet)."""
+    depth = trunk.depth
+    cache, prefix_hidden, prefix = None, trunk.prefix_hidden, trunk.prefix
+    if batch.prefix_ids is not None:
+        if prefix_hidden is None:
+            prefix_hidden = decoder.embed_tokens(batch.prefix_ids)
+            prefix = prefix_inputs(decoder, prefix_hidden)
 
-            def prefix_pass() -> list[Any]:
-                recorded = DynamicCache()
-                run_layers(decoder, depth, None, prefix_hidden, prefix, recorded)
-                return list(recorded.layers[depth:])
+        def prefix_pass() -> list[Any]:
+            recorded = DynamicCache()
+            run_layers(decoder, depth, None, prefix_hidden, prefix, recorded)
+            return list(recorded.layers[depth:])
 
-            if memo is None or torch.is_grad_enabled():
-                top = prefix_pass()
-            else:
-                modules = [*decoder.layers[depth:]] + ([decoder.embed_tokens] if depth == 0 else [])
-                top = memo.get(branch.role, batch.prefix_ids, modules, prefix_pass)
-            cache = ReadOnlyPrefixCache(trunk.prefix_layers + top)
-        hidden, suffix = trunk.hidden, trunk.suffix
-        if hidden is None:
-            hidden = decoder.embed_tokens(batch.input_ids)
-            suffix = _suffix_inputs(decoder, hidden, batch, cache)
-        hidden = run_layers(decoder, depth, None, hidden, suffix, cache, checkpoint)
-        return decoder.norm(hidden)
+        if memo is None or torch.is_grad_enabled():
+            top = prefix_pass()
+        else:
+            modules = [*decoder.layers[depth:]] + ([decoder.embed_tokens] if depth == 0 else [])
+            top = memo.get(role, batch.prefix_ids, modules, prefix_pass)
+        cache = ReadOnlyPrefixCache(trunk.prefix_layers + top)
+    hidden, suffix = trunk.hidden, trunk.suffix
+    if hidden is None:
+        hidden = decoder.embed_tokens(batch.input_ids)
+        suffix = pass_inputs(decoder, hidden, batch.attention_mask, batch.position_ids, cache)
+    hidden = run_layers(decoder, depth, None, hidden, suffix, cache, checkpoint)
+    return decoder.norm(hidden)

@@ -73,11 +73,9 @@ class DecodeState:
         is_stop = torch.isin(tokens, self.stop_ids.cpu())
         stopped = is_stop.any(dim=1)
         ends = torch.where(stopped, is_stop.int().argmax(dim=1) + 1, steps).tolist()
-        out = []
-        for row, (end, stop) in enumerate(zip(ends, stopped.tolist())):
-            out.append(Completion(tokens[row, :end].tolist(), logprobs[row, :end].tolist(),
-                                  "stop" if stop else "length"))
-        return out
+        return [Completion(tokens[row, :end].tolist(), logprobs[row, :end].tolist(),
+                           "stop" if stop else "length")
+                for row, (end, stop) in enumerate(zip(ends, stopped.tolist()))]
 
 
 def check_interval(device: torch.device) -> int:

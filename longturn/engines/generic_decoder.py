@@ -34,9 +34,8 @@ class GenericDecoder:
             with mark(DECODE_STEP):  # sampling, the stop check and the next forward
                 chosen = state.record(logits, sampling)
                 state.steps = step + 1
-                if step == sampling.max_new_tokens - 1:
-                    break
-                if (step + 1) % every == 0 and state.all_finished():
+                last = step == sampling.max_new_tokens - 1
+                if last or ((step + 1) % every == 0 and state.all_finished()):
                     break
                 mask = torch.cat([mask, mask.new_ones(len(prompts), 1)], dim=-1)
                 out = self.model(input_ids=chosen[:, None], attention_mask=mask,

@@ -41,7 +41,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from longturn.engines.decoder_stack import decoder_of
 from longturn.engines.base import Completion, SamplingParams
 from longturn.engines.generic_decoder import GenericDecoder
-from longturn.engines.prefix import left_pad  # noqa: F401  (re-exported)
+from longturn.engines.prefix import left_pad
 from longturn.engines.row_seeds import prompt_seeds
 from longturn.engines.static_decoder import StaticDecoder
 from longturn.engines.stop_tokens import end_of_turn_ids

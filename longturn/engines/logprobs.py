@@ -142,21 +142,11 @@ def response_logprobs_tensor(
     return logprobs.masked_fill(~batch.response_mask, 0.0), batch.response_mask
 
 
-def forward_logprobs(
-    model: torch.nn.Module,
-    prompt_ids: list[list[int]],
-    response_ids: list[list[int]],
-    batch_size: int | None = None,
-    pad_id: int = 0,
-) -> list[list[float]]:
-    """Per-sequence lists of response-token logprobs (inference mode, micro-batched if asked)."""
-    size = batch_size or max(len(prompt_ids), 1)
-    result: list[list[float]] = []
+def forward_logprobs(model: torch.nn.Module, prompt_ids: list[list[int]],
+                     response_ids: list[list[int]]) -> list[list[float]]:
+    """Per-sequence lists of response-token logprobs, in inference mode (reference numbers)."""
+    if not prompt_ids:
+        return []
     with torch.inference_mode():
-        for start in range(0, len(prompt_ids), size):
-            prompts = prompt_ids[start : start + size]
-            responses = response_ids[start : start + size]
-            logprobs, _ = response_logprobs_tensor(model, prompts, responses, pad_id)
-            rows = logprobs.cpu().tolist()
-            result.extend(row[: len(resp)] for row, resp in zip(rows, responses))
-    return result
+        logprobs, _ = response_logprobs_tensor(model, prompt_ids, response_ids)
+    return [row[: len(resp)] for row, resp in zip(logprobs.cpu().tolist(), response_ids)]

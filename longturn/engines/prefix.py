@@ -38,37 +38,20 @@ def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device):
     return as_tensor(ids), as_tensor(mask)
 
 
-def plain_prefill(
-    model: torch.nn.Module, prompts: list[list[int]], pad_id: int, device: torch.device
-) -> Prefill:
-    """Every prompt left-padded into one batched forward."""
-    input_ids, mask = left_pad(prompts, pad_id, device)
-    positions = positions_from_mask(mask)
-    out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                use_cache=True, logits_to_keep=1)
-    return Prefill(out.past_key_values, out.logits[:, -1, :], mask, positions[:, -1] + 1)
-
-
-def shared_prefill(
-    model: torch.nn.Module, prompts: list[list[int]], cut: int, pad_id: int, device: torch.device
-) -> Prefill:
-    """The first `cut` tokens (identical in all prompts) once, then the suffixes batched on top."""
-    prefix = torch.tensor([prompts[0][:cut]], dtype=torch.long, device=device)
-    cache = repeated_prefix_cache(model, prefix, len(prompts), logits_to_keep=1)
-    suffix_ids, suffix_mask = left_pad([p[cut:] for p in prompts], pad_id, device)
-    mask = torch.cat([suffix_mask.new_ones(len(prompts), cut), suffix_mask], dim=-1)
-    positions = positions_from_mask(mask)[:, cut:]
-    out = model(input_ids=suffix_ids, attention_mask=mask, position_ids=positions,
-                past_key_values=cache, use_cache=True, logits_to_keep=1)
-    return Prefill(out.past_key_values, out.logits[:, -1, :], mask, positions[:, -1] + 1)
-
-
 def prefill(
     model: torch.nn.Module, prompts: list[list[int]], pad_id: int, device: torch.device,
     share_prefix: bool = True,
 ) -> Prefill:
-    """Shared-prefix prefill where the batch has a long enough common prefix, else plain."""
+    """Every prompt left-padded into one batched forward; where the batch has a long enough
+    common prefix, its first `cut` tokens run once first and the suffixes are batched on top."""
     cut = shared_prefix_length(prompts) if share_prefix else 0
+    ids, mask = left_pad([p[cut:] for p in prompts], pad_id, device)
+    cache = None
     if cut:
-        return shared_prefill(model, prompts, cut, pad_id, device)
-    return plain_prefill(model, prompts, pad_id, device)
+        prefix = torch.tensor([prompts[0][:cut]], dtype=torch.long, device=device)
+        cache = repeated_prefix_cache(model, prefix, len(prompts), logits_to_keep=1)
+        mask = torch.cat([mask.new_ones(len(prompts), cut), mask], dim=-1)
+    positions = positions_from_mask(mask)[:, cut:]
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                past_key_values=cache, use_cache=True, logits_to_keep=1)
+    return Prefill(out.past_key_values, out.logits[:, -1, :], mask, positions[:, -1] + 1)

@@ -33,18 +33,13 @@ def request_body(prompt_ids: list[list[int]], sampling: SamplingParams, stop_ids
                  seed: int | tuple[int, ...] | None) -> dict[str, Any]:
     """The `/generate` JSON for a batch: one sampling dict per prompt, each with its own seed
     (from `seed` and the prompt's index, or taken from `seed` when it holds one per prompt)."""
-    seeds = None if seed is None else prompt_seeds(seed, len(prompt_ids))
-
-    def params_for(index: int) -> dict[str, Any]:
-        params = {"max_new_tokens": sampling.max_new_tokens, "temperature": sampling.temperature,
-                  "top_p": sampling.top_p, "top_k": sampling.top_k or TOP_K_ALL,
-                  "stop_token_ids": sorted(stop_ids), "no_stop_trim": True}
-        if seeds is not None:
-            params["sampling_seed"] = seeds[index]
-        return params
-
+    params = {"max_new_tokens": sampling.max_new_tokens, "temperature": sampling.temperature,
+              "top_p": sampling.top_p, "top_k": sampling.top_k or TOP_K_ALL,
+              "stop_token_ids": sorted(stop_ids), "no_stop_trim": True}
+    seeds = [None] * len(prompt_ids) if seed is None else prompt_seeds(seed, len(prompt_ids))
     return {"input_ids": [list(map(int, p)) for p in prompt_ids],
-            "sampling_params": [params_for(i) for i in range(len(prompt_ids))],
+            "sampling_params": [params if s is None else {**params, "sampling_seed": s}
+                                for s in seeds],
             "return_logprob": True, "logprob_start_len": -1}
 
 

@@ -60,11 +60,6 @@ class KVBuffers:
                    [zeros(rows, kv_heads, width, head_dim) for _ in range(layers)],
                    torch.zeros(rows, width, dtype=torch.bool, device=device))
 
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        """(rows, prefix capacity, row width)."""
-        return self.row_valid.shape[0], self.prefix_valid.shape[0], self.row_valid.shape[1]
-
     def rows(self, start: int, stop: int) -> "KVBuffers":
         """The same buffers restricted to rows [start, stop) (views: writes land in place)."""
         return KVBuffers(self.prefix_k, self.prefix_v, self.prefix_valid,

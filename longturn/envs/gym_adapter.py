@@ -86,7 +86,6 @@ class GymTextEnv:
         self._tips = [str(t) for t in getattr(core, "tips", None) or []]
         doc = (type(core).__doc__ or "").strip().splitlines()
         self._fallback_goal = doc[0].strip().rstrip(".") if doc else "reach the goal"
-        self._goal = self._fallback_goal
         self._read_goal(None)
 
     @property

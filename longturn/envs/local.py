@@ -4,14 +4,14 @@ The rollout talks to every env the same way: `submit_reset`/`wait_reset`, `submi
 `wait_step` (raising `EnvFailure`), and `restart()` after a failure. Here the call runs at submit
 and its exception is kept for the wait; there is no timeout (an in-process call cannot be
 interrupted: use `env.workers: true` for that). `restart()` rebuilds the env from its spec when it
-has one. Any other attribute is the wrapped env's.
+has one. Every other attribute (name, actions, instructions, reset, step, close) is the env's.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from longturn.envs.base import Instructions, Observation, TextEnv
+from longturn.envs.base import Observation, TextEnv
 from longturn.envs.failures import EnvFailure
 from longturn.envs.registry import EnvSpec
 
@@ -28,16 +28,6 @@ class LocalEnv:
         if attr.startswith("__") or attr in ("env", "spec"):
             raise AttributeError(attr)
         return getattr(self.env, attr)
-
-    name = property(lambda self: self.env.name)
-    task = property(lambda self: self.env.task)
-    actions = property(lambda self: self.env.actions)
-    default_action = property(lambda self: self.env.default_action)
-    synonyms = property(lambda self: self.env.synonyms)
-
-    @property
-    def instructions(self) -> Instructions:
-        return self.env.instructions
 
     def _run(self, call: Any, *args: Any) -> None:
         if self._broken is not None:
@@ -66,12 +56,6 @@ class LocalEnv:
     def wait_step(self) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
         return self._result()
 
-    def reset(self, seed: int | None = None) -> tuple[Observation, dict[str, Any]]:
-        return self.env.reset(seed=seed)
-
-    def step(self, action: str) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
-        return self.env.step(action)
-
     def restart(self) -> None:
         """A fresh env from the spec; without one (an env handed in built), the same env goes on
         (its next reset starts clean)."""
@@ -86,6 +70,3 @@ class LocalEnv:
             self.env, self._broken = self.spec.build(), None
         except Exception as err:
             self._broken = EnvFailure.from_exception(err)
-
-    def close(self) -> None:
-        self.env.close()

@@ -33,13 +33,6 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _current_instructions(env: TextEnv) -> Instructions | None:
-    try:
-        return env.instructions
-    except Exception:  # many envs know their goal only after reset
-        return None
-
-
 class Host:
     """The env of this process and the last instructions sent (resent only when they change)."""
 
@@ -48,7 +41,10 @@ class Host:
         self.sent: Instructions | None = None
 
     def changed_instructions(self) -> Instructions | None:
-        current = _current_instructions(self.env)
+        try:
+            current = self.env.instructions
+        except Exception:  # many envs know their goal only after reset
+            return None
         if current is None or current == self.sent:
             return None
         self.sent = current
@@ -63,10 +59,7 @@ class Host:
 
     def handle(self, command: str, payload: Any) -> Any:
         if command == "build":
-            from longturn.envs.registry import EnvSpec
-
-            spec: EnvSpec = payload
-            self.env = spec.build()
+            self.env = payload.build()  # an EnvSpec
             return self.describe()
         if command == "load":
             self.env = pickle.loads(payload)

@@ -96,8 +96,7 @@ class _Process:
         self.pending = None
         try:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready = self.conn.poll(left)
-            if not ready:
+            if not self.conn.poll(left):
                 self.kill()
                 limit = self.timeout_key if command in ("reset", "step") else "start-up"
                 raise EnvFailure(TIMEOUT, f"no answer to {command} within {timeout_s:g} s "
@@ -111,10 +110,6 @@ class _Process:
             self.kill()  # the env may be half-updated: never reuse it
             raise EnvFailure(ENV_ERROR, answer[1], answer[2])
         return answer[1]
-
-    def call(self, command: str, payload: Any, timeout_s: float | None) -> Any:
-        self.request(command, payload, timeout_s)
-        return self.reply()
 
     def kill(self) -> int | None:
         if self.proc.poll() is None:
@@ -160,9 +155,8 @@ class WorkerEnv:
         if self._worker is None:
             self._worker = _Process(("build", self.spec), self.timeout_key)
         if self._meta is None:
-            worker = self._worker
             try:
-                meta = worker.reply()
+                meta = self._worker.reply()
             except EnvFailure as failure:
                 self._worker = None
                 if self._first_start:  # a bad task or kwarg: the user's to fix, not a retry
@@ -184,9 +178,6 @@ class WorkerEnv:
         self._worker = _Process(("build", self.spec), self.timeout_key)
         log.info("env %s/%s worker restarted (%d restart(s) so far)", self.spec.name,
                  self.spec.task, self.restarts)
-
-    def _call_failed(self) -> None:
-        self._worker, self._meta = None, None
 
     # ------------------------------------------------------------------ split calls
 
@@ -221,7 +212,7 @@ class WorkerEnv:
         try:
             return self._worker.reply()
         except EnvFailure:
-            self._call_failed()
+            self._worker, self._meta = None, None
             raise
 
     # ------------------------------------------------------------------ the TextEnv interface
@@ -271,7 +262,8 @@ class WorkerEnv:
 
     def __getstate__(self) -> dict[str, Any]:
         worker = self._ready()
-        blob = worker.call("dump", None, self.timeout_s or START_TIMEOUT_S)
+        worker.request("dump", None, self.timeout_s or START_TIMEOUT_S)
+        blob = worker.reply()
         return {"spec": self.spec, "timeout_s": self.timeout_s, "blob": blob,
                 "timeout_key": self.timeout_key,
                 "instructions": self._instructions, "static": self._static}

@@ -33,6 +33,7 @@ import numpy as np
 from longturn.envs.actions import ParsedAction
 from longturn.rollout.chat_deltas import ChatDeltas
 from longturn.rollout.history_window import WindowPrompt, frame_owners
+from longturn.rollout.samples import CONVERSATION_COLUMNS
 from longturn.tasks.tools import is_error_text
 from longturn.vision.frames import to_png
 
@@ -47,9 +48,6 @@ TIME_LIMIT = "time_limit"  # the interaction ended it on a time limit (an env's 
 AGENT_ERROR, AGENT_TIMEOUT = "agent_error", "timeout"
 # aborted by the env behind its interaction (envs/termination.py: it raised, or hung: `timeout`)
 ENV_ERROR = "env_error"
-# a record's columns of the whole episode (on its last part only: `Conversation.record`)
-EPISODE_TOTALS = ("assistant_turns", "user_turns", "tool_calls", "tool_errors",
-                  "tokenization_check", "messages", "metrics")
 REASONS = (DONE, MAX_ASSISTANT_TURNS, MAX_USER_TURNS, TOKEN_BUDGET, TIME_LIMIT, AGENT_ERROR,
            AGENT_TIMEOUT, ENV_ERROR)
 
@@ -122,8 +120,12 @@ class Conversation:
         return self.reason is not None
 
     def _context(self, ids: list[int], images: list[np.ndarray] = ()) -> None:
+        """Append context ids, recording where each image of them starts (placeholders and
+        frames must match one to one)."""
         if images or self.deltas.image_token is not None:
-            self._place_images(ids, list(images))
+            starts = self.deltas.image_starts(ids, len(images), f"episode {self.episode_id}")
+            self.image_starts += [len(self.ids) + s for s in starts]
+            self.images += images
         self.ids.extend(ids)
         self.loss_mask.extend([0] * len(ids))
         self.logprobs.extend([0.0] * len(ids))
@@ -164,16 +166,9 @@ class Conversation:
                      images: list[np.ndarray] = ()) -> None:
         """Append tool results or a user turn: their template delta (`ChatDeltas.append`),
         as context, with the frames its `<image>` placeholders stand for."""
-        self._context(delta_ids, list(images))
+        self._context(delta_ids, images)
         self.frame_owner += frame_owners(messages, len(images), len(self.messages))
         self.messages += messages
-
-    def _place_images(self, ids: list[int], images: list[np.ndarray]) -> None:
-        """Record where each image of a context delta starts; placeholders and frames must
-        match one to one."""
-        starts = self.deltas.image_starts(ids, len(images), f"episode {self.episode_id}")
-        self.image_starts += [len(self.ids) + s for s in starts]
-        self.images += images
 
     def keep_frame(self, frame: np.ndarray) -> None:
         """Keep a frame no message of the episode carries (an ended episode's last observation,
@@ -222,7 +217,7 @@ class Conversation:
         grow with the episode."""
         offset = self.segments[first - 1][1] if first else 0
         out = {**self._record(first, offset),
-               **(self._totals() if totals else dict.fromkeys(EPISODE_TOTALS))}
+               **(self._totals() if totals else dict.fromkeys(CONVERSATION_COLUMNS))}
         if self.windows:
             out.update(self._window_record(first))
         return out
@@ -287,10 +282,11 @@ class Conversation:
             "image_starts": None if first else list(self.image_starts),
         }
 
-    def _totals(self) -> dict[str, Any]:
-        return dict(zip(EPISODE_TOTALS, (
-            self.assistant_turns, self.user_turns, self.tool_calls, self.tool_errors, self.check,
-            json.dumps(self.messages), json.dumps(self.metrics))))
+    def _totals(self) -> dict[str, Any]:  # samples.py CONVERSATION_COLUMNS
+        return {"assistant_turns": self.assistant_turns, "user_turns": self.user_turns,
+                "tool_calls": self.tool_calls, "tool_errors": self.tool_errors,
+                "tokenization_check": self.check, "messages": json.dumps(self.messages),
+                "metrics": json.dumps(self.metrics)}
 
 
 def replies_valid(messages: list[dict[str, Any]], made: int) -> list[bool]:

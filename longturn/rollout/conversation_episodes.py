@@ -48,10 +48,9 @@ def play_conversations(run: ConversationRun, engine: Engine, tokenizer: Any,
         for slot, record in enumerate(played, start):  # slots unique over the chunks
             record.update(extra, env_index=slot)
             if record.get("unstarted"):  # its start failed: counted, and the next job plays
-                on_episode(unstarted_row(extra.get("run_id"), extra.get("policy_version"),
-                                         record.get("env_name") or "chat", record["task"],
-                                         record["episode_id"],
-                                         record["episode_seed"], record["termination"]), [])
+                on_episode(unstarted_row(extra, record.get("env_name"), record["task"],
+                                         record["episode_id"], record["episode_seed"],
+                                         record["termination"]), [])
                 continue
             samples = samples_from_episodes([record])
             on_episode(episode_row(samples), samples)
@@ -109,13 +108,11 @@ def play_episode_jobs(
     player = ConversationPlayer(run, min(width, len(jobs)), fixed_turns=False, keyed_seeds=True)
     episodes: list[dict[str, Any]] = []
     kept: list[dict[str, Any]] = []
+    keep = on_episode or (lambda episode, samples: kept.extend(samples))
 
     def ended(episode: dict[str, Any], samples: list[dict[str, Any]]) -> None:
         episodes.append(episode)
-        if on_episode is not None:
-            on_episode(episode, samples)
-        else:
-            kept.extend(samples)
+        keep(episode, samples)
 
     def played(samples: list[dict[str, Any]]) -> None:
         for sample in samples:
@@ -123,8 +120,7 @@ def play_episode_jobs(
         ended(episode_row(samples), samples)
 
     def unstarted(slot: int, job: EpisodeJob, reason: str) -> None:
-        ended(unstarted_row(extra.get("run_id"), extra.get("policy_version"),
-                            run.record(job.task, job.seed).get("env_name") or "chat", job.task,
+        ended(unstarted_row(extra, run.record(job.task, job.seed).get("env_name"), job.task,
                             job.episode_id, job.seed, reason), [])
 
     try:

@@ -23,12 +23,11 @@ replies handed on as samples (rollout/samples.py `samples_from_episodes`).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 from typing import Any
 
 from longturn.engines.base import Engine, SamplingParams
-from longturn.engines.row_seeds import episode_turn_seed, lock_step_seed
+from longturn.engines.row_seeds import lock_step_seed
 from longturn.errors import SettingError
 from longturn.rollout.chat_deltas import ChatDeltas
 from longturn.rollout.collection import (EpisodeGroups, EpisodeStart, FixedTurnBatches, Samples,
@@ -102,20 +101,18 @@ class ConversationPlayer:
             if ep is not None and ep.deltas is None:
                 ep.deltas = self.deltas
         self._begin_pending()
-        seed_of = (functools.partial(_episode_seed, int(sampling.seed))
-                   if self.keyed_seeds and sampling.seed is not None else None)
+        keyed = int(sampling.seed) if self.keyed_seeds and sampling.seed is not None else None
         lock_step(engine, [ep for ep in self.episodes if ep is not None], self.run.settings,
                   dataclasses.replace(sampling, seed=lock_step_seed(sampling.seed, iteration,
-                                                                    step)), step, seed_of)
+                                                                    step)), step, keyed)
         ended = [i for i, ep in enumerate(self.episodes) if ep is not None and ep.done]
         records = self._finish(ended)
-        if not self.fixed_turns:  # played whole: an episode's last reply ends its segment and
-            for record in records:  # nothing is bootstrapped
+        for record in records:  # played whole, or ended at the batch's last lock-step: its
+            if closes_batch or not self.fixed_turns:  # last reply ends its segment
                 record["ends_segment"] = True
+            if not self.fixed_turns:  # played whole: nothing is bootstrapped
                 record.pop("bootstrap_prompt_ids", None)
         if closes_batch:
-            for record in records:  # ended at the batch's last lock-step: its segment ends
-                record["ends_segment"] = True  # there too
             records += [self._part(i, ep.record(self.emitted[i], totals=False), cut=True)
                         for i, ep in enumerate(self.episodes)
                         if ep is not None and len(ep.segments) > self.emitted[i]]
@@ -220,11 +217,6 @@ class ConversationPlayer:
         if pending:
             release_opened([task for _, task in pending], [s.episode_id for s, _ in pending],
                            self.run.settings)
-
-
-def _episode_seed(seed: int, episode: Conversation) -> int:
-    """The seed of an episode's next reply under keyed seeds (its id and turn)."""
-    return episode_turn_seed(seed, episode.episode_id, len(episode.segments))
 
 
 def conversation_fixed_turns(run: ConversationRun, tasks: list[str], n_envs: int,

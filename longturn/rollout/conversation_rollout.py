@@ -47,6 +47,7 @@ from tqdm.auto import tqdm
 from longturn.agent.prompts import ActionPrompt, ActionView
 from longturn.engines.base import (Engine, SamplingParams, engine_image_token,
                                    generate_with_frames)
+from longturn.engines.row_seeds import episode_turn_seed
 from longturn.envs.base import Observation
 from longturn.envs.failures import EnvFailure
 from longturn.envs.termination import reason_of
@@ -129,11 +130,12 @@ class ConversationSettings:
                    reward_fn=reward_fn, progress=progress, retry_failed_starts=True)
 
 
-def _tool_turn(ep: Conversation, results: list[ToolResult], limit: int
-               ) -> tuple[list[dict[str, Any]], list]:
+def _after_tools(ep: Conversation, results: list[ToolResult], s: ConversationSettings
+                 ) -> tuple[list[dict[str, Any]], list] | None:
     """A reply's call results, credited to the episode; the tool messages to append and their
-    frames (a result's images, each an `<image>` line before its text)."""
-    out, images = [], []
+    frames (a result's images, each an `<image>` line before its text), or None when the
+    episode ended (`max_assistant_turns`)."""
+    out, images, limit = [], [], s.max_tool_response_chars
     for result in results:
         ep.tool_calls += 1
         if result.failed:
@@ -145,6 +147,9 @@ def _tool_turn(ep: Conversation, results: list[ToolResult], limit: int
             text = f"{IMAGE_PLACEHOLDER}\n" * len(result.images) + text
             images += result.images
         out.append({"role": "tool", "name": result.name or "error", "content": text})
+    if ep.assistant_turns >= s.max_assistant_turns:
+        ep.end(MAX_ASSISTANT_TURNS)
+        return None
     return out, images
 
 
@@ -182,9 +187,8 @@ def _user_message(text: str | Observation) -> tuple[dict[str, Any], list]:
     gets an `<image>` line before its text)."""
     if not isinstance(text, Observation):
         return {"role": "user", "content": text}, []
-    if text.image is None:
-        return {"role": "user", "content": text.text}, []
-    return {"role": "user", "content": f"{IMAGE_PLACEHOLDER}\n{text.text}"}, [text.image]
+    frames = [] if text.image is None else [text.image]
+    return {"role": "user", "content": f"{IMAGE_PLACEHOLDER}\n" * len(frames) + text.text}, frames
 
 
 def _after_replies(replied: list[tuple[Conversation, str]], s: ConversationSettings,
@@ -196,21 +200,13 @@ def _after_replies(replied: list[tuple[Conversation, str]], s: ConversationSetti
     calls = [_read_calls(content) if s.tools is not None else [] for _, content in replied]
     jobs = [lambda e=ep.episode_id, c=call: _run_call(s.tools, e, c, s.tool_timeout_s, vision)
             for (ep, _), found in zip(replied, calls) for call in found]
-    asking = [i for i, found in enumerate(calls) if not found and s.interaction is not None]
-    jobs += [lambda ep=replied[i][0]: _answer(_partner(s, ep), ep, s.tool_timeout_s)
-             for i in asking]
-    done = run_together(jobs)
-    tool_results, answers = done[:len(done) - len(asking)], dict(zip(asking, done[-len(asking):]
-                                                                      if asking else []))
-    out: list[tuple[list[dict], list] | None] = []
-    at = 0
-    for i, ((ep, _), found) in enumerate(zip(replied, calls)):
-        if found:
-            out.append(_after_tools(ep, tool_results[at:at + len(found)], s))
-            at += len(found)
-        else:
-            out.append(_after_text(ep, answers.get(i), s))
-    return out
+    asking = [ep for (ep, _), found in zip(replied, calls)
+              if not found and s.interaction is not None]
+    jobs += [lambda ep=ep: _answer(_partner(s, ep), ep, s.tool_timeout_s) for ep in asking]
+    done = run_together(jobs)  # the calls' results, then the answers
+    results, answers = iter(done), iter(done[len(done) - len(asking):])
+    return [_after_tools(ep, [next(results) for _ in found], s) if found
+            else _after_text(ep, next(answers, None), s) for (ep, _), found in zip(replied, calls)]
 
 
 @dataclass(frozen=True)
@@ -229,15 +225,6 @@ async def _answer(partner: Any, ep: Conversation, timeout_s: float) -> tuple | _
                              ep.task.get("interaction_kwargs", {}), timeout_s)
     except EnvFailure as failure:
         return _EnvFailed(failure.reason)
-
-
-def _after_tools(ep: Conversation, results: list[ToolResult], s: ConversationSettings
-                 ) -> tuple[list[dict], list] | None:
-    messages, images = _tool_turn(ep, results, s.max_tool_response_chars)
-    if ep.assistant_turns >= s.max_assistant_turns:
-        ep.end(MAX_ASSISTANT_TURNS)
-        return None
-    return messages, images
 
 
 def _after_text(ep: Conversation, answer: tuple | None, s: ConversationSettings
@@ -364,16 +351,9 @@ def conversation_rollout(engine: Engine, tokenizer: Any, sampling: SamplingParam
     failed and was tried again has the reasons in `failed_starts`; without
     `settings.retry_failed_starts` it is an `unstarted` record."""
     ids = [f"{id_prefix}-{i}" for i in range(len(tasks))]
-    deltas = chat_deltas(engine, tokenizer, settings)
-    retried: list[list[str]] = [[] for _ in tasks]
-    if settings.retry_failed_starts:
-        (episodes, retried), failed = start_episodes(deltas, tasks, ids, settings), {}
-    else:
-        opened = open_episodes(tasks, ids, settings)
-        failed = {k: why for k, why in enumerate(opened) if isinstance(why, str)}
-        began = [k for k in range(len(tasks)) if k not in failed]
-        episodes = begin_episodes(deltas, [opened[k] for k in began],  # type: ignore[misc]
-                                  [ids[k] for k in began], settings)
+    retry = settings.retry_failed_starts
+    episodes, failures = start_episodes(chat_deltas(engine, tokenizer, settings), tasks, ids,
+                                        settings, retry)
     bar = tqdm(total=len(episodes), desc="episodes", unit="ep", disable=not settings.progress,
                leave=False)
     step = 0
@@ -385,10 +365,10 @@ def conversation_rollout(engine: Engine, tokenizer: Any, sampling: SamplingParam
         step += 1
     bar.close()
     finished = iter(finish_all(episodes, settings))
-    records = [_unstarted_record(tasks[k], ids[k], failed[k]) if k in failed else next(finished)
-               for k in range(len(tasks))]
-    for record, reasons in zip(records, retried):
-        if reasons:
+    records = [next(finished) if retry or not why else _unstarted_record(tasks[k], ids[k], why[0])
+               for k, why in enumerate(failures)]
+    for record, reasons in zip(records, failures):
+        if reasons and retry:
             record["failed_starts"] = reasons
     return records
 
@@ -413,10 +393,12 @@ def chat_deltas(engine: Engine, tokenizer: Any, s: ConversationSettings) -> Chat
 
 
 def start_episodes(deltas: ChatDeltas, tasks: list[dict[str, Any]], ids: list[str],
-                   settings: ConversationSettings) -> tuple[list[Conversation], list[list[str]]]:
-    """New episodes of these task records, played whole: opened (`open_episodes`; a start that
-    failed is tried again on the same task, the env behind it restarted, until the interaction
-    gives up), then begun. Also, per episode, why each of its failed starts failed."""
+                   settings: ConversationSettings, retry: bool = True
+                   ) -> tuple[list[Conversation], list[list[str]]]:
+    """New episodes of these task records, played whole: opened (`open_episodes`; with `retry`
+    a start that failed is tried again on the same task, the env behind it restarted, until the
+    interaction gives up, else that episode is left out), then begun. Also, per task record,
+    why each of its failed starts failed."""
     opened: list[dict[str, Any] | str] = [""] * len(tasks)
     failures: list[list[str]] = [[] for _ in tasks]
     todo = list(range(len(tasks)))
@@ -426,8 +408,10 @@ def start_episodes(deltas: ChatDeltas, tasks: list[dict[str, Any]], ids: list[st
             opened[k] = outcome
             if isinstance(outcome, str):
                 failures[k].append(outcome)
-        todo = [k for k in todo if isinstance(opened[k], str)]
-    return begin_episodes(deltas, opened, ids, settings), failures  # type: ignore[arg-type]
+        todo = [k for k in todo if isinstance(opened[k], str)] if retry else []
+    began = [k for k, outcome in enumerate(opened) if not isinstance(outcome, str)]
+    return begin_episodes(deltas, [opened[k] for k in began],  # type: ignore[misc]
+                          [ids[k] for k in began], settings), failures
 
 
 def open_episodes(tasks: list[dict[str, Any]], ids: list[str],
@@ -498,19 +482,20 @@ def _partner(s: ConversationSettings, ep: Conversation) -> Any:
 
 
 def lock_step(engine: Engine, episodes: list[Conversation], settings: ConversationSettings,
-              sampling: SamplingParams, step: int,
-              seed_of: Callable[[Conversation], int] | None = None) -> None:
+              sampling: SamplingParams, step: int, keyed_seed: int | None = None) -> None:
     """One reply for each episode that has not ended, in one engine call, and what follows it
     (tool results, the interaction's answer, the end). `sampling` is seeded for this lock-step
-    by the caller, or each reply by `seed_of(its episode)`; `step` is the replies' lock-step."""
+    by the caller, or (`keyed_seed`) each reply by its episode's id and turn under that seed
+    (`episode_turn_seed`); `step` is the replies' lock-step."""
     s = settings
     active = [ep for ep in episodes if not ep.done]
     for ep in active:
         if _room(ep, s) < 1:
             ep.end(TOKEN_BUDGET)
     active = [ep for ep in active if not ep.done]
-    if seed_of is not None:
-        sampling = dataclasses.replace(sampling, seed=tuple(seed_of(ep) for ep in active))
+    if keyed_seed is not None:
+        sampling = dataclasses.replace(sampling, seed=tuple(
+            episode_turn_seed(keyed_seed, ep.episode_id, len(ep.segments)) for ep in active))
     completions = _generate(engine, active, sampling)
     replied = []
     for ep, completion in zip(active, completions):

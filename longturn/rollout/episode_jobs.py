@@ -85,11 +85,8 @@ def play_jobs(player: SlotPlayer, engine: Engine, tokenizer: Any, sampling: Samp
             for slot in ended:
                 on_episode(running.pop(playing[slot]))
                 bar.update(1)
-            for slot in held:
-                held[slot] -= 1
-            done = [slot for slot, left in held.items() if left == 0]
-            for slot in done:
-                del held[slot]
+            done = [slot for slot, left in held.items() if left == 1]
+            held = {slot: left - 1 for slot, left in held.items() if left > 1}
             assign(sorted(ended + done))
             step += 1
     finally:

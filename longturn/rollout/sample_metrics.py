@@ -105,15 +105,16 @@ def episode_row(samples: list[Sample]) -> dict[str, Any]:
     }
 
 
-def unstarted_row(run_id: str | None, policy_version: str | None, env_name: str, task: str,
-                  episode_id: str, seed: int, reason: str) -> dict[str, Any]:
-    """The episode row of a job (an evaluation's) whose start failed: aborted, of no reply,
-    ended for `reason` (env_error or timeout). Both protocols write the same row."""
-    return {"run_id": run_id, "policy_version": policy_version, "env_name": env_name,
-            "task": task, "episode_id": episode_id, "episode_seed": seed, "success": False,
-            "return": 0.0, "env_return": 0.0, "length": 0, "valid_actions": 0,
-            "valid_action_ratio": 0.0, "terminated": False, "truncated": False,
-            "aborted": True, "termination": reason}
+def unstarted_row(extra: dict[str, Any], env_name: str | None, task: str, episode_id: str,
+                  seed: int, reason: str) -> dict[str, Any]:
+    """The episode row of a job (an evaluation's, its run_id and policy_version in `extra`)
+    whose start failed: aborted, of no reply, ended for `reason` (env_error or timeout). Both
+    protocols write the same row."""
+    return {"run_id": extra.get("run_id"), "policy_version": extra.get("policy_version"),
+            "env_name": env_name or "chat", "task": task, "episode_id": episode_id,
+            "episode_seed": seed, "success": False, "return": 0.0, "env_return": 0.0,
+            "length": 0, "valid_actions": 0, "valid_action_ratio": 0.0, "terminated": False,
+            "truncated": False, "aborted": True, "termination": reason}
 
 
 def count_endings(reasons: Iterable[str | None]) -> dict[str, int]:

@@ -17,16 +17,14 @@ from longturn.trajectories import REPLY_TYPE, SAMPLE_SCHEMA
 
 Row = dict[str, Any]
 
-# a conversation record's columns that a sample keeps as they are
-_EPISODE_COLUMNS = ("run_id", "policy_version", "iteration", "env_name", "task", "episode_id",
-                    "episode_seed", "group_id", "images", "image_starts", "messages", "metrics",
-                    "tokenization_check", "tool_calls", "tool_errors", "user_turns",
-                    "assistant_turns")
 # a windowed episode's columns on each of its samples, and its conversation's on the last one
+# (a record's columns of the whole episode: rollout/conversation.py `record`)
 _WINDOW_ROW_COLUMNS = ("run_id", "policy_version", "iteration", "env_name", "task",
                        "episode_id", "episode_seed", "group_id")
-CONVERSATION_COLUMNS = ("messages", "metrics", "tokenization_check", "tool_calls",
-                         "tool_errors", "user_turns", "assistant_turns")
+CONVERSATION_COLUMNS = ("assistant_turns", "user_turns", "tool_calls", "tool_errors",
+                        "tokenization_check", "messages", "metrics")
+# a conversation record's columns that a sample keeps as they are
+_EPISODE_COLUMNS = (*_WINDOW_ROW_COLUMNS, "images", "image_starts", *CONVERSATION_COLUMNS)
 # a conversation record's per-token lists (as long as input_ids), cut where the response begins
 _EPISODE_TOKEN_LISTS = ("engine_logprobs", "old_logprobs", "ref_logprobs", "values",
                         "token_rewards", "advantages", "returns")

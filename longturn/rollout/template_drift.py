@@ -11,9 +11,6 @@ from __future__ import annotations
 
 CONTEXT = 40  # characters shown either side of the first difference
 
-UNSTABLE = ("the chat template renders differently on each call (a non-deterministic template, "
-            "e.g. a date line)")
-
 
 def render_difference(first: str, second: str, context: int = CONTEXT) -> str:
     """`at character N: '…first…' vs '…second…'` around the first differing character; ''
@@ -28,8 +25,9 @@ def render_difference(first: str, second: str, context: int = CONTEXT) -> str:
 
 def unstable_template_message(difference: str) -> str:
     """The error text for a template whose two renders of the same messages differ."""
-    return (f"{UNSTABLE}: two renders of the same messages differ {difference}. The tokenization "
-            "check compares against a re-rendering, so it cannot pass; set "
+    return ("the chat template renders differently on each call (a non-deterministic template, "
+            f"e.g. a date line): two renders of the same messages differ {difference}. The "
+            "tokenization check compares against a re-rendering, so it cannot pass; set "
             "rollout.tokenization_check: off to play such a template unchecked (the deltas are "
             "cut after the earlier turns and stay what the model saw), or use a template that "
             "renders the same text each time")

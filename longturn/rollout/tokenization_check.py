@@ -28,7 +28,7 @@ from longturn.errors import UserError
 from longturn.rollout.chat_deltas import ChatDeltas
 
 MODES = ("strict", "ignore_strippable", "off")
-DEFAULT_STRIPPABLE_SPANS = (("<think>", "</think>"),)
+STRIPPABLE_SPANS = (("<think>", "</think>"),)
 _CONTEXT = 30
 
 
@@ -54,16 +54,14 @@ def first_difference(ours: str, theirs: str) -> str:
     return ""
 
 
-def _normalised(text: str, spans: tuple[tuple[str, str], ...]) -> str:
-    for start, end in spans:
+def _normalised(text: str) -> str:
+    for start, end in STRIPPABLE_SPANS:
         text = re.sub(re.escape(start) + r".*?" + re.escape(end), "", text, flags=re.DOTALL)
     return "".join(text.split())
 
 
 def compare(deltas: ChatDeltas, messages: list[dict[str, Any]], ids: list[int],
-            add_generation_prompt: bool = False,
-            strippable_spans: tuple[tuple[str, str], ...] = DEFAULT_STRIPPABLE_SPANS
-            ) -> CheckResult:
+            add_generation_prompt: bool = False) -> CheckResult:
     """Classify how the accumulated `ids` differ from the template's rendering of `messages`."""
     full_text = deltas.render(messages, add_generation_prompt)
     if deltas.encode(full_text, cached=False) == list(ids):
@@ -72,21 +70,20 @@ def compare(deltas: ChatDeltas, messages: list[dict[str, Any]], ids: list[int],
     if ours == full_text:
         return CheckResult("same_text")
     span = first_difference(ours, full_text)
-    if _normalised(ours, strippable_spans) == _normalised(full_text, strippable_spans):
+    if _normalised(ours) == _normalised(full_text):
         return CheckResult("strippable", span)
     return CheckResult("mismatch", span)
 
 
 def check_tokenization(deltas: ChatDeltas, messages: list[dict[str, Any]], ids: list[int],
                        mode: str, add_generation_prompt: bool = False,
-                       strippable_spans: tuple[tuple[str, str], ...] = DEFAULT_STRIPPABLE_SPANS,
                        where: str = "an episode") -> CheckResult:
     """`compare`, then fail as `mode` says; returns the result when it passes."""
     if mode not in MODES:
         raise UserError(f"rollout.tokenization_check is {mode!r}; use one of {', '.join(MODES)}")
     if mode == "off":
         return CheckResult("skipped")
-    result = compare(deltas, messages, ids, add_generation_prompt, strippable_spans)
+    result = compare(deltas, messages, ids, add_generation_prompt)
     if result.outcome == "mismatch" or (mode == "strict" and result.outcome == "strippable"):
         deltas.check_stable()
         hint = ("only whitespace or stripped reasoning differs: rollout.tokenization_check "

@@ -33,11 +33,11 @@ from typing import Any
 
 from longturn.agent.memory import PastTurn
 from longturn.agent.prompts import ActionView, current_turn, system_prompt
-from longturn.envs.actions import ActionTranslator, ParsedAction
+from longturn.envs.actions import ParsedAction
 from longturn.envs.base import Instructions, Observation
 from longturn.envs.failures import EnvFailure, restart_or_give_up
 from longturn.envs.local import LocalEnv
-from longturn.envs.registry import EnvSpec
+from longturn.envs.registry import EnvSpec, translator_for
 from longturn.envs.workers import WorkerEnv
 from longturn.errors import SettingError
 from longturn.tasks.interactions import BaseInteraction
@@ -166,7 +166,7 @@ class EnvInteraction(BaseInteraction):
         self.instances[instance_id] = {
             "env": env, "spec": spec, "seed": seed, "image": image, "observation": observation,
             "past": [],  # the episode's steps (PastTurn), for `action_view`
-            "translator": ActionTranslator(env.actions, env.synonyms, env.default_action),
+            "translator": translator_for(env),  # a gymnasium Text space: free text
             "opening": ([{"role": "system", "content": system_prompt(instructions)},
                          {"role": "user",
                           "content": observation_text(instructions, observation, image)}],

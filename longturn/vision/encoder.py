@@ -94,13 +94,10 @@ def image_token_id(config: Any) -> int:
     return int(value)
 
 
-def has_vision(model_dir: str | Path) -> bool:
-    return (Path(model_dir) / VISION_DIR / "config.json").is_file()
-
-
 def load_vision(model_dir: str | Path, device: torch.device | str = "cpu",
                 dtype: torch.dtype = torch.float32) -> VisionEncoder | None:
     """The image side saved with a model, or None for a text-only model."""
-    if not has_vision(model_dir):
+    vision = Path(model_dir) / VISION_DIR
+    if not (vision / "config.json").is_file():
         return None
-    return VisionEncoder.load(Path(model_dir) / VISION_DIR).to(device, dtype)
+    return VisionEncoder.load(vision).to(device, dtype)

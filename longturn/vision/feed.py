@@ -4,13 +4,14 @@ embeddings of image placeholder positions with the features, for the one input i
 Why a hook: engine prefill, the trainer's shared trunk, each branch (actor, reference, critic)
 and the critic's own forward all embed through `embed_tokens`; hooking it serves them all without
 a second code path per model. The hook acts only on a call whose input ids equal the ids given to
-`images_in` (so decode steps and other calls in the same scope are left alone), and the mask is
-explicit, so a placeholder id the model itself sampled is embedded as a token, never as an image.
+`images_context` (so decode steps and other calls in the same scope are left alone), and the mask
+is explicit, so a placeholder id the model itself sampled is embedded as a token, never as an
+image.
 """
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -44,20 +45,6 @@ def attach(model: nn.Module) -> None:
         raise ValueError(f"{type(model).__name__} has no embed_tokens to feed images into")
 
 
-@contextmanager
-def images_in(input_ids: torch.Tensor, mask: torch.Tensor, features: torch.Tensor
-              ) -> Iterator[None]:
-    """Within the block, embedding `input_ids` puts `features` (row-major, one row per True of
-    `mask`) at the masked positions."""
-    if int(mask.sum()) != features.shape[0]:
-        raise ValueError(f"{int(mask.sum())} image positions but {features.shape[0]} features")
-    _ACTIVE.append((input_ids, mask, features))
-    try:
-        yield
-    finally:
-        _ACTIVE.pop()
-
-
 def placement_mask(input_ids: torch.Tensor, offsets: Sequence[int],
                    starts: Sequence[Sequence[int]], tokens_per_image: int) -> torch.Tensor:
     """[B, T] True at every image's placeholder columns: row i's image k covers
@@ -79,13 +66,15 @@ def has_images(images: Sequence[RowImages] | None) -> bool:
     return bool(images) and any(images)
 
 
+@contextmanager
 def images_context(vision: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   images: Sequence[RowImages] | None) -> AbstractContextManager:
-    """`images_in` for a left-padded batch (`attention_mask` over the same columns as
-    `input_ids`: each row's first real column places its tokens); every row's frames encoded
-    in one pass. A no-op without images."""
+                   images: Sequence[RowImages] | None) -> Iterator[None]:
+    """Within the block, embedding `input_ids` (a left-padded batch, `attention_mask` over the
+    same columns: each row's first real column places its tokens) puts its rows' frames'
+    features, encoded in one pass, at their placeholder positions. A no-op without images."""
     if not has_images(images):
-        return nullcontext()
+        yield
+        return
     if vision is None:
         raise ValueError("the batch has image observations but the model has no image side "
                          "(no vision/ in its model dir)")
@@ -95,4 +84,10 @@ def images_context(vision: Any, input_ids: torch.Tensor, attention_mask: torch.T
     mask = placement_mask(input_ids, offsets, [[s for s, _ in row] for row in images],
                           vision.tokens_per_image)
     features = vision.encode([frame for row in images for _, frame in row])
-    return images_in(input_ids, mask, features)
+    if int(mask.sum()) != features.shape[0]:
+        raise ValueError(f"{int(mask.sum())} image positions but {features.shape[0]} features")
+    _ACTIVE.append((input_ids, mask, features))
+    try:
+        yield
+    finally:
+        _ACTIVE.pop()

@@ -84,8 +84,8 @@ class BabaIsAITextEnv:
         outcome = game.step(self.actions.index(action))
         text = observation_text(game.grid, game.rules, self.add_ruleset)
         you_lost = text is None
-        if you_lost:
-            text = self._restart_after_you_lost()
+        if you_lost:  # a new level of the same task from the env's generator, after a notice
+            text = YOU_LOST_NOTICE + "\n" + self.reset(seed=None)[0].text
         at_limit = outcome.done and not (outcome.won or outcome.lost)
         terminated = outcome.done and (self.truncation_as_termination or not at_limit)
         truncated = at_limit and not self.truncation_as_termination
@@ -97,11 +97,6 @@ class BabaIsAITextEnv:
 
     def close(self) -> None:
         self._game = None
-
-    def _restart_after_you_lost(self) -> str:
-        """New level of the same task from the env's generator; its normal text after a notice."""
-        obs, _ = self.reset(seed=None)
-        return YOU_LOST_NOTICE + "\n" + obs.text
 
     def _info(self, won: bool, you_lost_reset: bool) -> dict[str, Any]:
         game, level = self.game, self.level

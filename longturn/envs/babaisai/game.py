@@ -75,7 +75,7 @@ class BabaGame:
             top = grid.top(x, y)
             if rules.has(top, "you") and not top.moved:
                 top.facing = direction
-                _, won, lost = self._move((x, y), direction)
+                won, lost = self._move((x, y), direction)
                 top.moved = True
         for x, y in grid.positions():
             top = grid.top(x, y)
@@ -84,9 +84,7 @@ class BabaGame:
                 top.moved = True
         return won, lost
 
-    def _move(
-        self, source: tuple[int, int], d: tuple[int, int],
-    ) -> tuple[tuple[int, int], bool, bool]:
+    def _move(self, source: tuple[int, int], d: tuple[int, int]) -> tuple[bool, bool]:
         """Move the top of `source` one cell along `d` (SPEC §3.1): push, stop, pull, open/shut."""
         grid, rules = self.grid, self.rules
         front_cell = (source[0] + d[0], source[1] + d[1])
@@ -108,7 +106,7 @@ class BabaGame:
         behind = (source[0] - d[0], source[1] - d[1])
         if rules.has(grid.top(*behind), "pull"):
             self._move(behind, d)
-        return dest, won, lost
+        return won, lost
 
     def _apply_replacements(self) -> None:
         """`A IS B`: stack a fresh B on every cell whose top is an A thing (the A stays below)."""

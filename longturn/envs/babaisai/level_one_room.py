@@ -29,7 +29,7 @@ class OneRoomOptions:
     distractor_noun: str | None = None  # None, "obj2" or "obj3"
 
 
-def generate_one_room(task: str, options: OneRoomOptions, rng: np.random.Generator) -> Level:
+def generate_one_room(task: str, rng: np.random.Generator, options: OneRoomOptions) -> Level:
     obj1, obj2, obj3 = draw_names(rng)
     grid = Grid.with_border(SIZE, SIZE)
     put_rule(grid, ("baba", "is", "you"), horizontal(1, 6))

@@ -40,7 +40,7 @@ class TwoRoomOptions:
     distractor_win_rule: bool = False
 
 
-def generate_two_room(task: str, options: TwoRoomOptions, rng: np.random.Generator) -> Level:
+def generate_two_room(task: str, rng: np.random.Generator, options: TwoRoomOptions) -> Level:
     obj1, obj2, obj3 = draw_names(rng)
     grid = Grid.with_border(WIDTH, HEIGHT)
     divider(grid, DIVIDER_X)

@@ -10,15 +10,15 @@ from longturn.envs.babaisai.placement import (
     Level, choose, divider, draw_names, horizontal, move_top, place_thing, plan, put_rule,
     random_free_cell, region,
 )
-from longturn.envs.babaisai.level_two_room import DIVIDER_X, HEIGHT, RIGHT_UNPUSHABLE, WIDTH
+from longturn.envs.babaisai.level_two_room import (
+    DIVIDER_X, HEIGHT, RIGHT_ANYWHERE, RIGHT_UNPUSHABLE, WIDTH, WIN_RULE_CELLS,
+)
 
 LEFT_PUSHABLE = region(range(2, 5), range(3, 6))
 RIGHT_PUSHABLE = region(range(8, 11), range(3, 6))
-RIGHT_ANYWHERE = region(range(7, 11), range(2, 8))
-WIN_RULE_CELLS = horizontal(9, 1)
 
 
-def generate_make_you(task: str, make_win: bool, rng: np.random.Generator) -> Level:
+def generate_make_you(task: str, rng: np.random.Generator, make_win: bool) -> Level:
     """`two_room-make_you(-make_win)`: make `obj2 IS YOU` to steer the obj2 thing past the wall."""
     obj1, obj2, obj3 = draw_names(rng)
     grid = Grid.with_border(WIDTH, HEIGHT)

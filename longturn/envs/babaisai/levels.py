@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 
@@ -10,9 +11,8 @@ from longturn.envs.babaisai.level_one_room import OneRoomOptions, generate_one_r
 from longturn.envs.babaisai.level_two_room import TwoRoomOptions, generate_two_room
 from longturn.envs.babaisai.level_two_room_special import generate_make_wall_win, generate_make_you
 from longturn.envs.babaisai.placement import Level
-from longturn.errors import SettingError
 
-Generator = Callable[[np.random.Generator], Level]
+Generator = Callable[[str, np.random.Generator], Level]  # (task, rng) -> a new level of the task
 
 # suffix -> (distractor object, distractor noun word, distractor WIN rule)
 _DISTRACTORS: dict[str, tuple[bool, str | None, bool]] = {
@@ -42,8 +42,7 @@ def _one_room_tasks() -> dict[str, Generator]:
         for suffix in _COMMON_SUFFIXES:
             obj, noun, _ = _DISTRACTORS[suffix]
             options = OneRoomOptions(kind == "make_win", obj, noun)
-            task = f"env/{kind}{suffix}"
-            tasks[task] = lambda rng, t=task, o=options: generate_one_room(t, o, rng)
+            tasks[f"env/{kind}{suffix}"] = partial(generate_one_room, options=options)
     return tasks
 
 
@@ -54,27 +53,19 @@ def _two_room_tasks() -> dict[str, Generator]:
         for suffix in _COMMON_SUFFIXES + extra:
             obj, noun, win_rule = _DISTRACTORS[suffix]
             options = TwoRoomOptions(stop_broken, make_win, where, obj, noun, win_rule)
-            task = f"env/{prefix}{suffix}"
-            tasks[task] = lambda rng, t=task, o=options: generate_two_room(t, o, rng)
+            tasks[f"env/{prefix}{suffix}"] = partial(generate_two_room, options=options)
     return tasks
 
 
-def _special_tasks() -> dict[str, Generator]:
-    return {
-        "env/two_room-make_you": lambda rng: generate_make_you("env/two_room-make_you", False, rng),
-        "env/two_room-make_you-make_win":
-            lambda rng: generate_make_you("env/two_room-make_you-make_win", True, rng),
-        "env/two_room-make_wall_win":
-            lambda rng: generate_make_wall_win("env/two_room-make_wall_win", rng),
-    }
-
-
-GENERATORS: dict[str, Generator] = {**_one_room_tasks(), **_two_room_tasks(), **_special_tasks()}
+_SPECIAL_TASKS: dict[str, Generator] = {
+    "env/two_room-make_you": partial(generate_make_you, make_win=False),
+    "env/two_room-make_you-make_win": partial(generate_make_you, make_win=True),
+    "env/two_room-make_wall_win": generate_make_wall_win,
+}
+GENERATORS: dict[str, Generator] = {**_one_room_tasks(), **_two_room_tasks(), **_SPECIAL_TASKS}
 TASKS: tuple[str, ...] = tuple(GENERATORS)
 
 
 def generate_level(task: str, rng: np.random.Generator) -> Level:
-    """A new random level of `task` drawn from `rng`."""
-    if task not in GENERATORS:
-        raise SettingError(f"unknown BabaIsAI task {task!r}; valid tasks: {', '.join(TASKS)}")
-    return GENERATORS[task](rng)
+    """A new random level of `task` (one of TASKS, as the env checks) drawn from `rng`."""
+    return GENERATORS[task](task, rng)

@@ -28,12 +28,6 @@ def _steps(n: int) -> str:
     return f"{n} step" if n == 1 else f"{n} steps"
 
 
-def _view_image(env: Any) -> np.ndarray:
-    """Encoded egocentric view, `img[vx][vy] = (type, color, state)`; unseen cells are type 0."""
-    grid, vis_mask = env.gen_obs_grid()
-    return grid.encode(vis_mask)
-
-
 def _wall_lines(img: np.ndarray) -> list[str]:
     lines = []
     for word, cells in _SCANS:
@@ -78,10 +72,12 @@ def describe(env: Any, view: np.ndarray | None = None) -> list[str]:
     """Raw description lines of an unwrapped minigrid env: carry line, wall scans, then objects.
     `view`: the `image` of the observation minigrid just returned, which is this encoded view
     (computing it again was a third of a lock-step's env time)."""
-    img = _view_image(env) if view is None else view
+    if view is None:  # the encoded egocentric view, `view[vx][vy] = (type, color, state)`
+        grid, vis_mask = env.gen_obs_grid()
+        view = grid.encode(vis_mask)
     carried = env.carrying
     carry = [f"You carry a {carried.color} {carried.type}"] if carried is not None else []
-    return carry + _wall_lines(img) + _object_lines(img)
+    return carry + _wall_lines(view) + _object_lines(view)
 
 
 def observation_text(lines: list[str]) -> str:

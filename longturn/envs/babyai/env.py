@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-
 from longturn.envs.babyai.describe import describe, observation_text
 from longturn.envs.babyai.level import TASKS, MixedTrainLocalLevel
 from longturn.envs.base import Instructions, Observation

@@ -95,9 +95,7 @@ def front_id(window: np.ndarray, facing: tuple[int, int], variant: str = "V") ->
     x, y = CENTRE[0] + int(facing[0]), CENTRE[1] + int(facing[1])
     size_x, size_y = window.shape
     limit_x, limit_y = (size_y, size_x) if variant == "V" else (size_x, size_y)
-    if not (0 <= x < limit_x and 0 <= y < limit_y):
-        return None
-    if x >= size_x or y >= size_y:
+    if not (0 <= x < min(limit_x, size_x) and 0 <= y < min(limit_y, size_y)):
         return None
     return int(window[x, y])
 
@@ -108,19 +106,12 @@ def face_line(window: np.ndarray, facing: tuple[int, int], variant: str = "V") -
     return FACE_NOTHING if kind is None else f"You face {ID_NAMES[kind]} at your front."
 
 
-def status_prefix(sleeping: bool, dead: bool) -> str:
-    """The sentence put before the view while asleep or dead."""
-    if sleeping:
-        return SLEEPING
-    return DIED if dead else ""
-
-
 def long_term_context(frame: Frame, variant: str = "V") -> str:
     """Status prefix, `You see` block and `You face` line (three empty lines after a prefix)."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown crafter text variant {variant!r}; valid: {VARIANTS}")
     window = local_window(frame.semantic, frame.player_pos)
-    prefix = status_prefix(frame.sleeping, frame.dead)
+    prefix = SLEEPING if frame.sleeping else DIED if frame.dead else ""
     text = (prefix + "\n\n" if prefix else "") + "\n\n" + see_block(window, variant)
     return (text + "\n\n" + face_line(window, frame.facing, variant) + "\n\n").strip()
 

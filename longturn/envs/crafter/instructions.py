@@ -61,16 +61,11 @@ PLANNING_TIP = (
 )
 
 
-def remaining_achievements(achievements: Mapping[str, int] | None) -> list[str]:
-    """Achievement ids not yet unlocked (all 22 before the first step), in prompt order."""
-    if achievements is None:
-        return list(ACHIEVEMENTS)
-    return [name for name in ACHIEVEMENTS if achievements.get(name, 0) == 0]
-
-
 def goal_text(achievements: Mapping[str, int] | None) -> str:
-    """Unlock as much as possible: the numbered list of what is still locked."""
-    remaining = remaining_achievements(achievements)
+    """Unlock as much as possible: the numbered list of what is still locked, in prompt order
+    (all 22 before the first step)."""
+    remaining = [name for name in ACHIEVEMENTS
+                 if achievements is None or achievements.get(name, 0) == 0]
     if not remaining:
         return "survive: you have unlocked every achievement"
     listed = ",\n".join(f"{n}. {achievement_title(a)}" for n, a in enumerate(remaining, start=1))
