@@ -21,6 +21,11 @@ PLAN_STEP = re.compile(r"(goto|break|make)\[([^\]]*)\]")
 Subgoal = tuple[str, str]  # ("goto", noun) | ("break"/"make", "noun is prop")
 
 
+def you_positions(game: BabaGame) -> list[tuple[int, int]]:
+    """Cells whose top thing is YOU, row-major."""
+    return [p for p in game.grid.positions() if game.rules.has(game.grid.top(*p), "you")]
+
+
 def parse_plan(target_plan: str) -> list[Subgoal]:
     """`break[wall is stop], goto[ball]` -> [("break", "wall is stop"), ("goto", "ball")]."""
     return [(m.group(1), m.group(2).strip()) for m in PLAN_STEP.finditer(target_plan)]
@@ -89,7 +94,7 @@ def _search(
             if goal(child, outcome.won):
                 yield child, path + [action]
                 continue
-            if outcome.done or not child.you_positions():
+            if outcome.done or not you_positions(child):
                 continue
             priority = len(path) + 1 + GREED * heuristic(child)
             heapq.heappush(frontier, (priority, next(counter), child, path + [action]))
@@ -100,8 +105,8 @@ def _goal(kind: str, argument: str) -> Callable[[BabaGame, bool], bool]:
         return lambda game, won: won
     rule = tuple(argument.split(" is "))
     if kind == "make":
-        return lambda game, won: rule in game.rules.pairs() and bool(game.you_positions())
-    return lambda game, won: rule not in game.rules.pairs() and bool(game.you_positions())
+        return lambda game, won: rule in game.rules.pairs() and bool(you_positions(game))
+    return lambda game, won: rule not in game.rules.pairs() and bool(you_positions(game))
 
 
 def _state_key(kind: str, argument: str) -> Callable[[BabaGame], Hashable]:
@@ -113,7 +118,7 @@ def _state_key(kind: str, argument: str) -> Callable[[BabaGame], Hashable]:
             (x, y, o.name) for x, y in game.grid.positions() for o in game.grid.stack(x, y)
             if o.is_block and o.name in words
         )
-        return tuple(game.you_positions()), tuple(game.rules.pairs()), named
+        return tuple(you_positions(game)), tuple(game.rules.pairs()), named
 
     return key
 
@@ -141,13 +146,13 @@ def _nearest(sources: list[tuple[int, int]], targets: list[tuple[int, int]]) -> 
 
 def _distance_to_win(game: BabaGame) -> int:
     wins = [p for p in game.grid.positions() if game.rules.has(game.grid.top(*p), "win")]
-    return _nearest(game.you_positions(), wins) if wins else LOST_TARGET
+    return _nearest(you_positions(game), wins) if wins else LOST_TARGET
 
 
 def _break_distance(game: BabaGame, noun: str, prop: str) -> int:
     rules = game.rules.properties
     cells = [c for r in rules if (r.subject, r.word) == (noun, prop) for c in r.cells]
-    return max(_nearest(game.you_positions(), cells) - 1, 0)
+    return max(_nearest(you_positions(game), cells) - 1, 0)
 
 
 def _make_distance(game: BabaGame, noun: str, prop: str) -> int:
@@ -157,7 +162,7 @@ def _make_distance(game: BabaGame, noun: str, prop: str) -> int:
     if not slots or not nouns:
         return LOST_TARGET
     best = min((3 * _manhattan(n, s), n) for n in nouns for s in slots)
-    return best[0] + _nearest(game.you_positions(), [best[1]])
+    return best[0] + _nearest(you_positions(game), [best[1]])
 
 
 def _subject_slots(grid: Grid, prop: str) -> list[tuple[int, int]]:

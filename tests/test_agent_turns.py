@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import agents_for_tests
 from endpoint_engines import ScriptedEngine
-from longturn.algo.critic import ValueModel
+from reference_forward import random_head_critic
 from longturn.algo.gae import GAEParams
 from longturn.algo.model_set import ModelSet
 from longturn.algo.sample_scoring import score_samples
@@ -114,7 +114,7 @@ def models(tiny_model_dir) -> ModelSet:
     torch.manual_seed(5)
     actor = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     return ModelSet(actor, copy.deepcopy(actor),
-                    ValueModel.from_pretrained(tiny_model_dir, head_std=0.5).eval())
+                    random_head_critic(tiny_model_dir, 0.5).eval())
 
 
 def _steps(records: list[dict]) -> dict[int, list[int]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from babaisai_ascii import grid_from_rows, grid_to_rows
+from babaisai_solver import you_positions
 from longturn.envs.babaisai.game import BabaGame
 from longturn.envs.babaisai.rules import parse_rules
 
@@ -191,7 +192,7 @@ def test_open_meets_shut_destroys_both() -> None:
     )
     game.step(RIGHT)
     assert game.grid.is_empty(1, 1) and game.grid.is_empty(2, 1)
-    assert game.you_positions() == []
+    assert you_positions(game) == []
 
 
 def test_win_needs_entering_and_idle_never_wins() -> None:

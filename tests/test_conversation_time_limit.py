@@ -15,7 +15,6 @@ import torch
 from gymnasium.spaces import Discrete, Text
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from longturn.algo.critic import ValueModel, state_values
 from longturn.algo.gae import GAEParams
 from longturn.algo.model_set import ModelSet
 from longturn.algo.sample_scoring import score_samples
@@ -25,6 +24,7 @@ from longturn.rollout.conversation_rollout import conversation_rollout
 from longturn.tasks.env_frames import EnvInteraction, EnvTask
 from settings_from_params import sampling_settings, conversation_settings
 from gae_reference import packed_reference
+from reference_forward import random_head_critic, state_values
 
 GAE = GAEParams(gamma_step=0.9, lambda_step=0.8, gamma_token=1.0, lambda_token=0.95)
 
@@ -85,7 +85,7 @@ def episodes(tiny_model_dir):
                                tasks, settings)
     torch.manual_seed(5)
     actor = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
-    critic = ValueModel.from_pretrained(tiny_model_dir, head_std=0.5).eval()
+    critic = random_head_critic(tiny_model_dir, 0.5).eval()
     samples = score_samples(samples_from_episodes(records),
                             ModelSet(actor, copy.deepcopy(actor), critic), Settings(), GAE, None,
                             tokenizer.pad_token_id or 0)

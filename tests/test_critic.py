@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from longturn.algo.critic import VALUE_HEAD_FILE, ValueModel, response_values, state_values
+from longturn.algo.critic import VALUE_HEAD_FILE, ValueModel
 from longturn.algo.lora import apply_lora, merge_and_save
-from longturn.engines.logprobs import response_logprobs_tensor
+from reference_forward import (random_head_critic, response_logprobs_tensor, response_values,
+                               state_values)
 
 PAD = 2
 PROMPTS = [[5, 17, 99, 3, 41], [7, 8], [1000, 2000, 300]]
@@ -22,7 +23,7 @@ RESPONSES = [[11, 12, 13], [14], [15, 16, 17, 18, 19]]
 def critic_dir(tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> str:
     """A saved critic with a random (non-zero) head, so values are not trivially 0."""
     torch.manual_seed(1)
-    critic = ValueModel.from_pretrained(tiny_model_dir, head_std=0.5)
+    critic = random_head_critic(tiny_model_dir, 0.5)
     out = tmp_path_factory.mktemp("critic")
     critic.save_pretrained(out)
     return str(out)

@@ -229,3 +229,40 @@ def test_chat_evaluation_plays_each_episode_alike_at_any_width(tiny_model_dir, t
     assert written[1][0]["length"].sum() > len(written[1][0])  # episodes of several replies
     pd.testing.assert_frame_equal(written[1][0], written[3][0])
     pd.testing.assert_frame_equal(written[1][1], written[3][1])
+
+
+def test_a_rerun_whose_journal_holds_every_episode_plays_nothing_and_closes_its_run(
+        tiny_model_dir, tmp_path, monkeypatch):
+    """The stage died after its last episode was journaled, writing its outputs: the rerun
+    plays no episode, writes the outputs, and still lets its run go (tools, interaction)."""
+    from longturn.run import evaluation
+
+    params = toy_params(tiny_model_dir)
+    params["env"].update(workers=False, step_timeout_s=None, max_turns=1)
+    params["engine"]["sampling"].update(max_new_tokens=2)
+    params["eval"].update(tasks=["goto"], episodes_per_task=2)
+    params = parse_params(params)
+    closed: list[str] = []
+    close = ConversationRun.close
+    monkeypatch.setattr(ConversationRun, "close",
+                        lambda run: (closed.append("run"), close(run))[1])
+    engine = HFEngine(tiny_model_dir, dtype="float32")
+    tokenizer = load_tokenizer(tiny_model_dir)
+    out = tmp_path / "eval"
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(evaluation, "write_outputs", lambda *a: (_ for _ in ()).throw(
+                OSError(errno.ENOSPC, "No space left on device")))
+            with pytest.raises(OSError, match="No space"):
+                evaluate(engine, tokenizer, params, out, "base", progress=False,
+                         model_dir=tiny_model_dir)
+        assert closed == ["run", "run"]  # the player's and the plan's (closing twice is fine)
+        closed.clear()
+        with monkeypatch.context() as m:
+            m.setattr(engine, "generate", lambda *a, **k: pytest.fail("an episode was played"))
+            evaluate(engine, tokenizer, params, out, "base", progress=False,
+                     model_dir=tiny_model_dir)
+    finally:
+        engine.close()
+    assert closed == ["run"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(OUTPUTS)

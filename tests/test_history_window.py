@@ -16,7 +16,6 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from gae_reference import reference_gae
-from longturn.algo.critic import ValueModel, state_values
 from longturn.algo.gae import GAEParams
 from longturn.algo.group_advantages import GroupParams
 from longturn.algo.model_set import ModelSet
@@ -40,6 +39,7 @@ from longturn.tasks.tools import ToolBox, load_tools
 from longturn.trajectories import write_samples
 from longturn.vision.frames import from_png
 from settings_from_params import sampling_settings, conversation_settings
+from reference_forward import random_head_critic, state_values
 
 ROOT = Path(__file__).resolve().parents[1]
 WIDTH = 4  # positions per frame of the fake vision side below
@@ -368,7 +368,7 @@ def models(tiny_model_dir) -> ModelSet:
     with torch.no_grad():
         for p in ref.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    return ModelSet(actor, ref, ValueModel.from_pretrained(tiny_model_dir, head_std=0.5).eval())
+    return ModelSet(actor, ref, random_head_critic(tiny_model_dir, 0.5).eval())
 
 
 def scoring(kl_beta: float = 0.05) -> SimpleNamespace:

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from gae_reference import packed_reference
-from longturn.algo.critic import ValueModel
+from reference_forward import random_head_critic
 from longturn.algo.gae import GAEParams
 from longturn.algo.model_set import ModelSet
 from longturn.algo.reply_chains import ADVANTAGE_INPUTS, sample_advantages
@@ -136,7 +136,7 @@ def test_scored_episodes_follow_the_plain_loop(tiny_model_dir):
     context (what a one-token sample with that context as its prompt gets as its first value)."""
     torch.manual_seed(4)
     actor = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
-    critic = ValueModel.from_pretrained(tiny_model_dir, head_std=0.5).eval()
+    critic = random_head_critic(tiny_model_dir, 0.5).eval()
     models = ModelSet(actor, copy.deepcopy(actor), critic)
     p = GAEParams(gamma_step=0.9, lambda_step=0.8, gamma_token=0.99, lambda_token=0.95)
     rng = random.Random(5)

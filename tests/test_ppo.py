@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 
+import numpy as np
 import pytest
 import torch
 
@@ -15,10 +16,10 @@ from longturn.algo.ppo import (
     masked_mean,
     policy_loss,
     think_action_masks,
-    token_rewards,
     value_loss,
     value_weights,
 )
+from longturn.algo.sample_scoring import sample_token_rewards
 
 MASK = torch.tensor([[True, True, True], [True, False, False]])
 
@@ -43,12 +44,12 @@ def test_kl_estimators_on_known_numbers() -> None:
         kl_penalty(logp, ref, "k4")  # type: ignore[arg-type]
 
 
-def test_token_rewards_on_last_valid_token() -> None:
-    kl = torch.tensor([[0.1, 0.2, 0.3], [0.4, 9.0, 9.0]])
-    rewards = token_rewards(kl, torch.tensor([1.0, -2.0]), MASK, beta=0.5)
-    torch.testing.assert_close(rewards, torch.tensor([[-0.05, -0.1, 0.85], [-2.2, 0.0, 0.0]]))
-    with pytest.raises(ValueError, match="no response tokens"):
-        token_rewards(kl, [1.0, 1.0], torch.tensor([[True, False, False], [False, False, False]]), 0.1)
+def test_token_rewards_on_each_reply_last_token() -> None:
+    old = np.array([0.1, 0.2, 0.3, 0.4, 9.0, 0.2], dtype=np.float32)
+    mask = np.array([1, 1, 1, 1, 0, 1], dtype=np.float32)
+    replies = [{"end": 3, "reward": 1.0}, {"end": 6, "reward": -2.0}]
+    rewards = sample_token_rewards(old, np.zeros_like(old), mask, replies, 0.5, "k1")
+    np.testing.assert_allclose(rewards, [-0.05, -0.1, 0.85, -0.2, 0.0, -2.1], atol=1e-6)
 
 
 def _policy_case() -> tuple[torch.Tensor, ...]:

@@ -11,7 +11,7 @@ import torch
 from transformers import AutoTokenizer
 
 from longturn.algo import ppo_steps
-from longturn.algo.critic import ValueModel
+from reference_forward import random_head_critic
 from longturn.algo.gae import GAEParams
 from longturn.algo.trainer import PPOTrainer, ds_config
 from turn_rows import samples_from_turns
@@ -27,7 +27,7 @@ SHARED = list(range(300, 340))  # a common prompt prefix, as agent prompts have
 def critic_dir(tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> str:
     torch.manual_seed(3)
     out = tmp_path_factory.mktemp("critic_precision")
-    ValueModel.from_pretrained(tiny_model_dir, head_std=0.3).save_pretrained(out)
+    random_head_critic(tiny_model_dir, 0.3).save_pretrained(out)
     return str(out)
 
 

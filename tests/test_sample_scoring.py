@@ -19,7 +19,6 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from gae_reference import packed_reference, reference_gae
-from longturn.algo.critic import ValueModel, state_values
 from longturn.algo.gae import GAEParams
 from longturn.algo.group_advantages import GroupParams, turn_advantages
 from longturn.algo.model_set import ModelSet
@@ -28,6 +27,7 @@ from longturn.algo.sample_scoring import audit_samples_file, sample_advantages, 
 from longturn.errors import TrajectoryFileError
 from longturn.rollout.samples import samples_from_episodes
 from turn_rows import sample_from_turn, samples_from_turns
+from reference_forward import random_head_critic, state_values
 from longturn.run.models import prepare_base_model
 from longturn.trajectories import (V1_SCHEMA_VERSION, file_metadata, rows_table, write_arrow,
                                    write_samples)
@@ -64,7 +64,7 @@ def models(tiny_model_dir: str) -> ModelSet:
     with torch.no_grad():
         for p in ref.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    critic = ValueModel.from_pretrained(tiny_model_dir, head_std=0.5).eval()
+    critic = random_head_critic(tiny_model_dir, 0.5).eval()
     return ModelSet(actor, ref, critic)
 
 
@@ -301,7 +301,7 @@ def vision_models(smollm2_tokenizer_dir: str, tmp_path_factory) -> tuple[ModelSe
     with torch.no_grad():
         for p in ref.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    critic = ValueModel.from_pretrained(base, head_std=0.5).eval()
+    critic = random_head_critic(base, 0.5).eval()
     vision = load_vision(base)
     return ModelSet(actor, ref, critic, vision=vision), vision.image_token_id
 

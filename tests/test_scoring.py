@@ -14,12 +14,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from longturn.algo.critic import ValueModel, state_values
+from longturn.algo.critic import ValueModel
 from longturn.algo.gae import GAEParams
 from longturn.algo.model_set import ModelSet
-from longturn.engines.logprobs import forward_logprobs
 from longturn.algo.sample_scoring import audit_samples_file, score_samples
 from turn_rows import samples_from_turns
+from reference_forward import forward_logprobs, random_head_critic, state_values
 from longturn.trajectories import write_samples
 
 PAD = 2
@@ -47,7 +47,7 @@ def models(tiny_model_dir: str) -> tuple[torch.nn.Module, torch.nn.Module, Value
     with torch.no_grad():
         for p in ref.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    critic = ValueModel.from_pretrained(tiny_model_dir, head_std=0.5).eval()
+    critic = random_head_critic(tiny_model_dir, 0.5).eval()
     return actor, ref, critic
 
 

@@ -7,10 +7,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from longturn.algo.critic import ValueModel, response_values, state_values
 from longturn.algo.lora import apply_lora
-from longturn.engines.logprobs import pack_prompt_response, response_logprobs_tensor, token_logprobs
+from longturn.engines.logprobs import pack_prompt_response, token_logprobs
 from longturn.engines.logprobs import response_logits
+from reference_forward import (random_head_critic, response_logprobs_tensor, response_values,
+                               state_values)
 
 PAD = 2
 SHARED = list(range(100, 140))  # 40 tokens every prompt starts with
@@ -65,7 +66,7 @@ def test_actor_logprobs_and_gradients_match_plain_layout(tiny_model_dir: str,
 
 def test_critic_values_and_gradients_match_plain_layout(tiny_model_dir: str) -> None:
     torch.manual_seed(0)
-    critic = apply_lora(ValueModel.from_pretrained(tiny_model_dir, head_std=0.5))
+    critic = apply_lora(random_head_critic(tiny_model_dir, 0.5))
     results = {}
     for share in (False, True):
         critic.zero_grad()

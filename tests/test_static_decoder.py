@@ -8,8 +8,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen3Config
 
 from longturn.engines.hf import HFEngine
-from longturn.engines.logprobs import forward_logprobs
 from longturn.engines.shared_prefix import shared_prefix_length
+from reference_forward import forward_logprobs
 from settings_from_params import sampling_settings
 from test_hf_engine import PREFIX_BATCHES, PROMPTS, make_prompts
 

@@ -16,6 +16,7 @@ from longturn.tasks.tool_calls import (MAX_CALL_CHARS, MAX_CALLS, MAX_DEPTH, MAX
                                            OPEN, CLOSE, BadToolCall, ToolCall, bounds_problem,
                                            parse_tool_calls)
 from longturn.tasks.tools import BaseTool, ToolBox, load_tools
+from tool_runs import run_call
 from longturn.tasks.arithmetic import (RevisionInteraction, final_answer, make_problem, reward,
                                        task_record)
 from longturn.tasks.calculator import CalculationError, evaluate, format_number
@@ -68,23 +69,23 @@ def test_format_number():
 def test_toolbox_turns_every_model_mistake_into_an_error_result():
     box = ToolBox(load_tools(TOOLS))
     assert [s["function"]["name"] for s in box.schemas] == ["calculator"]
-    box.create("ep-1")
-    ok = box.call("ep-1", ToolCall("calculator", {"expression": "12 * 7"}))
+    box.create_many([("ep-1", None)], None)
+    ok = run_call(box, "ep-1", ToolCall("calculator", {"expression": "12 * 7"}))
     assert (ok.text, ok.error, ok.metrics) == ("84", None, {"calculator_ok": 1})
-    assert box.call("ep-1", ToolCall("calculator", {"expression": "1/0"})).text == \
+    assert run_call(box, "ep-1", ToolCall("calculator", {"expression": "1/0"})).text == \
         "Error: division by zero"
-    unknown = box.call("ep-1", ToolCall("search", {"q": "x"}))
+    unknown = run_call(box, "ep-1", ToolCall("search", {"q": "x"}))
     assert unknown.error == "unknown_tool" and "calculator" in unknown.text
-    missing = box.call("ep-1", ToolCall("calculator", {}))
+    missing = run_call(box, "ep-1", ToolCall("calculator", {}))
     assert missing.error == "bad_arguments" and "'expression' is a required property" in missing.text
-    extra = box.call("ep-1", ToolCall("calculator", {"expression": "1", "mode": "x"}))
+    extra = run_call(box, "ep-1", ToolCall("calculator", {"expression": "1", "mode": "x"}))
     assert extra.error == "bad_arguments"
-    wrong_type = box.call("ep-1", ToolCall("calculator", {"expression": 5}))
+    wrong_type = run_call(box, "ep-1", ToolCall("calculator", {"expression": 5}))
     assert wrong_type.error == "bad_arguments" and "expression" in wrong_type.text
-    bad = box.call("ep-1", BadToolCall("{", "the tool call is not valid JSON"))
+    bad = run_call(box, "ep-1", BadToolCall("{", "the tool call is not valid JSON"))
     assert bad.error == "bad_call" and bad.text.startswith("Error: the tool call is not valid JSON")
-    assert box.rewards("ep-1") == {"calculator": 0.0}
-    box.release("ep-1")
+    assert box.rewards_many(["ep-1"], None) == [{"calculator": 0.0}]
+    box.release_many(["ep-1"], None)
     assert box.tools["calculator"].instances == {}
 
 
@@ -97,7 +98,7 @@ def test_a_tool_that_raises_gives_an_error_result(tmp_path):
     schema = {"type": "function", "function": {"name": "boom", "parameters": {
         "type": "object", "properties": {}}}}
     box = ToolBox([Exploding({}, schema)])
-    result = box.call("e", ToolCall("boom", {}))
+    result = run_call(box, "e", ToolCall("boom", {}))
     assert result.error == "tool_exception" and "RuntimeError: disk on fire" in result.text
 
 

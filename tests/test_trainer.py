@@ -14,10 +14,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from longturn.algo.critic import ValueModel, response_values
+from longturn.algo.critic import ValueModel
 from longturn.algo.gae import GAEParams
 from longturn.algo.trainer import PPOTrainer
 from turn_rows import samples_from_turns
+from reference_forward import random_head_critic, response_values
 from longturn.trajectories import write_samples
 from trainer_settings import make_settings
 from two_rank_update import make_rows
@@ -42,7 +43,7 @@ def critic_dir(tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) ->
     """A critic with a non-zero head, so values and explained variance are not trivial."""
     torch.manual_seed(3)
     out = tmp_path_factory.mktemp("critic")
-    ValueModel.from_pretrained(tiny_model_dir, head_std=0.3).save_pretrained(out)
+    random_head_critic(tiny_model_dir, 0.3).save_pretrained(out)
     return str(out)
 
 

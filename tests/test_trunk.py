@@ -14,6 +14,7 @@ from longturn.algo.lora import apply_lora
 from longturn.algo.model_set import ModelSet
 from longturn.algo.trunk import TrunkState, run_branch
 from longturn.engines.logprobs import pack_prompt_response, response_logits, token_logprobs
+from reference_forward import random_head_critic
 
 PAD = 2
 SHARED = list(range(100, 140))
@@ -33,7 +34,7 @@ def _models(model_dir: str, top_layers: int | None):
     """Actor and critic with LoRA on the top layers (non-zero B, so adapters matter)."""
     torch.manual_seed(0)
     actor = apply_lora(AutoModelForCausalLM.from_pretrained(model_dir), top_layers=top_layers)
-    critic = apply_lora(ValueModel.from_pretrained(model_dir, head_std=0.3), top_layers=top_layers)
+    critic = apply_lora(random_head_critic(model_dir, 0.3), top_layers=top_layers)
     _perturb_lora(actor, 1)
     _perturb_lora(critic, 2)
     return actor.eval(), critic.eval()

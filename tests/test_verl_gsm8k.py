@@ -21,6 +21,7 @@ from longturn.tasks.interactions import load_interactions
 from longturn.tasks.registry import load_task
 from longturn.tasks.tool_calls import ToolCall
 from longturn.tasks.tools import ToolBox, load_tools
+from tool_runs import run_calls
 from settings_from_params import conversation_settings, sampling_settings
 from test_conversation_pipeline import toy_sequence_params
 from test_conversation_rollout import ScriptedEngine
@@ -88,12 +89,12 @@ def test_a_task_row_reaches_create_as_verls_create_kwargs():
     tool = box.tools["calc_gsm8k_reward"]
     box.create_many([("e", record["tools_kwargs"])], 5.0)
     assert tool._instance_dict["e"]["ground_truth"] == truth
-    first, second = box.call_many([("e", ToolCall("calc_gsm8k_reward", {"answer": "-1"})),
-                                   ("e", ToolCall("calc_gsm8k_reward", {"answer": truth}))], 5.0)
+    first, second = run_calls(box, [("e", ToolCall("calc_gsm8k_reward", {"answer": "-1"})),
+                                    ("e", ToolCall("calc_gsm8k_reward", {"answer": truth}))], 5.0)
     assert (first.text, first.reward) == ("Current parsed answer='-1' reward=0.0", -0.05)
     assert (second.text, second.reward) == (f"Current parsed answer='{truth}' reward=1.0", 0.0)
-    assert box.rewards("e", 5.0) == {"calc_gsm8k_reward": 1.0}
-    box.release("e", 5.0)
+    assert box.rewards_many(["e"], 5.0) == [{"calc_gsm8k_reward": 1.0}]
+    box.release_many(["e"], 5.0)
     assert tool._instance_dict == {}
 
 

@@ -21,6 +21,7 @@ from longturn.tasks.calculator import CalculatorTool
 from longturn.tasks.interactions import load_interactions
 from longturn.tasks.tool_calls import ToolCall
 from longturn.tasks.tools import ToolBox, load_tools
+from tool_runs import run_call, run_calls
 from longturn.tasks.verl_api import OpenAIFunctionToolSchema
 from settings_from_params import conversation_settings, sampling_settings
 from test_conversation_rollout import ScriptedEngine, call
@@ -108,9 +109,9 @@ def test_verl_tool_config_loads_this_projects_calculator(tmp_path):
     assert isinstance(tool, CalculatorTool) and tool.config == {"max_length": 200}
     box = ToolBox([tool])
     assert box.schemas[0]["function"]["name"] == "calculator"
-    box.create("e")
-    assert box.call("e", ToolCall("calculator", {"expression": "12 * 7"})).text == "84"
-    assert box.call("e", ToolCall("calculator", {})).error == "bad_arguments"
+    box.create_many([("e", None)], None)
+    assert run_call(box, "e", ToolCall("calculator", {"expression": "12 * 7"})).text == "84"
+    assert run_call(box, "e", ToolCall("calculator", {})).error == "bad_arguments"
 
 
 def test_verl_interaction_config_loads_this_projects_interaction(tmp_path):
@@ -182,12 +183,12 @@ def test_a_verl_style_tool_runs_through_the_toolbox(tmp_path):
     assert box.schemas[0]["function"]["parameters"]["required"] == []
     box.create_many([("a", {"submit_answer": {"create_kwargs": {"ground_truth": "42"}}}),
                      ("b", {"submit_answer": {"create_kwargs": {"ground_truth": "7"}}})], 5.0)
-    first, second = box.call_many([("a", ToolCall("submit_answer", {"answer": "41"})),
-                                   ("b", ToolCall("submit_answer", {"answer": "7"}))], 5.0)
+    first, second = run_calls(box, [("a", ToolCall("submit_answer", {"answer": "41"})),
+                                    ("b", ToolCall("submit_answer", {"answer": "7"}))], 5.0)
     assert (first.text, first.reward, first.error) == (
         "Current parsed answer='41' reward=0.0", -0.05, None)
     assert (second.reward, second.error) == (0.0, None)
-    assert box.call("a", ToolCall("submit_answer", {"answer": 5})).error == "bad_arguments"
+    assert run_call(box, "a", ToolCall("submit_answer", {"answer": 5})).error == "bad_arguments"
     assert box.rewards_many(["a", "b"], 5.0) == [{"submit_answer": 0.0}, {"submit_answer": 1.0}]
     box.release_many(["a", "b"], 5.0)
     assert tool._instance_dict == {}
@@ -198,8 +199,8 @@ def test_many_episodes_calls_run_at_the_same_time(tmp_path):
                                                         "      seconds: 0.3"))
     box = ToolBox(load_tools(path))
     plugins.SleepyTool.intervals.clear()
-    results = box.call_many([(f"ep-{i}", ToolCall("nap", {"tag": str(i)})) for i in range(8)],
-                            timeout_s=30.0)
+    results = run_calls(box, [(f"ep-{i}", ToolCall("nap", {"tag": str(i)})) for i in range(8)],
+                        timeout_s=30.0)
     assert [r.text for r in results] == [f"slept {i}" for i in range(8)]  # in call order
     starts, ends = zip(*plugins.SleepyTool.intervals)
     assert len(starts) == 8 and max(starts) < min(ends)  # every call began before any ended
@@ -210,9 +211,9 @@ def test_a_hanging_tool_is_cut_off_and_a_raising_one_is_an_error(tmp_path):
              + verl_tool_yaml("RaisingTool", "boom").replace("tools:\n", "")
              + verl_tool_yaml("TaggedTextTool", "tagged").replace("tools:\n", ""))
     box = ToolBox(load_tools(write(tmp_path, "tools.yaml", tools)))
-    hung, raised, tagged = box.call_many([("e", ToolCall("hang", {})),
-                                          ("e", ToolCall("boom", {})),
-                                          ("e", ToolCall("tagged", {}))], timeout_s=0.2)
+    hung, raised, tagged = run_calls(box, [("e", ToolCall("hang", {})),
+                                           ("e", ToolCall("boom", {})),
+                                           ("e", ToolCall("tagged", {}))], timeout_s=0.2)
     assert (hung.error, hung.text) == ("tool_timeout", "Error: hang did not return within 0.2 s")
     assert raised.error == "tool_exception"
     assert raised.text == "Error: boom failed: ConnectionError: the sandbox is down"
@@ -261,7 +262,7 @@ def test_verl_style_tool_and_interaction_play_conversations(tmp_path, tokenizer)
 def test_a_tool_image_to_a_text_model_is_an_error(tmp_path, tokenizer):
     tools = ToolBox(load_tools(write(tmp_path, "tools.yaml",
                                      verl_tool_yaml("PictureTool", "picture"))))
-    [result] = tools.call_many([("e", ToolCall("picture", {}))], 5.0)
+    [result] = run_calls(tools, [("e", ToolCall("picture", {}))], 5.0)
     assert result.text == "a red square" and result.images[0].shape == (4, 4, 3)
     problem = make_problem(3)
     script = {problem.question: ['<tool_call>\n{"name": "picture", "arguments": {}}\n</tool_call>',

@@ -22,7 +22,7 @@ from torch import nn
 from transformers import AutoModel
 
 from longturn.algo.lora import merged_model
-from longturn.engines.logprobs import PackedBatch, forward_packed, pack_prompt_response
+from longturn.engines.logprobs import PackedBatch, forward_packed
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 
@@ -30,18 +30,15 @@ VALUE_HEAD_FILE = "value_head.safetensors"
 class ValueModel(nn.Module):
     """Backbone hidden states -> float32 scalar value per position."""
 
-    def __init__(self, backbone: nn.Module, head_std: float = 0.0) -> None:
-        """``head_std`` 0 (default) gives a zero head: V ≡ 0 at start, so an untrained critic adds
-        no noise to the first advantages and the warm-up starts from a neutral baseline (the head
-        weight still gets gradients: they are the hidden states)."""
+    def __init__(self, backbone: nn.Module) -> None:
+        """A zero head: V ≡ 0 at start, so an untrained critic adds no noise to the first
+        advantages and the warm-up starts from a neutral baseline (the head weight still gets
+        gradients: they are the hidden states)."""
         super().__init__()
         self.backbone = backbone
         hidden = int(_base_config(backbone).hidden_size)
         self.value_head = nn.Linear(hidden, 1, dtype=torch.float32)
-        if head_std > 0:
-            nn.init.normal_(self.value_head.weight, std=head_std)
-        else:
-            nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -59,10 +56,10 @@ class ValueModel(nn.Module):
         return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1).float()
 
     @classmethod
-    def from_pretrained(cls, model_dir: str | Path, head_std: float = 0.0) -> ValueModel:
+    def from_pretrained(cls, model_dir: str | Path) -> ValueModel:
         """Load the backbone (base model part of any causal-LM dir, in float32) and the head if
         saved."""
-        model = cls(AutoModel.from_pretrained(str(model_dir), dtype=torch.float32), head_std)
+        model = cls(AutoModel.from_pretrained(str(model_dir), dtype=torch.float32))
         head_path = Path(model_dir) / VALUE_HEAD_FILE
         if head_path.is_file():
             state = load_file(str(head_path))
@@ -90,23 +87,9 @@ def _base_config(backbone: nn.Module) -> Any:
     return getattr(config, "text_config", None) or config
 
 
-def _device(module: nn.Module) -> torch.device:
-    return next(module.parameters()).device
-
-
-def response_values(critic: ValueModel, prompt_ids: list[list[int]],
-                    response_ids: list[list[int]], pad_id: int = 0,
-                    share_prefix: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """values [B, R] (V before emitting each response token) and its bool mask [B, R].
-
-    Masked entries are 0. Gradients flow when called with grad enabled.
-    """
-    batch = pack_prompt_response(prompt_ids, response_ids, pad_id, _device(critic), share_prefix)
-    return packed_response_values(critic, batch), batch.response_mask
-
-
 def packed_response_values(critic: ValueModel, batch: PackedBatch) -> torch.Tensor:
-    """`response_values` of an already packed batch (whole-model forward)."""
+    """values [B, R] (V before emitting each response token; masked entries 0) of a packed
+    batch (whole-model forward)."""
     width_p, width_r = batch.prompt_width, batch.response_ids.shape[1]
     if width_r == 0:
         return torch.zeros(batch.input_ids.shape[0], 0, device=batch.input_ids.device)
@@ -114,14 +97,7 @@ def packed_response_values(critic: ValueModel, batch: PackedBatch) -> torch.Tens
     return values.masked_fill(~batch.response_mask, 0.0)
 
 
-def state_values(critic: ValueModel, prompt_ids: list[list[int]], pad_id: int = 0,
-                 share_prefix: bool = False) -> torch.Tensor:
-    """V(state) [B] at the last prompt token: bootstraps the next observation at a segment end."""
-    batch = pack_prompt_response(prompt_ids, [[] for _ in prompt_ids], pad_id, _device(critic),
-                                 share_prefix)
-    return packed_state_values(critic, batch)
-
-
 def packed_state_values(critic: ValueModel, batch: PackedBatch) -> torch.Tensor:
-    """`state_values` of a batch packed with empty responses (whole-model forward)."""
+    """V(state) [B] at the last prompt token of a batch packed with empty responses: bootstraps
+    the next observation at a segment end (whole-model forward)."""
     return forward_packed(critic, batch)[:, -1]

@@ -49,26 +49,6 @@ def kl_penalty(
     raise ValueError(f"unknown KL estimator {estimator!r}: expected k1, k2 or k3")
 
 
-def token_rewards(
-    kl: torch.Tensor, reward_last: torch.Tensor | list[float], mask: torch.Tensor, beta: float
-) -> torch.Tensor:
-    """−β·KL on every valid token, plus the turn's scalar reward on its last valid token.
-
-    A row without any valid token is rejected: its reward would otherwise vanish
-    (docs/design.md §5).
-    """
-    m = mask.bool()
-    if m.shape[1] == 0 or not bool(m.any(dim=1).all()):
-        raise ValueError("token_rewards: a turn has no response tokens; its reward would be lost")
-    rewards = torch.where(m, -beta * kl, torch.zeros_like(kl))
-    columns = torch.arange(m.shape[1], device=m.device).expand_as(m)
-    last = torch.where(m, columns, -1).max(dim=1).values
-    reward = torch.as_tensor(reward_last, dtype=rewards.dtype, device=rewards.device)
-    rows = torch.arange(m.shape[0], device=m.device)
-    rewards[rows, last] += reward
-    return rewards
-
-
 def _token_sum_mean(
     x: torch.Tensor, weights: torch.Tensor, normalizer: float | None
 ) -> torch.Tensor:

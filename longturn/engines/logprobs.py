@@ -121,32 +121,3 @@ def response_logits(model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
     """Raw logits [B, R, V] predicting each response token (grad follows torch's grad mode)."""
     width_r = batch.response_ids.shape[1]
     return forward_packed(model, batch, logits_to_keep=width_r + 1).logits[:, :-1, :]
-
-
-def response_logprobs_tensor(
-    model: torch.nn.Module,
-    prompt_ids: list[list[int]],
-    response_ids: list[list[int]],
-    pad_id: int = 0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Padded [B, R] float32 logprobs of each response token, and its bool mask (for training).
-
-    Masked entries are 0. Gradients flow when called with grad enabled.
-    """
-    device = next(model.parameters()).device
-    batch = pack_prompt_response(prompt_ids, response_ids, pad_id, device)
-    if batch.response_ids.shape[1] == 0:
-        empty = torch.zeros(len(prompt_ids), 0, device=device)
-        return empty, empty.bool()
-    logprobs = token_logprobs(response_logits(model, batch), batch.response_ids)
-    return logprobs.masked_fill(~batch.response_mask, 0.0), batch.response_mask
-
-
-def forward_logprobs(model: torch.nn.Module, prompt_ids: list[list[int]],
-                     response_ids: list[list[int]]) -> list[list[float]]:
-    """Per-sequence lists of response-token logprobs, in inference mode (reference numbers)."""
-    if not prompt_ids:
-        return []
-    with torch.inference_mode():
-        logprobs, _ = response_logprobs_tensor(model, prompt_ids, response_ids)
-    return [row[: len(resp)] for row, resp in zip(logprobs.cpu().tolist(), response_ids)]

@@ -10,10 +10,10 @@ from __future__ import annotations
 MIN_SHARED_PREFIX = 16  # below this the second forward call costs more than it saves
 
 
-def shared_prefix_length(prompts: list[list[int]], minimum: int = MIN_SHARED_PREFIX) -> int:
+def shared_prefix_length(prompts: list[list[int]]) -> int:
     """Tokens worth computing once: the longest common prefix, cut back so every prompt keeps at
     least one token of its own (its last-token logits come from the suffix pass); 0 when that is
-    under `minimum` or there is nothing to share with."""
+    under MIN_SHARED_PREFIX or there is nothing to share with."""
     if len(prompts) < 2:
         return 0
     common = 0
@@ -22,4 +22,4 @@ def shared_prefix_length(prompts: list[list[int]], minimum: int = MIN_SHARED_PRE
             break
         common += 1
     cut = min(common, min(len(p) for p in prompts) - 1)
-    return cut if cut >= minimum else 0
+    return cut if cut >= MIN_SHARED_PREFIX else 0

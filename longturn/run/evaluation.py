@@ -129,12 +129,14 @@ class EvalPlan:
 
     `play(jobs, journal)` plays the jobs the journal lacks and adds each finished episode (its
     episode row and samples) to it; `order` puts the samples in the order an uninterrupted run
-    writes them."""
+    writes them; `close` lets go of what the run holds (its tools' and interaction's), played
+    or not (a rerun whose journal holds every job plays nothing)."""
 
     meta: dict[str, Any]
     flush_every: int
     play: Callable[[list[EpisodeJob], EvalJournal], None]
     order: Callable[[pa.Table, list[EpisodeJob]], pa.Table]
+    close: Callable[[], None]
 
 
 PlanFactory = Callable[[Engine, Any, Params, SamplingParams, dict[str, Any], bool], EvalPlan]
@@ -158,9 +160,12 @@ def evaluate(plan_for: PlanFactory, engine: Engine, tokenizer: Any, params: Para
     journal = EvalJournal.open(out, evaluation_key(params, policy_version, run_id, model_dir),
                                SAMPLE_SCHEMA, file_metadata(meta, version=SCHEMA_VERSION),
                                flush_every=plan.flush_every)
-    if len(journal.finished) < len(jobs):
-        plan.play(jobs, journal)
-        journal.flush()
+    try:
+        if len(journal.finished) < len(jobs):
+            plan.play(jobs, journal)
+            journal.flush()
+    finally:
+        plan.close()
     episodes = journal.episodes([job.episode_id for job in jobs])
     samples = plan.order(journal.turns(), jobs)
     frames = [c for c in ("images", "bootstrap_images") if c in samples.column_names]
@@ -180,7 +185,7 @@ def env_plan(engine: Engine, tokenizer: Any, params: Params, sampling: SamplingP
     return EvalPlan(meta={"env": params.env.model_dump(), "prompt": params.prompt.model_dump()},
                     flush_every=math.ceil(params.eval.parallel_envs / 8),
                     play=_in_slots(run, engine, tokenizer, params, sampling, extra, progress),
-                    order=lambda samples, jobs: in_lock_step_order(samples))
+                    order=lambda samples, jobs: in_lock_step_order(samples), close=run.close)
 
 
 def conversation_plan(engine: Engine, tokenizer: Any, params: Params, sampling: SamplingParams,
@@ -197,11 +202,8 @@ def conversation_plan(engine: Engine, tokenizer: Any, params: Params, sampling: 
         run.settings.retry_failed_starts = False  # a job whose start failed is counted
 
         def play(jobs: list[EpisodeJob], journal: EvalJournal) -> None:
-            try:
-                play_conversations(run, engine, tokenizer, sampling, jobs, width, extra,
-                                   set(journal.finished), journal.add, journal.flush)
-            finally:
-                run.close()
+            play_conversations(run, engine, tokenizer, sampling, jobs, width, extra,
+                               set(journal.finished), journal.add, journal.flush)
 
     def order(samples: pa.Table, jobs: list[EpisodeJob]) -> pa.Table:
         position = {job.episode_id: i for i, job in enumerate(jobs)}
@@ -210,7 +212,7 @@ def conversation_plan(engine: Engine, tokenizer: Any, params: Params, sampling: 
 
     return EvalPlan(meta={"chat": params.rollout.chat.model_dump(),
                           "context": params.rollout.context},
-                    flush_every=width, play=play, order=order)
+                    flush_every=width, play=play, order=order, close=run.close)
 
 
 def _in_slots(run: ConversationRun, engine: Engine, tokenizer: Any, params: Params,

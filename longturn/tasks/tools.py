@@ -242,11 +242,7 @@ class ToolBox:
     def schemas(self) -> list[dict[str, Any]]:
         return list(self._schemas.values())
 
-    # ---- one episode, or many at once (the rollout's batches) --------------------------------
-
-    def create(self, instance_id: str, tools_kwargs: dict[str, dict[str, Any]] | None = None,
-               timeout_s: float | None = None) -> None:
-        self.create_many([(instance_id, tools_kwargs)], timeout_s)
+    # ---- many episodes at once (the rollout's batches) ----------------------------------------
 
     def create_many(self, episodes: list[tuple[str, dict[str, dict[str, Any]] | None]],
                     timeout_s: float | None) -> None:
@@ -254,20 +250,6 @@ class ToolBox:
         cannot serve the episode), naming the tool."""
         run_together([lambda t=tool, e=episode, k=kwargs: self._create(t, e, k or {}, timeout_s)
                       for episode, kwargs in episodes for tool in self.tools.values()])
-
-    def call(self, instance_id: str, call: ToolCall | BadToolCall,
-             timeout_s: float | None = None) -> ToolResult:
-        """Run one parsed call; never raises for anything the model wrote or the tool did."""
-        return self.call_many([(instance_id, call)], timeout_s)[0]
-
-    def call_many(self, calls: list[tuple[str, ToolCall | BadToolCall]],
-                  timeout_s: float | None) -> list[ToolResult]:
-        """Run every (episode, call) at once; the results in the same order."""
-        return run_together([lambda e=episode, c=call: self.run(e, c, timeout_s)
-                             for episode, call in calls])
-
-    def rewards(self, instance_id: str, timeout_s: float | None = None) -> dict[str, float]:
-        return self.rewards_many([instance_id], timeout_s)[0]
 
     def rewards_many(self, instance_ids: list[str], timeout_s: float | None
                      ) -> list[dict[str, float]]:
@@ -279,9 +261,6 @@ class ToolBox:
                                for episode in instance_ids for name in names])
         return [dict(zip(names, values[i * len(names):(i + 1) * len(names)]))
                 for i in range(len(instance_ids))]
-
-    def release(self, instance_id: str, timeout_s: float | None = None) -> None:
-        self.release_many([instance_id], timeout_s)
 
     def release_many(self, instance_ids: list[str], timeout_s: float | None) -> None:
         """Free each episode's tool state; a tool that fails here is logged, not fatal."""

@@ -116,10 +116,6 @@ class BabaGame:
                 if top is not None and top.is_thing and top.name == subject:
                     self.grid.put(x, y, thing(target))
 
-    def you_positions(self) -> list[tuple[int, int]]:
-        """Cells whose top thing is YOU, row-major."""
-        return [p for p in self.grid.positions() if self.rules.has(self.grid.top(*p), "you")]
-
 
 def _opens(rules: RuleSet, opener, shut_one) -> bool:
     return rules.has(opener, "open") and rules.has(shut_one, "shut")
