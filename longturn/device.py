@@ -48,15 +48,8 @@ def fast_bf16(device: torch.device) -> bool:
     EPYC a 2048³ product ran at 0.3 GFLOP/s in bf16 against 176 in fp32."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
-    try:
-        capability = torch._C._cpu._get_cpu_capability()
-        return bool(capability.get("avx512_bf16") or capability.get("amx_bf16"))
-    except AttributeError:  # a torch without the probe: read the kernel's CPU flags
-        try:
-            flags = open("/proc/cpuinfo").read()
-        except OSError:
-            return False
-        return " avx512_bf16" in flags or " amx_bf16" in flags
+    capability = torch._C._cpu._get_cpu_capability()
+    return bool(capability.get("avx512_bf16") or capability.get("amx_bf16"))
 
 
 def resolve_dtype(name: str, device: torch.device) -> str:

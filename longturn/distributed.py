@@ -78,11 +78,6 @@ def clear_stale_build_locks(root: Path, max_age_s: float = STALE_BUILD_LOCK_S) -
     return removed
 
 
-def launched() -> bool:
-    """True under a launcher (torchrun, deepspeed, a Kubernetes job) that set the rendezvous."""
-    return all(key in os.environ for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
-
-
 RENDEZVOUS_PREFIX = "longturn-dist-"
 
 
@@ -148,7 +143,9 @@ def init_distributed(device: torch.device | str) -> tuple[int, int]:
     backend the ranks talk over: NCCL between GPUs, gloo between CPU processes."""
     from longturn.device import pin_accelerator
 
-    single = not launched() and not dist.is_initialized()
+    # a plain process: no launcher (torchrun, deepspeed, a Kubernetes job) set the rendezvous
+    single = not dist.is_initialized() and not all(
+        key in os.environ for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
     init_method = _single_process_init_method() if single else None
     device = torch.device(device)
     pin_accelerator(device)
@@ -173,18 +170,13 @@ def destroy_distributed() -> None:
         dist.destroy_process_group()
 
 
-def comm_device() -> torch.device:
-    """Where tensors must be for a collective: NCCL only moves GPU tensors."""
-    if dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
 def all_reduce_tensor(tensor: torch.Tensor, op: Any = None) -> torch.Tensor:
-    """all_reduce of a CPU tensor through the backend's device; returns a CPU tensor."""
+    """all_reduce of a CPU tensor through the backend's device (NCCL only moves GPU tensors);
+    returns a CPU tensor."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return tensor
-    moved = tensor.to(comm_device())
+    nccl = dist.get_backend() == "nccl"
+    moved = tensor.to(torch.device("cuda", torch.cuda.current_device()) if nccl else "cpu")
     dist.all_reduce(moved, op=dist.ReduceOp.SUM if op is None else op)
     return moved.cpu()
 

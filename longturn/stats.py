@@ -4,6 +4,7 @@ exact McNemar test for two evaluations that played the same seeds."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,15 +66,11 @@ class PairedOutcome:
         return mcnemar_exact(self.lost, self.gained)
 
 
-def _records(table: Any) -> list[dict[str, Any]]:
-    """Rows as dicts, from a list of dicts or anything with pandas' `to_dict('records')`."""
-    return table.to_dict("records") if hasattr(table, "to_dict") else list(table)
-
-
 def _by_key(table: Any, side: str) -> dict[tuple[str, int], bool]:
-    """{(task, seed): success}; a repeated key would make the pairing ambiguous, so it raises."""
+    """{(task, seed): success} of a list of dicts or a pandas frame; a repeated key would make the
+    pairing ambiguous, so it raises."""
     out: dict[tuple[str, int], bool] = {}
-    for r in _records(table):
+    for r in table.to_dict("records") if hasattr(table, "to_dict") else table:
         key = (str(r["task"]), int(r["episode_seed"]))
         if key in out:
             raise ValueError(f"{side} has more than one episode for task {key[0]!r}, "
@@ -82,18 +79,14 @@ def _by_key(table: Any, side: str) -> dict[tuple[str, int], bool]:
     return out
 
 
+_CELLS = {(True, True): "both", (False, False): "neither", (True, False): "lost",
+          (False, True): "gained"}  # (zero-shot success, final success) -> PairedOutcome field
+
+
 def _count(task: str, keys: list[tuple[str, int]], zs: dict, fin: dict) -> PairedOutcome:
-    cells = {"both": 0, "neither": 0, "lost": 0, "gained": 0,
-             "unpaired_zero_shot": 0, "unpaired_final": 0}
-    for key in keys:
-        if key not in fin:
-            cells["unpaired_zero_shot"] += 1
-        elif key not in zs:
-            cells["unpaired_final"] += 1
-        else:
-            cell = {(True, True): "both", (False, False): "neither",
-                    (True, False): "lost", (False, True): "gained"}[(zs[key], fin[key])]
-            cells[cell] += 1
+    cells = Counter("unpaired_zero_shot" if key not in fin
+                    else "unpaired_final" if key not in zs
+                    else _CELLS[zs[key], fin[key]] for key in keys)
     return PairedOutcome(task, **cells)
 
 

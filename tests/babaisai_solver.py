@@ -26,6 +26,14 @@ def you_positions(game: BabaGame) -> list[tuple[int, int]]:
     return [p for p in game.grid.positions() if game.rules.has(game.grid.top(*p), "you")]
 
 
+def copy_game(game: BabaGame) -> BabaGame:
+    """An independent game in the same state (the rule set is immutable: shared)."""
+    twin = BabaGame.__new__(BabaGame)
+    twin.grid, twin.max_steps, twin.steps, twin.rules = (
+        game.grid.copy(), game.max_steps, game.steps, game.rules)
+    return twin
+
+
 def parse_plan(target_plan: str) -> list[Subgoal]:
     """`break[wall is stop], goto[ball]` -> [("break", "wall is stop"), ("goto", "ball")]."""
     return [(m.group(1), m.group(2).strip()) for m in PLAN_STEP.finditer(target_plan)]
@@ -41,7 +49,7 @@ def solve(
     only by what the subgoal names (fast); if that fails, by the whole grid (slower, thorough)."""
     subgoals = parse_plan(target_plan)
     for focused, budget in ((True, max_nodes), (False, 4 * max_nodes)):
-        actions = _solve_from(game.copy(), subgoals, budget, alternatives, focused)
+        actions = _solve_from(copy_game(game), subgoals, budget, alternatives, focused)
         if actions is not None and _won_last(game, actions):
             return actions
     return None
@@ -64,7 +72,7 @@ def _solve_from(
 
 
 def _won_last(game: BabaGame, actions: list[int]) -> bool:
-    replay = game.copy()
+    replay = copy_game(game)
     outcome = None
     for action in actions:
         outcome = replay.step(action)
@@ -85,7 +93,7 @@ def _search(
     while frontier and len(seen) < max_nodes:
         _, _, state, path = heapq.heappop(frontier)
         for action in MOVES:
-            child = state.copy()
+            child = copy_game(state)
             outcome = child.step(action)
             key = state_key(child)
             if key in seen:
@@ -124,7 +132,9 @@ def _state_key(kind: str, argument: str) -> Callable[[BabaGame], Hashable]:
 
 
 def _grid_key(game: BabaGame) -> Hashable:
-    return game.grid.key()
+    """The whole grid: every stack's kinds and names, row-major."""
+    grid = game.grid
+    return tuple(tuple(o.key for o in grid.stack(x, y)) for x, y in grid.positions())
 
 
 def _heuristic(kind: str, argument: str) -> Callable[[BabaGame], int]:

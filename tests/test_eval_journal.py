@@ -6,10 +6,12 @@ from __future__ import annotations
 import errno
 import logging
 import os
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
+import longturn
 from longturn.errors import OutputNotWritable
 from longturn.run.eval_journal import PARTIAL, EvalJournal
 from longturn.params.config import parse_params
@@ -122,6 +124,12 @@ def test_the_key_names_weights_and_code_by_what_changes_them(tmp_path):
     assert code_digest(package) == code
     (package / "a.py").write_text("x = 2\n")
     assert code_digest(package) != code
+
+
+def test_the_code_digest_covers_the_whole_package_not_one_folder():
+    """An edit anywhere in longturn (the rollout, an env) discards the journal, not only one in
+    run/ beside the key's own module."""
+    assert code_digest() == code_digest(Path(longturn.__file__).parent)
 
 
 def test_the_key_changes_with_the_agents_source(tmp_path, monkeypatch):

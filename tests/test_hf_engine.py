@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import random
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,6 +28,17 @@ def make_prompts(lengths: list[int], seed: int = 0) -> list[list[int]]:
 
 
 PROMPTS = make_prompts([3, 17, 41, 9])
+
+
+def stopping_at(model_dir: str, stops: list[int], out: Path) -> str:
+    """A copy of the model dir whose generation config also ends a turn at `stops` (the engine
+    reads its end-of-turn ids from the tokenizer and the generation config)."""
+    shutil.copytree(model_dir, out)
+    path = out / "generation_config.json"
+    config = json.loads(path.read_text())
+    config["eos_token_id"] = [config["eos_token_id"], *stops]
+    path.write_text(json.dumps(config))
+    return str(out)
 
 
 @pytest.fixture(scope="module")
@@ -97,13 +111,13 @@ def test_greedy_is_argmax_and_deterministic(engine32, ref_model) -> None:
         assert argmax[row, : len(response)].tolist() == response
 
 
-def test_stop_token_included_and_length_reason(tiny_model_dir, engine32) -> None:
+def test_stop_token_included_and_length_reason(tiny_model_dir, engine32, tmp_path) -> None:
     greedy = sampling_settings(max_new_tokens=10, temperature=0.0)
     free = engine32.generate(PROMPTS, greedy)
     assert all(c.finish_reason == "length" and len(c.token_ids) == 10 for c in free)
     stop = free[1].token_ids[4]
     cut = free[1].token_ids.index(stop) + 1
-    stopping = HFEngine(tiny_model_dir, dtype="float32", stop_token_ids=[stop])
+    stopping = HFEngine(stopping_at(tiny_model_dir, [stop], tmp_path / "m"), dtype="float32")
     assert stop in stopping.stop_ids and stopping.tokenizer.eos_token_id in stopping.stop_ids
     out = stopping.generate(PROMPTS, greedy)
     assert out[1].token_ids == free[1].token_ids[:cut]
@@ -279,17 +293,18 @@ def test_prefix_sharing_matches_plain_prefill(engine32, engine32_plain, ref_mode
 
 
 def test_prefix_sharing_drops_stopped_rows_and_micro_batches(
-    tiny_model_dir, engine32_plain
+    tiny_model_dir, engine32_plain, tmp_path
 ) -> None:
     """Rows that stop early leave the expanded cache; micro-batches each share their own prefix."""
     prompts = PREFIX_BATCHES["tails"]
     greedy = sampling_settings(max_new_tokens=10, temperature=0.0)
     free = engine32_plain.generate(prompts, greedy)
     stop = free[2].token_ids[3]
-    kwargs = dict(dtype="float32", stop_token_ids=[stop])
-    plain = HFEngine(tiny_model_dir, prefix_sharing=False, **kwargs).generate(prompts, greedy)
+    model_dir = stopping_at(tiny_model_dir, [stop], tmp_path / "m")
+    plain = HFEngine(model_dir, dtype="float32", prefix_sharing=False).generate(prompts, greedy)
     for batch_size in (None, 2):
-        shared = HFEngine(tiny_model_dir, batch_size=batch_size, **kwargs).generate(prompts, greedy)
+        engine = HFEngine(model_dir, dtype="float32", batch_size=batch_size)
+        shared = engine.generate(prompts, greedy)
         assert [c.token_ids for c in shared] == [c.token_ids for c in plain]
         assert [c.finish_reason for c in shared] == [c.finish_reason for c in plain]
         for s, p in zip(shared, plain):

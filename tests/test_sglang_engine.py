@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -45,17 +46,16 @@ def forward_logprobs(model_dir: str, prompt: list[int], tokens: list[int]) -> to
 
 def test_request_body_maps_top_k_and_seeds_each_prompt():
     sampling = sampling_settings(max_new_tokens=5, temperature=0.7, top_k=0)
-    body = request_body([[1, 2], [3]], sampling, {7, 2}, seed=11)
+    body = request_body([[1, 2], [3]], replace(sampling, seed=11), {7, 2})
     assert body["input_ids"] == [[1, 2], [3]]
     assert body["return_logprob"] is True and body["logprob_start_len"] == -1
     first, second = body["sampling_params"]
     assert first["top_k"] == -1 and first["temperature"] == 0.7 and first["max_new_tokens"] == 5
     assert first["stop_token_ids"] == [2, 7] and first["no_stop_trim"] is True
     assert (first["sampling_seed"], second["sampling_seed"]) == (row_seed(11, 0), row_seed(11, 1))
-    own = request_body([[1, 2], [3]], sampling, {2}, seed=(5, 9))["sampling_params"]
+    own = request_body([[1, 2], [3]], replace(sampling, seed=(5, 9)), {2})["sampling_params"]
     assert [p["sampling_seed"] for p in own] == [5, 9]  # evaluation episodes' own seeds
-    unseeded = request_body([[1]], sampling_settings(top_k=20), {2},
-                            seed=None)["sampling_params"][0]
+    unseeded = request_body([[1]], sampling_settings(top_k=20), {2})["sampling_params"][0]
     assert "sampling_seed" not in unseeded and unseeded["top_k"] == 20
 
 

@@ -11,7 +11,7 @@ from longturn.engines.hf import HFEngine
 from longturn.engines.shared_prefix import shared_prefix_length
 from reference_forward import forward_logprobs
 from settings_from_params import sampling_settings
-from test_hf_engine import PREFIX_BATCHES, PROMPTS, make_prompts
+from test_hf_engine import PREFIX_BATCHES, PROMPTS, make_prompts, stopping_at
 
 SAMPLINGS = [sampling_settings(max_new_tokens=10, temperature=0.0),
              sampling_settings(max_new_tokens=12, temperature=1.0, seed=31),
@@ -69,13 +69,15 @@ def test_generic_and_static_loops_agree(tiny_model_dir) -> None:
 
 
 @pytest.mark.parametrize("fast_path", [True, False])
-def test_early_stop_cuts_each_row_after_its_first_stop(tiny_model_dir, fast_path) -> None:
+def test_early_stop_cuts_each_row_after_its_first_stop(tiny_model_dir, fast_path,
+                                                       tmp_path) -> None:
     """Rows keep decoding after they stop (fixed shapes); the result is cut at the first stop
     token, and the loop ends once every row has stopped."""
     greedy = sampling_settings(max_new_tokens=10, temperature=0.0)
     free = HFEngine(tiny_model_dir, dtype="float32", fast_path=fast_path).generate(PROMPTS, greedy)
     stops = [c.token_ids[2] for c in free]  # every row meets one of these by its third token
-    engine = HFEngine(tiny_model_dir, dtype="float32", fast_path=fast_path, stop_token_ids=stops)
+    engine = HFEngine(stopping_at(tiny_model_dir, stops, tmp_path / "m"), dtype="float32",
+                      fast_path=fast_path)
     out = engine.generate(PROMPTS, greedy)
     for before, after in zip(free, out):
         first = next(i for i, t in enumerate(before.token_ids) if t in engine.stop_ids)
@@ -209,14 +211,15 @@ def test_prefill_chunks_group_rows_of_like_width() -> None:
     assert prefill_chunks([]) == []
 
 
-def test_cpu_decode_drops_stopped_rows_without_changing_results(tiny_model_dir,
-                                                                 monkeypatch) -> None:
+def test_cpu_decode_drops_stopped_rows_without_changing_results(tiny_model_dir, monkeypatch,
+                                                                 tmp_path) -> None:
     """On the CPU, rows that have stopped leave the decode batch; the others sample and score
     what they would have in the whole batch."""
     import longturn.engines.static_decoder as static_decoder
     seeded = sampling_settings(max_new_tokens=10, temperature=1.0, seed=5)
     free = HFEngine(tiny_model_dir, dtype="float32").generate(PROMPTS, seeded)
     stops = [c.token_ids[i + 1] for i, c in enumerate(free)]  # rows stop at steps 2, 3, 4, 5
+    stopping = stopping_at(tiny_model_dir, stops, tmp_path / "m")
     rows_per_step = []
     forward = static_decoder.forward_tokens
 
@@ -229,7 +232,7 @@ def test_cpu_decode_drops_stopped_rows_without_changing_results(tiny_model_dir,
     for drop_at in (static_decoder.DROP_AT, 0.0):  # 0: no row is ever dropped
         monkeypatch.setattr(static_decoder, "DROP_AT", drop_at)
         rows_per_step.clear()
-        engine = HFEngine(tiny_model_dir, dtype="float32", stop_token_ids=stops)
+        engine = HFEngine(stopping, dtype="float32")
         results[drop_at] = (engine.generate(PROMPTS, seeded), list(rows_per_step))
     (dropped, shrinking), (kept, constant) = results.values()
     assert min(shrinking) < len(PROMPTS) and set(constant) == {len(PROMPTS)}

@@ -20,8 +20,7 @@ from longturn.agent.prompts import build_prompt
 from longturn.envs.registry import make_env
 from longturn.errors import UserError
 from longturn.params.config import load_params
-from longturn.run.validation import validate_env_task
-from longturn.run.validation_report import render_report
+from longturn.run.validation import render_report, validate_env_task
 from longturn.trajectories import SAMPLE_SCHEMA, read_metadata, write_samples
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -56,24 +56,17 @@ def system_prompt(instructions: Instructions) -> str:
     return "\n\n".join(parts)
 
 
-def answer_format(instructions: Instructions) -> str:
-    """The THINK/ACTION instruction appended to the current observation."""
-    names = ", ".join(instructions.actions)
-    return (
-        "Answer in exactly this format:\n"
-        "THINK: <one short sentence of reasoning>\n"
-        f"ACTION: <exactly one of: {names}>"
-    )
-
-
 def _view(text: str) -> str:
     return text if text.strip() else EMPTY_VIEW
 
 
 def current_turn(instructions: Instructions, goal: str, observation: str) -> str:
-    """The user turn of the current observation: the goal, the view, the answer format."""
+    """The user turn of the current observation: the goal, the view, the THINK/ACTION answer
+    format."""
     return (f"Your goal: {goal}.\nCurrent observation:\n{_view(observation)}\n\n"
-            + answer_format(instructions))
+            "Answer in exactly this format:\n"
+            "THINK: <one short sentence of reasoning>\n"
+            f"ACTION: <exactly one of: {', '.join(instructions.actions)}>")
 
 
 def build_messages(

@@ -43,22 +43,19 @@ class PieceTokenizer:
 
     def __call__(self, text: str) -> list[int]:
         with self.lock:
-            return self._ids(text)
-
-    def _ids(self, text: str) -> list[int]:
-        if not self.enabled:
-            return self._whole(text)
-        ids = [t for piece in self.split.split(text) if piece for t in self._piece(piece)]
-        if self.verify_left > 0:
-            self.verify_left -= 1
-            whole = self._whole(text)
-            if whole != ids:
-                log.warning("tokenizing prompts piece by piece differs from whole-text "
-                            "tokenization for %s: prompt token cache off",
-                            type(self.tokenizer).__name__)
-                self.enabled = False
-                return whole
-        return ids
+            if not self.enabled:
+                return self._whole(text)
+            ids = [t for piece in self.split.split(text) if piece for t in self._piece(piece)]
+            if self.verify_left > 0:
+                self.verify_left -= 1
+                whole = self._whole(text)
+                if whole != ids:
+                    log.warning("tokenizing prompts piece by piece differs from whole-text "
+                                "tokenization for %s: prompt token cache off",
+                                type(self.tokenizer).__name__)
+                    self.enabled = False
+                    return whole
+            return ids
 
     def _whole(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -7,7 +7,7 @@ module turns its list columns back into right-padded [B, R] tensors, micro-batch
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -62,9 +62,8 @@ class MicroBatch:
 
     def to(self, device: torch.device) -> MicroBatch:
         """The same micro-batch with its tensors on ``device``."""
-        moved = {k: v.to(device) for k, v in vars(self).items() if isinstance(v, torch.Tensor)}
-        return MicroBatch(prompt_ids=self.prompt_ids, response_ids=self.response_ids,
-                          images=self.images, **moved)
+        return replace(self, **{k: v.to(device) for k, v in vars(self).items()
+                                if isinstance(v, torch.Tensor)})
 
 
 @dataclass
@@ -116,21 +115,19 @@ class TurnBatch:
         """The micro-batch of rows ``index`` as padded tensors."""
         index = list(index)
         width = max(len(self.response_ids[i]) for i in index)
-        pad = {k: pad_rows([self.columns[k][i] for i in index], width) for k in _FLOAT_LISTS}
-        mask = pad_rows([self.loss_tokens(i) for i in index], width, torch.bool)
+        pad = {k: pad_rows([self.columns[k][i] for i in index], width)
+               for k in ("old_logprobs", "ref_logprobs", "values", "returns")}
         return MicroBatch(
             prompt_ids=[self.prompt_ids[i] for i in index],
-            response_ids=[self.response_ids[i] for i in index],
-            old_logprobs=pad["old_logprobs"], ref_logprobs=pad["ref_logprobs"],
-            values=pad["values"], returns=pad["returns"],
-            advantages=pad_rows([self.whitened[i] for i in index], width), mask=mask,
+            response_ids=[self.response_ids[i] for i in index], **pad,
+            advantages=pad_rows([self.whitened[i] for i in index], width),
+            mask=pad_rows([self.loss_tokens(i) for i in index], width, torch.bool),
             images=None if self.images is None else
             [[(start, from_png(png)) for start, png in self.images[i]] for i in index],
         )
 
     def n_tokens(self, index: Sequence[int]) -> int:
-        """Loss tokens (response tokens of non-aborted turns, sampled ones in a packed episode)
-        among rows ``index``."""
+        """Loss tokens (`loss_tokens`) among rows ``index``."""
         return int(sum(self.loss_tokens(i).sum() for i in index))
 
     def flat(self, name: str) -> np.ndarray:
@@ -166,7 +163,11 @@ def read_sample_batch(paths: Sequence[str | Path], whiten: bool = True,
     wanted = [c for c in SAMPLE_TRAIN_COLUMNS if values or c != "values"]
     tables = [read_table(p, [*wanted, "images", "image_starts"]) for p in paths]
     for path, part in zip(paths, tables):
-        _check_training_columns(path, part, wanted)
+        for name in wanted:  # an evaluation file, or rows never scored, has nulls
+            if part.column(name).null_count:
+                raise TrajectoryFileError(
+                    f"{path}: column {name!r} has nulls: not a scored training file (evaluation "
+                    "files leave the training columns empty)")
     table = pa.concat_tables(tables)
     prompts = [list(map(int, r)) for r in _split_lists(table.column("prompt_ids"), np.int64)]
     responses = [list(map(int, r)) for r in _split_lists(table.column("response_ids"), np.int64)]
@@ -203,22 +204,10 @@ def _aborted_replies(column: pa.ChunkedArray) -> list[tuple[int, int, int]]:
     return [(int(row_of[k]), int(starts[k]), int(ends[k])) for k in np.flatnonzero(aborted)]
 
 
-def _check_training_columns(path: str | Path, table: pa.Table, names: Sequence[str]) -> None:
-    """Every training column is filled (an evaluation file, or rows never scored, has nulls)."""
-    for name in names:
-        if table.column(name).null_count:
-            raise TrajectoryFileError(
-                f"{path}: column {name!r} has nulls: not a scored training file (evaluation "
-                "files leave the training columns empty)")
-
-
 def _whiten(advantages: list[np.ndarray], masks: list[np.ndarray], whiten: bool
             ) -> list[np.ndarray]:
     """Per-row advantages whitened over every loss token of the batch (or copies when off)."""
     if not whiten:
         return [a.copy() for a in advantages]
-    flat = np.concatenate(advantages)
-    mask = np.concatenate(masks)
-    white = masked_whiten(flat.astype(np.float64), mask).numpy().astype(np.float32)
-    cuts = np.cumsum([len(a) for a in advantages])[:-1]
-    return list(np.split(white, cuts))
+    white = masked_whiten(np.concatenate(advantages).astype(np.float64), np.concatenate(masks))
+    return np.split(white.numpy().astype(np.float32), np.cumsum([len(a) for a in advantages])[:-1])

@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModel
 
-from longturn.algo.lora import merged_model
+from longturn.algo.lora import merge_and_save
 from longturn.engines.logprobs import PackedBatch, forward_packed
 
 VALUE_HEAD_FILE = "value_head.safetensors"
@@ -36,8 +36,8 @@ class ValueModel(nn.Module):
         gradients: they are the hidden states)."""
         super().__init__()
         self.backbone = backbone
-        hidden = int(_base_config(backbone).hidden_size)
-        self.value_head = nn.Linear(hidden, 1, dtype=torch.float32)
+        config = getattr(backbone.config, "text_config", None) or backbone.config
+        self.value_head = nn.Linear(int(config.hidden_size), 1, dtype=torch.float32)
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
 
@@ -68,23 +68,13 @@ class ValueModel(nn.Module):
 
     def save_pretrained(self, out_dir: str | Path, tokenizer: Any | None = None) -> Path:
         """Write a plain HF backbone dir (LoRA merged in) + value head (+ tokenizer files)."""
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        merged_model(self.backbone).save_pretrained(out)
+        out = merge_and_save(self.backbone, out_dir, tokenizer)
         head = self.value_head.state_dict()
         state = {k: v.detach().float().cpu().contiguous() for k, v in head.items()}
         tmp = out / f".{VALUE_HEAD_FILE}.tmp"
         save_file(state, str(tmp))
         tmp.replace(out / VALUE_HEAD_FILE)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(out)
         return out
-
-
-def _base_config(backbone: nn.Module) -> Any:
-    """The text config of a (possibly peft-wrapped) backbone."""
-    config = backbone.config
-    return getattr(config, "text_config", None) or config
 
 
 def packed_response_values(critic: ValueModel, batch: PackedBatch) -> torch.Tensor:

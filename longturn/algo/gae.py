@@ -11,9 +11,7 @@ with a_i = γ_token·λ_token inside a turn, γ_step·λ_step·c_t at a turn's l
 (about log2 N doubling steps in all) instead of a Python loop over tokens. Only products of
 coefficients in [0, 1] are formed, never divided by, so long sequences cannot blow up
 (products may underflow to 0, which is then exact enough: the tail they scale is gone).
-
-Outputs are torch tensors with the dtype (and device) of ``values`` when it is a
-floating torch tensor / numpy array, else float64. Arithmetic is always float64.
+Arithmetic is always float64.
 """
 
 from __future__ import annotations
@@ -55,8 +53,7 @@ class GAEParams:
 def _out_dtype_device(x: ArrayLike) -> tuple[torch.dtype, torch.device]:
     """Dtype/device to hand results back in: the caller's, when it is a float."""
     if isinstance(x, torch.Tensor):
-        dtype = x.dtype if x.is_floating_point() else torch.float64
-        return dtype, x.device
+        return (x.dtype if x.is_floating_point() else torch.float64), x.device
     if isinstance(x, np.ndarray) and x.dtype in _NP_FLOATS:
         return _NP_FLOATS[x.dtype], torch.device("cpu")
     return torch.float64, torch.device("cpu")
@@ -134,7 +131,8 @@ def dual_discount_gae(values: ArrayLike, rewards: ArrayLike, turn_lengths: Array
     ``values``/``rewards``: [N] response tokens of all turns concatenated;
     ``turn_lengths``: [T] ints summing to N; ``next_values``: [T] value after each
     turn's last token; ``carries``: [T] 1 iff the next turn in this order continues
-    the same episode. Returns torch tensors (see module docstring for dtype).
+    the same episode. Returns torch tensors in the float dtype and device of ``values`` when
+    it is a float tensor or array, else float64.
     """
     dtype, device = _out_dtype_device(values)
     v, r = _f64(values, device), _f64(rewards, device)

@@ -1,23 +1,11 @@
 """Critic-free turn-level advantages: GRPO's episode-group baseline and GiGPO's anchor states.
 
-Both compare episodes that started from the same env seed (a group, `algo.group_size` of them),
-so no critic is needed; every turn is still its own training sample and each token of a turn gets
-the turn's advantage.
+Both compare the episodes of a group (`algo.group_size` of them, started from one env seed), so
+no critic is needed; each token of a turn gets the turn's advantage. The formulas are in
+docs/design.md §5b (GRPO: Shao et al. 2024; GiGPO: Feng et al. 2025, arXiv:2505.10978).
 
-- GRPO (Shao et al. 2024, "DeepSeekMath", group-relative baseline), at the turn level: an
-  episode's return R (the sum of its turn rewards) is normalised within its group,
-  Â = (R − mean) / (std + eps) (std: population std; `norm_std: false` keeps R − mean), and turn
-  t of a T-turn episode gets γ_step^(T−1−t) · Â: the episode's outcome discounted back to the turn.
-- GiGPO (Feng et al. 2025, "Group-in-Group Policy Optimization for LLM Agent Training",
-  arXiv:2505.10978): GRPO's episode-level advantage plus a step-level one. Turns of a group whose
-  observation text is identical (an anchor state, met by several episodes or several times in
-  one) form a step group; each turn's discounted return from that step,
-  G_t = Σ_k γ_step^(k−t) r_k, is normalised within its step group, and
-  A = A_episode + step_weight · A_step. A state met once has no step-level signal (0).
-
-A turn's reward is everything the turn earned: the env reward minus the invalid-action penalty
-plus the −β·KL of its tokens (the KL stays in the reward, as with GAE). An episode with an aborted
-turn (its env failed) has no return to compare: all its turns get 0 and it joins no group. A
+A turn's reward is everything the turn earned, −β·KL of its tokens included (as with GAE). An
+episode with an aborted turn has no return to compare: its turns get 0 and it joins no group. A
 truncated episode's return is what it collected (nothing is bootstrapped without a critic).
 """
 
@@ -36,9 +24,8 @@ STD_EPS = 1e-6  # keeps Â finite for a group of equal returns; a numerical guar
 
 @dataclass(frozen=True)
 class GroupParams:
-    """What a critic-free estimator needs; recorded in each Parquet file's metadata. No defaults
-    of its own: the trainer passes its settings' values (the algo section), and `from_algo` reads
-    the algo section a file's metadata recorded."""
+    """What a critic-free estimator needs, without defaults of its own: the trainer passes its
+    settings, `from_algo` reads the algo section a file's metadata recorded."""
 
     estimator: str
     gamma_step: float
@@ -62,13 +49,13 @@ class GroupParams:
                    norm_std=bool(algo["norm_std"]), step_weight=float(algo["step_weight"]))
 
 
-def normalised(values: np.ndarray, norm_std: bool, eps: float) -> np.ndarray:
-    """values − mean, divided by (population std + eps) when `norm_std`; 0 for fewer than two."""
+def normalised(values: np.ndarray, norm_std: bool) -> np.ndarray:
+    """values − mean, over (population std + STD_EPS) when `norm_std`; 0 for fewer than two."""
     values = np.asarray(values, dtype=np.float64)
     if len(values) < 2:
         return np.zeros(len(values))
     centered = values - values.mean()
-    return centered / (values.std() + eps) if norm_std else centered
+    return centered / (values.std() + STD_EPS) if norm_std else centered
 
 
 def discounted_returns(rewards: np.ndarray, gamma: float) -> np.ndarray:
@@ -105,7 +92,7 @@ def turn_advantages(group: Sequence[Any], episode: Sequence[Any], turn: Sequence
         episodes_of[groups.pop()].append(e)
     for episodes in episodes_of.values():
         totals = np.asarray([sum(reward[i] for i in rows_of[e]) for e in episodes], float)
-        for e, a in zip(episodes, normalised(totals, params.norm_std, STD_EPS)):
+        for e, a in zip(episodes, normalised(totals, params.norm_std)):
             rows = rows_of[e]
             advantages[rows] = a * params.gamma_step ** np.arange(len(rows) - 1, -1, -1)
     if params.estimator == "gigpo":
@@ -115,6 +102,5 @@ def turn_advantages(group: Sequence[Any], episode: Sequence[Any], turn: Sequence
                 for i in rows_of[e]:
                     anchors[(g, observation[i])].append(i)
         for rows in anchors.values():
-            advantages[rows] += params.step_weight * normalised(returns[rows], params.norm_std,
-                                                                STD_EPS)
+            advantages[rows] += params.step_weight * normalised(returns[rows], params.norm_std)
     return advantages, returns

@@ -26,7 +26,7 @@ def apply_lora(model: nn.Module, r: int = 8, alpha: float = 16.0,
     ``top_layers=N`` puts adapters on the last N transformer layers only. Nothing below them
     needs a gradient then, so backward stops at layer L-N: on CPU that is most of its cost.
     """
-    from peft import LoraConfig, TaskType
+    from peft import LoraConfig, TaskType, get_peft_model
 
     is_critic = isinstance(getattr(model, "backbone", None), nn.Module)  # a ValueModel
     base = model.backbone if is_critic else model
@@ -37,23 +37,18 @@ def apply_lora(model: nn.Module, r: int = 8, alpha: float = 16.0,
                         task_type=None if is_critic else TaskType.CAUSAL_LM,
                         layers_to_transform=layers,
                         layers_pattern="layers" if layers is not None else None)
-    if not is_critic:
-        return _peft_model(model, config)
-    model.backbone = _peft_model(model.backbone, config)
-    for param in model.value_head.parameters():
-        param.requires_grad_(True)
-    return model
-
-
-def _peft_model(model: nn.Module, config: Any) -> nn.Module:
-    """`get_peft_model`, without the FutureWarning every train stage printed: peft 0.21 reads
-    `is_gradient_checkpointing`, an alias transformers 5 deprecates (nothing of ours to change)."""
-    from peft import get_peft_model
-
+    # without the FutureWarning every train stage printed: peft 0.21 reads
+    # `is_gradient_checkpointing`, an alias transformers 5 deprecates (nothing of ours to change)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
                                 category=FutureWarning)
-        return get_peft_model(model, config)
+        wrapped = get_peft_model(base, config)
+    if not is_critic:
+        return wrapped
+    model.backbone = wrapped
+    for param in model.value_head.parameters():
+        param.requires_grad_(True)
+    return model
 
 
 def _linear_names(model: nn.Module) -> list[str]:
@@ -71,20 +66,6 @@ def _top_layer_indices(model: nn.Module, top_layers: int | None) -> list[int] | 
     config = getattr(model.config, "text_config", None) or model.config
     total = int(config.num_hidden_layers)
     return None if top_layers >= total else list(range(total - top_layers, total))
-
-
-def merged_model(model: nn.Module) -> nn.Module:
-    """A plain transformers model with LoRA folded in; the model itself when it has no LoRA.
-
-    Merges into a deep copy (peft's own ``merge_and_unload``, so every LoRA variant is handled
-    exactly) instead of merge/unmerge in place, which would leave round-off in the trained base
-    weights after every save (bad in bf16). Costs one extra copy of the weights while saving.
-    """
-    from peft import PeftModel
-
-    if not isinstance(model, PeftModel):
-        return model
-    return copy.deepcopy(model).merge_and_unload()
 
 
 def merged_state_dict(model: nn.Module) -> dict[str, Any]:
@@ -113,10 +94,18 @@ def merged_state_dict(model: nn.Module) -> dict[str, Any]:
 
 
 def merge_and_save(model: nn.Module, out_dir: str | Path, tokenizer: Any | None = None) -> Path:
-    """Save the actor as a plain HF dir that ``AutoModelForCausalLM`` (or an engine) loads."""
+    """Save a model as a plain HF dir (LoRA folded in) that transformers or an engine loads.
+
+    Merges into a deep copy (peft's own ``merge_and_unload``, so every LoRA variant is handled
+    exactly) instead of merge/unmerge in place, which would leave round-off in the trained base
+    weights after every save (bad in bf16). Costs one extra copy of the weights while saving.
+    """
+    from peft import PeftModel
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    merged_model(model).save_pretrained(out)
+    merged = copy.deepcopy(model).merge_and_unload() if isinstance(model, PeftModel) else model
+    merged.save_pretrained(out)
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
     return out

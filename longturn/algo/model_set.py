@@ -145,10 +145,6 @@ class ModelSet:
         if self.trunk_rows is not None:
             self.trunk_rows.clear()
 
-    def reference(self) -> AbstractContextManager:
-        """Context in which the reference branch runs."""
-        return self.actor.disable_adapter() if self.ref is None else nullcontext()
-
     def images(self, batch: PackedBatch, images: Sequence[RowImages] | None
                ) -> AbstractContextManager:
         """The context in which forwards over `batch` see its rows' frames."""
@@ -174,7 +170,8 @@ class ModelSet:
         engines report), 0 at padding, without grad: scoring. The LM head runs a few rows at a
         time, so the float32 logits of the whole batch (V is 152k for Qwen) never exist at once."""
         model = self.actor if self.ref is None or not reference else self.ref
-        with torch.no_grad(), (self.reference() if reference else nullcontext()):
+        adapters_off = reference and self.ref is None  # the reference: the actor without LoRA
+        with torch.no_grad(), (self.actor.disable_adapter() if adapters_off else nullcontext()):
             if not self.split:
                 return _logprobs(response_logits(model, batch), None, batch, temperature)
             decoder = self.ref_decoder if reference else self.actor_decoder

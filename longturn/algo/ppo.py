@@ -21,13 +21,10 @@ _LOG_RATIO_CLAMP = 20.0  # |log ratio| cap where an exp() is taken: exp(20) is s
 Stats = dict[str, torch.Tensor]
 
 
-def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of x over mask != 0 (0 where nothing is selected); masked entries may be nan/inf."""
     m = mask.bool()
-    total = torch.where(m, x, torch.zeros_like(x))
-    if dim is None:
-        return total.sum() / m.sum().clamp(min=1)
-    return total.sum(dim) / m.sum(dim).clamp(min=1)
+    return torch.where(m, x, torch.zeros_like(x)).sum() / m.sum().clamp(min=1)
 
 
 def kl_penalty(
@@ -162,11 +159,9 @@ def entropy_from_logits(
 def _action_start(ids: list[int], tokenizer: Any) -> int:
     """Index of the token holding the first character of the last ``ACTION:`` tag (len if none).
 
-    The prefix ids[:k] covers the tag's first character iff decode(ids[:k]) starts with the text up
-    to and including it; that predicate is monotone in k, so a binary search needs O(log L)
-    decodes per response. Comparing text (not lengths) stays right when a prefix ends inside a
-    multi-byte character (that decodes to a replacement character, not the real one), and it
-    works for sampled, non-canonical token sequences (no re-tokenisation, no offsets needed).
+    ids[:k] covers that character iff its decoding starts with the text up to it: monotone in k,
+    so a binary search. Comparing text, not lengths, stays right when a prefix ends inside a
+    multi-byte character, and needs no re-tokenisation of sampled, non-canonical ids.
     """
     def decode(part: list[int]) -> str:
         return tokenizer.decode(part, skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -189,13 +184,12 @@ def _action_start(ids: list[int], tokenizer: Any) -> int:
 def think_action_masks(
     response_ids: list[list[int]], tokenizer: Any, width: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Bool masks [B, R] (right-padded like the responses) of THINK and ACTION tokens.
+    """Bool masks [B, R] (right-padded like the responses) of THINK and ACTION tokens, to log
+    the KL of the two parts separately.
 
-    ACTION tokens: the token that holds the first character of the last ``ACTION:`` tag (any case)
-    and every token after it. So a byte-level BPE token such as " ACTION" (leading space merged in,
-    the usual tokenisation of "… ACTION:") counts as ACTION, while a separate "\\n" or " " token
-    before the tag stays THINK. A response without a tag is all THINK. Used to log KL of the two
-    parts separately.
+    ACTION: the token holding the first character of the last ``ACTION:`` tag (any case) and all
+    after it, so a BPE token " ACTION" (space merged in) is ACTION while a separate "\\n" or " "
+    token before the tag stays THINK. A response without a tag is all THINK.
     """
     width = max((len(r) for r in response_ids), default=0) if width is None else width
     think = torch.zeros(len(response_ids), width, dtype=torch.bool)

@@ -1,15 +1,14 @@
 """One optimizer step of the actor / critic engine on a mini-batch, plus the update's statistics.
 
 Gradient accumulation: each micro loss is divided by the MINI-batch's token count (``normalizer``)
-and handed to DeepSpeed with ``scale_wrt_gas=False`` (DeepSpeed would otherwise divide it by
+and handed to DeepSpeed with ``scale_wrt_gas=False`` (else DeepSpeed divides it by
 gradient_accumulation_steps again), so the summed gradient is exactly that of the mini-batch token
-mean, whatever the number or sizes of its micro-batches. The accumulation boundary is set by hand
-on the last micro-batch, so a smaller last mini-batch still ends in exactly one optimizer step.
+mean, whatever the number or sizes of its micro-batches. The boundary is set by hand on the last
+micro-batch, so a smaller last mini-batch still ends in exactly one optimizer step.
 
-With several ranks the normalizer is the token count of the mini-batch over ALL ranks divided by
-the world size: DeepSpeed averages gradients over ranks, so the result is the token mean of the
-global mini-batch (a rank with longer responses weighs more, as its tokens do), not a mean of
-per-rank means.
+With several ranks the normalizer is the mini-batch's token count over ALL ranks divided by the
+world size: DeepSpeed averages gradients over ranks, so this is the token mean of the global
+mini-batch, not a mean of per-rank means.
 """
 
 from __future__ import annotations
@@ -31,11 +30,8 @@ from longturn.engines.logprobs import pack_prompt_response, token_logprobs
 from longturn.profiling import MICRO_BATCH, mark
 from longturn.vision.feed import has_images
 
-Schedule = Iterator[tuple[np.ndarray, list[np.ndarray]]]
-
-
 def schedule(n: int, mini_batch_size: int, micro_batch_size: int, rng: np.random.Generator,
-             lengths: Sequence[int] | None = None) -> Schedule:
+             lengths: Sequence[int] | None = None) -> Iterator[tuple[np.ndarray, list[np.ndarray]]]:
     """Shuffled mini-batches (near-equal, each <= mini_batch_size) and their micro-batches.
 
     With `lengths` (tokens per row) a mini-batch is cut into micro-batches in length order:

@@ -1,16 +1,13 @@
 """The replies of samples (schema v2, docs/design.md §4) flattened into turns, the unit every
-advantage estimator is defined on.
-
-Why: a window-N turn is a sample with one reply and a whole episode is one sample holding all its
-replies, but GAE (dual discount over turns linked by the TurnGrid) and GRPO / GiGPO (a reward per
-turn) speak of turns. Flattened, both contexts run the same estimator code:
+advantage estimator is defined on, so window-N samples (one reply each) and packed samples (a
+whole episode each) run the same estimator code:
 - a sample with a slot (`env_index`) is linked to the samples before and after it by the
-  grid, as turn rows always were (same slot and iteration, next step, same episode);
-- a packed sample (no slot: a whole episode in one row) gets a slot of its own, so its replies
-  form their own chain, reply k at step k; the context between them (tool results, user turns)
-  is skipped, the step discount applies across it.
+  TurnGrid (same slot and iteration, next step, same episode);
+- a packed sample (no slot) gets a slot of its own: its replies form their own chain, reply k at
+  step k, and the step discount applies across the context between them (tool results, user
+  turns).
 
-`sample_advantages` runs the estimators over that table from a file's own columns, so scoring
+`sample_advantages` runs the estimators from a file's own columns, so scoring
 (algo/sample_scoring.py) and the audit compute advantages and returns by the same rule.
 """
 
@@ -83,16 +80,13 @@ def grid_next_values(turns: Mapping[str, Sequence[Any]], spans: Sequence[ReplySp
     the next reply of a packed row); else the bootstrap of the reply's row (`boot`, by row:
     a segment end, a time limit, a packed episode cut short); the successor's first value when
     a segment end has no bootstrap."""
-    grid = TurnGrid.build(turns["env_index"], turns["step"], turns["episode_id"],
-                          turns["iteration"])
-    succ = grid.next_row
+    succ = TurnGrid.build(turns["env_index"], turns["step"], turns["episode_id"],
+                          turns["iteration"]).next_row
     out = np.zeros(len(spans), dtype=np.float32)
     for j, span in enumerate(spans):
         if turns["aborted"][j] or turns["terminated"][j]:
             continue
-        if succ[j] >= 0 and not turns["segment_end"][j]:
-            out[j] = first_values[succ[j]]
-        elif span.last and span.sample in boot:
+        if span.last and span.sample in boot and (succ[j] < 0 or turns["segment_end"][j]):
             out[j] = boot[span.sample]
         elif succ[j] >= 0:
             out[j] = first_values[succ[j]]

@@ -1,15 +1,10 @@
-"""Fill the training columns of samples (schema v2, docs/design.md §4, §5), without grad: one
-scoring for a window-N turn (a sample with one reply) and a whole episode (a packed sample).
+"""Fill the training columns of samples (schema v2, docs/design.md §4, §5) without grad, the same
+way for a window-N turn (a sample with one reply) and a whole episode (a packed sample): logprobs
+and values (algo/scoring.py); token rewards, −β·KL on sampled tokens plus each reply's reward on
+its last token; then advantages and returns per reply (algo/reply_chains.py). Every per-token
+column is 0 where loss_mask is 0 (context inside a packed response).
 
-old/ref logprobs are of the sampling policy softmax(logits / T) (like verl) and values come from
-the critic, over (prompt_ids, response_ids) with the sample's frames; every per-token column is
-0 where loss_mask is 0 (context inside a packed response). Token rewards are −β·KL on sampled
-tokens plus each reply's reward on its last token. Advantages and returns are per reply
-(algo/reply_chains.py): the dual-discount GAE over replies flattened into turns, or a critic-free
-group estimator with each reply a turn.
-
-`sample_advantages` computes advantages and returns from a file's own columns, so scoring and
-the audit (`audit_samples_file`) run the same rule and a stored iteration can be re-checked.
+`audit_samples_file` recomputes advantages and returns from a file's own columns by the same rule.
 """
 
 from __future__ import annotations
@@ -52,7 +47,12 @@ def score_samples(samples: list[Sample], models: ModelSet, settings: ScoringSett
     critic = gae_params is not None
     rows = [i for i, s in enumerate(samples) if s["replies"]]
     live = [samples[i] for i in rows]
-    _refuse_empty_replies(samples, rows)
+    empty = [i for i in rows if any(int(r["end"]) <= int(r["start"])
+                                    for r in samples[i]["replies"])]
+    if empty:
+        raise ValueError(f"samples {empty} have a reply of zero response tokens: its reward "
+                         "would be lost (docs/design.md §5); the engine must return at least one "
+                         "token per turn")
     reuse = reuse_logprobs and all(s.get("old_logprobs") is not None
                                    and s.get("ref_logprobs") is not None for s in live)
     frames = [sample_frames(s) for s in live]
@@ -84,22 +84,12 @@ def score_samples(samples: list[Sample], models: ModelSet, settings: ScoringSett
                       values=(scored.values[j] * mask).tolist() if critic else None)
         if scored.raw and sample.get("engine_logprobs") is not None:  # both untempered
             _logprob_gaps(sample, scored.raw[j])
-    _fill_next_values(samples, {rows[j]: v for j, v in boot.items()}, critic)
-    columns = {k: [s.get(k) for s in samples] for k in ADVANTAGE_INPUTS}
+    columns = {k: [s.get(k) for s in samples] for k in ADVANTAGE_INPUTS}  # the samples' lists
+    _fill_next_values(columns, {rows[j]: v for j, v in boot.items()}, critic)
     for sample, a, r in zip(samples, *sample_advantages(columns, gae_params, group_params)):
         sample["advantages"] = a.astype(np.float32).tolist()
         sample["returns"] = r.astype(np.float32).tolist()
     return samples
-
-
-def _refuse_empty_replies(samples: Sequence[Sample], rows: Sequence[int]) -> None:
-    """A reply without tokens would lose its reward (docs/design.md §5): refused."""
-    empty = [i for i in rows if any(int(r["end"]) <= int(r["start"])
-                                    for r in samples[i]["replies"])]
-    if empty:
-        raise ValueError(f"samples {empty} have a reply of zero response tokens: its reward "
-                         "would be lost (docs/design.md §5); the engine must return at least one "
-                         "token per turn")
 
 
 def sample_frames(sample: Sample, prefix: str = "") -> list[tuple[int, np.ndarray]]:
@@ -149,22 +139,21 @@ def _logprob_gaps(sample: Sample, raw: np.ndarray) -> None:
         reply["logprob_gap"] = float(np.abs(engine[start:end] - raw[start:end]).mean())
 
 
-def _fill_next_values(samples: list[Sample], boot: dict[int, float], critic: bool) -> None:
-    """Each reply's next_value (reply_chains.stored_next_value); null without a critic."""
-    spans = reply_spans([s["replies"] for s in samples])
+def _fill_next_values(columns: Mapping[str, Sequence[Any]], boot: dict[int, float],
+                      critic: bool) -> None:
+    """Each reply's next_value (reply_chains.stored_next_value), set in the reply dicts of
+    `columns`; null without a critic."""
+    spans = reply_spans(columns["replies"])
     if not critic or not spans:
-        for sample in samples:
-            for reply in sample["replies"]:
+        for replies in columns["replies"]:
+            for reply in replies:
                 reply["next_value"] = None
         return
-    columns = {k: [s.get(k) for s in samples]
-               for k in ("replies", "env_index", "episode_id", "iteration")}
-    first = [samples[span.sample]["values"][span.start] for span in spans]
+    first = [columns["values"][span.sample][span.start] for span in spans]
     values = grid_next_values(turn_columns(columns, spans), spans, first, boot)
     for span, value in zip(spans, values):
-        sample = samples[span.sample]
-        sample["replies"][span.reply]["next_value"] = stored_next_value(
-            sample.get("env_index"), span, value, boot)
+        columns["replies"][span.sample][span.reply]["next_value"] = stored_next_value(
+            columns["env_index"][span.sample], span, value, boot)
 
 
 def audit_samples_file(parquet_path: str | Path) -> float:

@@ -5,9 +5,8 @@ engine, no value loss; the actor alone is scored, updated and checkpointed.
 
 `score(rows)` fills the training columns after a rollout; `update(paths)` reads those columns
 back from Parquet (the file is the only hand-off, so any iteration can be replayed) and runs
-`ppo_epochs` passes of shuffled mini-batches. Every mini-batch is one optimizer step per engine,
-split into micro-batches for gradient accumulation; each micro loss is normalised by the whole
-mini-batch's token count, so the accumulated gradient is that of a true token mean.
+`ppo_epochs` passes of shuffled mini-batches, each one optimizer step per engine
+(algo/ppo_steps.py).
 """
 
 from __future__ import annotations
@@ -170,8 +169,10 @@ class PPOTrainer:
             if critic is not None:
                 critic = apply_lora(critic, settings.lora_r, settings.lora_alpha,
                                     top_layers=settings.lora_layers)
-        else:  # a frozen copy, made on the CPU and in bf16 under bf16: no fp32 copy on the GPU
-            ref = frozen_reference(actor, torch.bfloat16 if settings.bf16 else torch.float32)
+        else:  # a frozen copy, made on the CPU (before DeepSpeed moves the actor) and in bf16
+            # under bf16: the reference never exists in fp32 on the GPU
+            ref = copy.deepcopy(actor).to(torch.bfloat16 if settings.bf16 else torch.float32)
+            ref.eval().requires_grad_(False)
         self.actor_engine = _engine(actor, settings.actor_lr, settings)
         self.critic_engine = None if critic is None else _engine(critic, settings.critic_lr,
                                                                  settings)
@@ -202,24 +203,19 @@ class PPOTrainer:
             raise ValueError(f"advantage {self.settings.estimator.name!r} trains no critic")
         return self.critic_engine.module
 
-    def group_params(self) -> GroupParams:
-        """The critic-free estimator's parameters (its discount is gae.gamma_step)."""
-        s = self.settings
-        return GroupParams(estimator=s.estimator.name, gamma_step=self.gae_params.gamma_step,
-                           norm_std=s.group_norm_std, step_weight=s.step_weight)
-
     def score(self, samples: list[dict[str, Any]],
               reuse_logprobs: bool = False) -> list[dict[str, Any]]:
-        """Fill the training columns of this rank's samples (algo/sample_scoring.py): logprobs,
-        values, token rewards, advantages, returns and each reply's next_value, whatever context
-        the samples were played with (``reuse_logprobs``: keep the old/ref logprobs they carry).
-        Critic-free: values and next_value stay empty, advantages come from the groups."""
+        """Fill the training columns of this rank's samples in place (algo/sample_scoring.py);
+        ``reuse_logprobs``: keep the old/ref logprobs they carry."""
         for engine in self.engines:
             engine.eval()
-        gae, group = ((self.gae_params, None) if self.settings.has_critic
-                      else (None, self.group_params()))
-        return score_samples(samples, self.models, self.settings, gae, group, self.pad_id,
-                             reuse_logprobs, self.progress)
+        s, gae, group = self.settings, self.gae_params, None
+        if not s.has_critic:  # a critic-free estimator, whose discount is gae.gamma_step
+            gae, group = None, GroupParams(estimator=s.estimator.name,
+                                           gamma_step=self.gae_params.gamma_step,
+                                           norm_std=s.group_norm_std, step_weight=s.step_weight)
+        return score_samples(samples, self.models, s, gae, group, self.pad_id, reuse_logprobs,
+                             self.progress)
 
     def update(self, parquet_paths: list[str], train_actor: bool = True) -> dict[str, float]:
         """One PPO update from this rank's sample files (docs/design.md §4); scalars averaged
@@ -363,13 +359,6 @@ class PPOTrainer:
                     self.critic_module.save_pretrained(tmp, self.tokenizer)
         barrier()
         return Path(out_dir)
-
-
-def frozen_reference(actor: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
-    """A frozen copy of the actor in `dtype`, made where the actor is (the CPU, before DeepSpeed
-    moves it), so the reference never exists in fp32 on the GPU under bf16."""
-    ref = copy.deepcopy(actor).to(dtype)
-    return ref.eval().requires_grad_(False)
 
 
 def _learning_rate(engine: Any) -> float:

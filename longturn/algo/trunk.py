@@ -7,11 +7,9 @@ grad (nothing in them trains), and `run_branch` continues from its output throug
 layers and final norm. With `depth` 0 there is no trunk and each branch runs its whole model
 (full fine-tuning, where the critic's bottom differs from the actor's). The shared prompt prefix,
 when the batch has one, is run at batch size 1 in every part: trunk layers once, each branch's
-top layers once more, and the rows read it through a read-only cache.
-
-Scoring and the PPO update both go through these two functions, so old logprobs and the update's
-first logprobs are computed the same way; the update reads the trunk's output of the rows
-scoring ran where it was kept (`trunk_rows.py`).
+top layers once more, and the rows read it through a read-only cache. Scoring and the update
+both go through these two functions (ModelSet); the update reads the trunk output of rows scoring
+kept (`trunk_rows.py`).
 """
 
 from __future__ import annotations

@@ -1,21 +1,24 @@
 """`show` on a chat-protocol episode: its stored conversation message by message, each reply with
 the reward credited after it and what training made of its first token.
 
-An episode's replies may sit in one sample (a packed whole episode) or in one sample each (a
-history window, an agent's calls, with fixed turns spread over iterations): every one of them is
-shown, wherever it sits, with the conversation of the episode's last sample that stores one. A
-reply that conversation does not hold (audit/messages.py) is shown on its own before it, so `show`
-lists the replies `episodes` and `summary` count."""
+An episode's replies sit in one sample (a packed whole episode) or in one sample each (a history
+window, an agent's calls, with fixed turns spread over iterations): every one is shown, wherever it
+sits, with the conversation (`messages`) of the episode's last sample that stores one. Replies are
+matched to its assistant messages from the end: the conversation ends with the episode's last
+reply, and the prompt's few-shot examples are assistant messages too. An agent's conversation is
+the one its last call sent, which may leave out what earlier calls replied (an agent may drop or
+summarise history), and an episode still running has stored none yet: such a reply is shown on
+its own, so `show` lists the replies `episodes` and `summary` count."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from longturn.audit.frames import write_frames
-from longturn.audit.messages import conversation_messages
 from longturn.audit.output import Output
 from longturn.audit.reply_blocks import (int_or_none, number, render_message, render_unmatched,
                                          reply_records, value_or_none)
@@ -24,6 +27,34 @@ from longturn.errors import UserError
 
 class ReplyNotFound(UserError):
     """The episode has no reply of the asked index."""
+
+
+def _call_text(call: dict[str, Any]) -> str:
+    """An OpenAI-style tool call as `→ name(arguments)`."""
+    function = call.get("function") or {}
+    return f"→ {function.get('name')}({function.get('arguments') or ''})"
+
+
+def message_text(message: dict[str, Any]) -> str:
+    """What a message says: its content (JSON where it is not a string), then the tool calls
+    an OpenAI client keeps beside it (an agent's reply that calls a tool)."""
+    content = message.get("content")
+    text = content if isinstance(content, str) else "" if content is None else json.dumps(content)
+    calls = [_call_text(c) for c in message.get("tool_calls") or []]
+    return "\n".join([t for t in (text, *calls) if t])
+
+
+def conversation_messages(text: str | None, turns: list[int]) -> list[dict[str, Any]]:
+    """The stored conversation, each message with its `reply`: the turn of the episode's reply
+    it holds (the last assistant messages, matched from the end), or None."""
+    messages = [{"index": i, "role": m.get("role"), "name": m.get("name"),
+                 "content": message_text(m), "reply": None}
+                for i, m in enumerate(json.loads(text or "[]"))]
+    assistant = [m for m in messages if m["role"] == "assistant"]
+    n = min(len(assistant), len(turns))
+    for message, turn in zip(assistant[len(assistant) - n:], turns[len(turns) - n:]):
+        message["reply"] = turn
+    return messages
 
 
 def _frames(episode: pd.DataFrame, own_samples: bool,
@@ -63,16 +94,11 @@ def _header(episode: pd.DataFrame, every: list[dict[str, Any]], kept: pd.Series 
     }
 
 
-def _calls(h: dict[str, Any]) -> str:
-    """The episode's tool calls and failed ones; `-` where its record did not count them (one
-    still running, or a slime Sample's)."""
-    if h["tool_calls"] is None:
-        return "-"
-    return f"{h['tool_calls']} ({h['tool_errors'] or 0} error(s))"
-
-
 def _head_lines(h: dict[str, Any], replies: int, stored: bool) -> list[str]:
     iterations = h["iterations"]
+    # `-` where the episode's record did not count tool calls (one still running, a slime Sample's)
+    calls = ("-" if h["tool_calls"] is None
+             else f"{h['tool_calls']} ({h['tool_errors'] or 0} error(s))")
     span = (f"iterations {iterations[0]}..{iterations[-1]}" if len(iterations) > 1
             else f"iteration {h['iteration']}")
     lines = [
@@ -82,7 +108,7 @@ def _head_lines(h: dict[str, Any], replies: int, stored: bool) -> list[str]:
         + f" · reward {number(h['reward'])} · success {'yes' if h['success'] else 'no'} · "
         f"{replies} replies"
         + (f" in {h['samples']} samples (one per reply)" if h["samples"] > 1 else ""),
-        f"tool calls {_calls(h)} · "
+        f"tool calls {calls} · "
         f"tokenization check {h['tokenization_check'] or '-'} · {h['prompt_tokens']} prompt "
         f"tokens · {h['sampled_tokens']} sampled"
         + ("" if h["bootstrap_value"] is None else

@@ -1,18 +1,16 @@
 """`diff RUN_A RUN_B`: the first iteration (rank, sample) where the token ids of two runs differ.
 
-Two runs from the same params and seed must store the same prompt and response token ids sample
-for sample; the first place they part says which iteration (and which rank's rollout) to look at.
-Whole samples are compared, not replies: in a packed episode a differing tool result sits between
-replies, and is named by the reply before it.
-"""
+Two runs from the same params and seed must store the same token ids sample for sample; where
+they first part says which iteration (and rank's rollout) to look at. Whole samples are compared,
+not replies: a differing tool result between a packed episode's replies is named by the reply
+before it."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from longturn.audit.output import Output
-from longturn.audit.run_files import (Run, SampleFile, read_file, require_columns,
-                                     require_version)
+from longturn.audit.run_files import Run, SampleFile, read_file, require_columns
 
 TOKENS = ("prompt_ids", "response_ids")
 CONTEXT = ("episode_id", "replies")
@@ -23,10 +21,6 @@ def _key(sample_file: SampleFile) -> tuple[int, int]:
     name = sample_file.path.parent.name
     iteration = int(name.split("=", 1)[1]) if name.startswith("iteration=") else 0
     return iteration, sample_file.rank
-
-
-def _first_token_difference(a: list[int], b: list[int]) -> int:
-    return next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def _turn_at(replies: list[dict[str, Any]] | None, column: str, token: int) -> int | None:
@@ -42,7 +36,6 @@ def _compare_files(a: SampleFile, b: SampleFile) -> dict[str, Any] | None:
     """The first differing row of two files, or None when their token ids match."""
     tables = []
     for sample_file in (a, b):
-        require_version(sample_file.path)
         require_columns(sample_file.path, (*TOKENS, *CONTEXT))
         tables.append(read_file(sample_file.path, [*TOKENS, *CONTEXT]))
     ta, tb = tables
@@ -52,10 +45,12 @@ def _compare_files(a: SampleFile, b: SampleFile) -> dict[str, Any] | None:
     for row, (ra, rb) in enumerate(zip(rows_a, rows_b)):
         for column in TOKENS:
             if ra[column] != rb[column]:
-                token = _first_token_difference(ra[column] or [], rb[column] or [])
+                ids_a, ids_b = ra[column] or [], rb[column] or []
+                token = next((k for k, (x, y) in enumerate(zip(ids_a, ids_b)) if x != y),
+                             min(len(ids_a), len(ids_b)))
                 return {"row": row, "column": column, "episode_id": ra["episode_id"],
                         "turn": _turn_at(ra["replies"], column, token), "token": token,
-                        "length_a": len(ra[column] or []), "length_b": len(rb[column] or [])}
+                        "length_a": len(ids_a), "length_b": len(ids_b)}
     return {"row": min(len(rows_a), len(rows_b)), "column": "rows",
             "rows_a": len(rows_a), "rows_b": len(rows_b)}
 

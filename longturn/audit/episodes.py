@@ -1,7 +1,6 @@
-"""`episodes RUN_DIR`: one row per episode, filtered by task, outcome, length or iteration. An
-episode's replies are its turns, whether each sat in its own sample (a history window) or all in
-one packed sample. An evaluation's episode whose reset failed has no reply: it is listed from
-the evaluation's episodes.parquet, of length 0, ended by its reason."""
+"""`episodes RUN_DIR`: one row per episode, filtered by task, outcome, length or iteration; its
+turns are its replies, wherever they sit. An evaluation's episode whose reset failed has no reply:
+it is listed from the evaluation's episodes.parquet, of length 0, ended by its reason."""
 
 from __future__ import annotations
 

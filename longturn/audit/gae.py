@@ -1,14 +1,13 @@
 """`gae RUN_DIR`: recompute every file's advantages and returns from its own columns and the
-estimator and discounts in its metadata, with the rule scoring used
-(longturn.algo.sample_scoring.audit_samples_file, docs/design.md §5, §5b): window and packed
-samples alike. Report the worst."""
+estimator and discounts in its metadata, with the rule scoring used (docs/design.md §5, §5b:
+algo/sample_scoring.audit_samples_file), window and packed samples alike; report the worst."""
 
 from __future__ import annotations
 
 import pandas as pd
 
 from longturn.audit.output import Output, table
-from longturn.audit.run_files import Run, SampleFile, require_columns, require_version
+from longturn.audit.run_files import Run, SampleFile, require_columns
 from longturn.errors import TrajectoryFileError
 from longturn.trajectories import read_metadata
 
@@ -30,7 +29,6 @@ def audit_run(run: Run, tolerance: float) -> Output:
 
     rows = []
     for sample_file in run.files:
-        require_version(sample_file.path)
         require_columns(sample_file.path, GAE_COLUMNS)
         metadata = read_metadata(sample_file.path)
         for key in GAE_METADATA_KEYS:

@@ -38,9 +38,7 @@ def plain(value: Any) -> Any:
         return [plain(v) for v in value.tolist()]
     if isinstance(value, np.generic):
         return plain(value.item())
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if value is pd.NA or value is pd.NaT:
+    if (isinstance(value, float) and not math.isfinite(value)) or value is pd.NA or value is pd.NaT:
         return None
     return value
 

@@ -1,12 +1,10 @@
 """The audit's SQL sees the run's tables and nothing else: one SELECT, no writes, no other files.
 
-Why: `longturn audit sql` runs text a user pastes (or a script builds). A plain in-memory DuckDB
-reads and writes any file (`COPY … TO`, `read_csv('/any/file')`, `EXPORT`), opens other databases
-(`ATTACH`), runs several statements per call and downloads extensions. An audit only reads, so
-DuckDB's own switches close the rest once the views exist: external access is off except for the
-run's Parquet files, extensions are neither installed nor auto-loaded, and the configuration is
-locked so no later `SET` can reopen it. The statement check runs on DuckDB's parse of the text
-(statement count and type), not on string matching.
+Why: `longturn audit sql` runs text a user pastes (or a script builds), and a plain in-memory
+DuckDB reads and writes any file (`COPY … TO`, `read_csv('/any/file')`, `EXPORT`), opens other
+databases (`ATTACH`), runs several statements per call and downloads extensions. An audit only
+reads, so DuckDB's own switches close all that once the views exist (lock_down), and the
+statement check runs on DuckDB's parse of the text (statement count and type), not on strings.
 """
 
 from __future__ import annotations
@@ -75,10 +73,3 @@ def require_one_select(con: duckdb.DuckDBPyConnection, sql: str, views: str) -> 
     if kind != StatementType.SELECT:
         what = _WHAT.get(kind, f"a {kind.name} statement")
         raise SqlNotAllowed(f"sql: {what} is not allowed; {allowed}")
-
-
-def file_access_refused(err: duckdb.PermissionException, views: str) -> SqlNotAllowed:
-    """A SELECT that reached for a file other than the run's (read_csv, glob, another Parquet)."""
-    first = str(err).strip().splitlines()[0]
-    return SqlNotAllowed(f"sql: reading files other than the run's Parquet is not allowed; read the "
-                         f"views {views} ({first})")

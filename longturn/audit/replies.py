@@ -1,13 +1,8 @@
 """The audit's one reading path: a run's samples (schema v2, docs/design.md §4) as one row per
-reply.
-
-Every subcommand asks about replies (what was acted, rewarded, valued), whether a sample holds one
-(a window-N turn) or all of an episode's (a packed whole episode). So each row here carries its
-sample's row columns, its reply's fields, and the reply's own slice [start:end] of every
-per-token list: `values[0]` is V before the reply's first token, `response_ids` the tokens it
-sampled, in both kinds of sample alike. Context tokens inside a packed response (tool results,
-the template's closings) belong to no reply; `diff` reads whole samples for them.
-"""
+reply, each per-token list cut to the reply's [start:end] (docs/audit.md), so a window sample (one
+reply) and a packed whole episode (all of them) read alike. Context tokens inside a packed
+response (tool results, the template's closings) belong to no reply; `diff` reads whole samples
+for them."""
 
 from __future__ import annotations
 
@@ -18,7 +13,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from longturn.audit.run_files import Run, read_file, require_columns, require_version
+from longturn.audit.run_files import Run, read_file, require_columns
 from longturn.trajectories import REPLY_TYPE
 
 REPLY_FIELDS = tuple(field.name for field in REPLY_TYPE)
@@ -27,11 +22,6 @@ TOKEN_LISTS = ("response_ids", "loss_mask", "engine_logprobs", "old_logprobs", "
                "values", "token_rewards", "advantages", "returns")
 # added to every reply row: the file's rank, the sample's number in this read, the reply's in it
 KEYS = ("rank", "sample", "reply")
-
-
-def _qualified(column: str) -> str:
-    """How require_columns names a column: reply fields inside the replies struct."""
-    return f"replies.{column}" if column in REPLY_FIELDS else column
 
 
 def slice_lists(lists: pa.ListArray, parents: np.ndarray, starts: np.ndarray,
@@ -80,13 +70,14 @@ def read_replies(run: Run, columns: Iterable[str], filters: list | None = None) 
     """The replies of every file as one frame: the asked columns (row columns, reply fields and
     per-token lists, cut to the reply) plus KEYS. `filters` (pyarrow's) apply to row columns."""
     columns = list(dict.fromkeys(columns))
+    rows = [c for c in columns if c not in REPLY_FIELDS]
+    fields = [c for c in columns if c in REPLY_FIELDS]
+    required = ["replies", *(f"replies.{c}" if c in REPLY_FIELDS else c for c in columns)]
     frames, samples = [], 0
     for sample_file in run.files:
-        require_version(sample_file.path)
-        require_columns(sample_file.path, ["replies", *(_qualified(c) for c in columns)])
-        rows = [c for c in columns if c not in REPLY_FIELDS]
+        require_columns(sample_file.path, required)
         table = read_file(sample_file.path, [*rows, "replies"], filters)
-        frame = explode(table, [c for c in columns if c in REPLY_FIELDS]).to_pandas()
+        frame = explode(table, fields).to_pandas()
         frame["sample"] += samples
         frame["rank"] = sample_file.rank
         samples += table.num_rows

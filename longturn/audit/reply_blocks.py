@@ -59,7 +59,7 @@ def _reply_line(r: dict[str, Any]) -> str:
 
 def render_message(message: dict[str, Any], replies: dict[int, dict[str, Any]],
                    own_samples: bool) -> str:
-    """A message of the stored conversation (audit/messages.py), with its reply's numbers."""
+    """A message of the stored conversation (conversation_messages), with its reply's numbers."""
     role = f"{message['role']}" + (f" ({message['name']})" if message["name"] else "")
     if message["reply"] is None:
         return "\n".join([f"── {role} " + "─" * 20, message["content"] or ""])

@@ -1,13 +1,11 @@
 """Find a run dir's sample files (schema v2, docs/design.md §4), turning every unreadable input
 into one named line.
 
-A run dir is a train output (`trajectories/iteration=NNNN/part-RR.parquet`), its `trajectories/`
-folder, one `iteration=NNNN` folder, an evaluation output (`turns.parquet`, `episodes.parquet`;
-before the evaluation has finished, the episodes in its journal `partial/`), prompt validation's
-output (`samples.parquet`), or a single Parquet file. Every file's footer, schema version and
-columns are checked before anything is computed, so a truncated copy, a file of schema version 1
-or a foreign file is reported by name instead of as a pyarrow traceback or a wrong number.
-audit/replies.py reads the checked files.
+A run dir is a train output, its `trajectories/` folder, one `iteration=NNNN` folder, an
+evaluation output (or, before it has finished, its journal `partial/`), prompt validation's
+output, or a single Parquet file. Footers, schema versions and columns are checked before anything
+is computed, so a truncated, version 1 or foreign file is named instead of raising a pyarrow
+traceback or giving a wrong number.
 """
 
 from __future__ import annotations
@@ -54,12 +52,6 @@ def _rank(path: Path) -> int:
     return int(match.group(1)) if match else 0
 
 
-def _parts_under(folder: Path) -> list[Path]:
-    if _ITERATION.search(folder.name):
-        return sorted(folder.glob("part-*.parquet"))
-    return sorted(folder.glob("iteration=*/part-*.parquet"))
-
-
 def _journal_parts(root: Path) -> list[Path]:
     """The sample files of an evaluation that has not finished (its journal, `partial/`, or the
     journal dir itself): parts whose episode file is written, the ones a rerun keeps."""
@@ -87,8 +79,9 @@ def open_run(path: str | Path) -> Run:
     journaled = _journal_parts(root)
     if journaled:
         return Run(root, "eval", tuple(SampleFile(p, 0) for p in journaled))
-    trajectories = root / "trajectories"
-    parts = _parts_under(trajectories if trajectories.is_dir() else root)
+    folder = root / "trajectories" if (root / "trajectories").is_dir() else root
+    parts = sorted(folder.glob("part-*.parquet" if _ITERATION.search(folder.name)
+                               else "iteration=*/part-*.parquet"))
     if not parts:
         raise RunDirError(f"{root}: no sample Parquet files (expected "
                           "trajectories/iteration=NNNN/part-RR.parquet, turns.parquet or "
@@ -110,16 +103,23 @@ def schema_of(path: Path) -> pa.Schema:
                                   f"Parquet): {_first_sentence(err)}") from None
 
 
-def require_columns(path: Path, columns: Iterable[str]) -> pa.Schema:
-    """The schema of `path` after checking that it has every column of `columns`; a name
-    `replies.FIELD` is a field of the replies struct."""
-    schema = schema_of(path)
+def require_version(path: Path) -> pa.Schema:
+    """The schema of a readable file of schema version 2; one of version 1 is one line saying to
+    rerun the stage that wrote it."""
+    schema = schema_of(path)  # a truncated file is named as such, not as one without a version
+    require_samples(path)
+    return schema
+
+
+def require_columns(path: Path, columns: Iterable[str]) -> None:
+    """require_version, then every column of `columns`; a name `replies.FIELD` is a field of
+    the replies struct."""
+    schema = require_version(path)
     for column in columns:
         name, _, field = column.partition(".")
         if name not in schema.names or (field and field not in _struct_fields(schema, name)):
             raise TrajectoryFileError(f"{path}: column '{column}' is missing (not a longturn "
                                       "sample file, or written by another program)")
-    return schema
 
 
 def _struct_fields(schema: pa.Schema, name: str) -> set[str]:
@@ -128,13 +128,6 @@ def _struct_fields(schema: pa.Schema, name: str) -> set[str]:
     if pa.types.is_list(kind) and pa.types.is_struct(kind.value_type):
         return {f.name for f in kind.value_type}
     return set()
-
-
-def require_version(path: Path) -> None:
-    """A readable file of schema version 2; a file of version 1 (one row per turn or per episode,
-    before one sample schema) is one line saying to rerun the stage that wrote it."""
-    schema_of(path)  # a truncated file is named as such, not as a file without a version
-    require_samples(path)
 
 
 def read_file(path: Path, columns: list[str], filters: list | None = None) -> pa.Table:

@@ -56,7 +56,7 @@ def turn_record(row: dict[str, Any]) -> dict[str, Any]:
 
 def _render(turn: dict[str, Any], with_prompt: bool) -> str:
     where = " · ".join(f"{k} {turn[k]}" for k in ("iteration", "rank", "step")
-                       if turn[k] is not None and not pd.isna(turn[k]))
+                       if not pd.isna(turn[k]))
     valid = "valid" if turn["action_valid"] else f"invalid ({turn['action_failure'] or '?'})"
     lines = [f"── turn {turn['turn']} ({where}) " + "─" * 20]
     if with_prompt:

@@ -1,11 +1,8 @@
-"""`sql "SELECT …" RUN_DIR`: DuckDB over the run's sample files.
-
-Views: `samples` (every file's rows, one per sample, with a `rank` column from `part-RR.parquet`),
-`turns` (one row per reply: the sample's columns, the reply's fields, and each per-token list cut
-to the reply's [start:end], as audit/replies.py reads them) and, for an evaluation dir,
-`episodes`. Files are checked before DuckDB sees them, so a damaged one (or one of schema version 1)
-is named. The views stay views (no copy of a large run); once they exist the connection is locked
-down to reading those files only, one SELECT per call (audit/read_only_sql.py).
+"""`sql "SELECT …" RUN_DIR`: DuckDB over the views `samples` (one row per sample, with `rank` from
+`part-RR.parquet`), `turns` (one row per reply, as audit/replies.py reads them) and, for an
+evaluation dir, `episodes`. Files are checked before DuckDB sees them, so a damaged one (or one of
+schema version 1) is named. The views stay views (no copy of a large run); once they exist the
+connection is locked down to reading those files only, one SELECT per call (audit/read_only_sql.py).
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ import duckdb
 import pandas as pd
 
 from longturn.audit.output import Output, table
-from longturn.audit.read_only_sql import (file_access_refused, lock_down, quote_literal,
+from longturn.audit.read_only_sql import (SqlNotAllowed, lock_down, quote_literal,
                                         require_one_select)
 from longturn.audit.replies import TOKEN_LISTS
 from longturn.audit.run_files import Run, require_version, schema_of
@@ -78,10 +75,11 @@ def query(run: Run, sql: str) -> Output:
         try:
             require_one_select(con, sql, views)
             frame: pd.DataFrame = con.execute(sql).df()
-        except duckdb.PermissionException as err:
-            raise file_access_refused(err, views) from None
         except duckdb.Error as err:
             first = str(err).strip().splitlines()[0]
+            if isinstance(err, duckdb.PermissionException):  # read_csv, glob, another Parquet
+                raise SqlNotAllowed("sql: reading files other than the run's Parquet is not "
+                                    f"allowed; read the views {views} ({first})") from None
             raise QueryError(f"sql: {first} (views: {views})") from None
         finally:
             con.close()

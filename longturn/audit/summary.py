@@ -1,8 +1,7 @@
 """`summary RUN_DIR`: what a run holds and how its episodes ended, overall, per rank, per task and
-per iteration. One reading for every sample: counts are of replies ("turns"), samples and
-episodes; a packed whole episode ends on its last reply like a window episode on its last turn.
-Tool calls and the tokenization check are shown where the samples carry them. An evaluation's
-episodes whose reset failed have no reply: the evaluation's episodes.parquet counts them."""
+per iteration. Counts are of replies ("turns"), samples and episodes, so a packed whole episode
+ends on its last reply like a window episode on its last turn; an evaluation's episodes whose
+reset failed have no reply, and its episodes.parquet counts them."""
 
 from __future__ import annotations
 

@@ -27,8 +27,8 @@ class GenericDecoder:
                seeds: torch.Tensor) -> DecodeState:
         state = DecodeState(len(prompts), sampling.max_new_tokens, self.stop_ids, self.device)
         state.reset(seeds.to(self.device))
-        start = prefill(self.model, prompts, self.pad_id, self.device, self.prefix_sharing)
-        cache, logits, mask, position = start.cache, start.logits, start.mask, start.next_pos
+        cache, logits, mask, position = prefill(self.model, prompts, self.pad_id, self.device,
+                                                self.prefix_sharing)
         every = check_interval(self.device)
         for step in range(sampling.max_new_tokens):
             with mark(DECODE_STEP):  # sampling, the stop check and the next forward

@@ -60,7 +60,6 @@ class HFEngine:
         dtype: str = "bfloat16",
         device: str | torch.device = "cpu",
         batch_size: int | None = None,
-        stop_token_ids: list[int] | None = None,
         prefix_sharing: bool = True,
         cuda_graphs: bool = True,
         fast_path: bool = True,
@@ -75,20 +74,17 @@ class HFEngine:
         self.prefix_sharing, self.cuda_graphs = prefix_sharing, cuda_graphs
         self.fast_path = fast_path
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.model = self._load(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=self.dtype)
+        self.model = model.to(self.device).eval().requires_grad_(False)
         self.vision = load_vision(model_dir, self.device, self.dtype)
         if self.vision is not None:  # one plain prefill, where the image hook finds its ids
             self.prefix_sharing = self.fast_path = False
             feed.attach(self.model)
         eos = getattr(self.model.generation_config, "eos_token_id", None)
-        self.stop_ids = end_of_turn_ids(self.tokenizer, eos, stop_token_ids)
+        self.stop_ids = end_of_turn_ids(self.tokenizer, eos)
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else min(self.stop_ids, default=0)
         self._decoder = self._make_decoder()
-
-    def _load(self, model_dir: str) -> torch.nn.Module:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=self.dtype)
-        return model.to(self.device).eval().requires_grad_(False)
 
     def _make_decoder(self) -> StaticDecoder | GenericDecoder:
         stops = torch.tensor(sorted(self.stop_ids), dtype=torch.long)

@@ -10,23 +10,11 @@ left-padded prefill and the logits match it up to kernel noise.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from transformers.cache_utils import Cache
 
 from longturn.engines.logprobs import positions_from_mask, repeated_prefix_cache
 from longturn.engines.shared_prefix import shared_prefix_length
-
-
-@dataclass
-class Prefill:
-    """State the decode loop starts from."""
-
-    cache: Cache  # holds every column of `mask`
-    logits: torch.Tensor  # [B, V] raw logits after each prompt's last token
-    mask: torch.Tensor  # [B, K] long attention mask over the cached columns
-    next_pos: torch.Tensor  # [B] position id of each row's first new token
 
 
 def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device):
@@ -41,9 +29,13 @@ def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device):
 def prefill(
     model: torch.nn.Module, prompts: list[list[int]], pad_id: int, device: torch.device,
     share_prefix: bool = True,
-) -> Prefill:
+) -> tuple[Cache, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every prompt left-padded into one batched forward; where the batch has a long enough
-    common prefix, its first `cut` tokens run once first and the suffixes are batched on top."""
+    common prefix, its first `cut` tokens run once first and the suffixes are batched on top.
+
+    Returns what the decode loop starts from: the cache (every column of the mask), the raw
+    logits [B, V] after each prompt's last token, the long attention mask [B, K] over the cached
+    columns, and the position id [B] of each row's first new token."""
     cut = shared_prefix_length(prompts) if share_prefix else 0
     ids, mask = left_pad([p[cut:] for p in prompts], pad_id, device)
     cache = None
@@ -54,4 +46,4 @@ def prefill(
     positions = positions_from_mask(mask)[:, cut:]
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions,
                 past_key_values=cache, use_cache=True, logits_to_keep=1)
-    return Prefill(out.past_key_values, out.logits[:, -1, :], mask, positions[:, -1] + 1)
+    return out.past_key_values, out.logits[:, -1, :], mask, positions[:, -1] + 1

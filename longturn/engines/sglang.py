@@ -29,14 +29,15 @@ from longturn.engines.stop_tokens import end_of_turn_ids
 TOP_K_ALL = -1  # SGLang's "no top-k"; longturn says 0
 
 
-def request_body(prompt_ids: list[list[int]], sampling: SamplingParams, stop_ids: set[int],
-                 seed: int | tuple[int, ...] | None) -> dict[str, Any]:
+def request_body(prompt_ids: list[list[int]], sampling: SamplingParams,
+                 stop_ids: set[int]) -> dict[str, Any]:
     """The `/generate` JSON for a batch: one sampling dict per prompt, each with its own seed
-    (from `seed` and the prompt's index, or taken from `seed` when it holds one per prompt)."""
+    (`prompt_seeds` of `sampling.seed`, as the in-process engine draws them)."""
     params = {"max_new_tokens": sampling.max_new_tokens, "temperature": sampling.temperature,
               "top_p": sampling.top_p, "top_k": sampling.top_k or TOP_K_ALL,
               "stop_token_ids": sorted(stop_ids), "no_stop_trim": True}
-    seeds = [None] * len(prompt_ids) if seed is None else prompt_seeds(seed, len(prompt_ids))
+    seed, count = sampling.seed, len(prompt_ids)
+    seeds = [None] * count if seed is None else prompt_seeds(seed, count)
     return {"input_ids": [list(map(int, p)) for p in prompt_ids],
             "sampling_params": [params if s is None else {**params, "sampling_seed": s}
                                 for s in seeds],
@@ -93,8 +94,7 @@ class SGLangEngine:
             raise ValueError("every prompt needs at least one token")
         if not prompt_ids:
             return []
-        response = self._post("/generate", request_body(prompt_ids, sampling, self.stop_ids,
-                                                        sampling.seed))
+        response = self._post("/generate", request_body(prompt_ids, sampling, self.stop_ids))
         if response.status_code != 200:
             raise SGLangError(f"/generate answered {response.status_code}: {response.text[:500]}")
         items = response.json()

@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 
-def end_of_turn_ids(tokenizer: Any, generation_eos: int | list[int] | None,
-                    extra: list[int] | None = None) -> set[int]:
-    """Tokenizer eos, the generation config's eos (an id or a list), `<|im_end|>` if the vocab has
-    it, and any extra ids."""
-    ids = set(extra or [])
+def end_of_turn_ids(tokenizer: Any, generation_eos: int | list[int] | None) -> set[int]:
+    """Tokenizer eos, the generation config's eos (an id or a list), and `<|im_end|>` if the
+    vocab has it."""
+    ids: set[int] = set()
     for value in (tokenizer.eos_token_id, generation_eos):
         if isinstance(value, int):
             ids.add(value)

@@ -52,10 +52,6 @@ def _discrete_names(env: Any, space: Discrete) -> list[str]:
     return names
 
 
-def _shortest_text(space: Text) -> str:
-    return sorted(space.character_set)[0] * space.min_length if space.min_length else ""
-
-
 class GymTextEnv:
     """Wraps one gymnasium env; `name` is the `env.name` it was built from."""
 
@@ -75,7 +71,8 @@ class GymTextEnv:
                                  f"{default!r} is not one of {self.actions}")
         elif isinstance(space, Text):
             self.actions, self._codes, self.text_action_space = [], {}, space
-            default = getattr(core, "default_action", None) or _shortest_text(space)
+            shortest = min(space.character_set) * space.min_length if space.min_length else ""
+            default = getattr(core, "default_action", None) or shortest
         else:
             raise SettingError(f"gymnasium env {type(core).__name__}: action space "
                              f"{type(space).__name__} is neither Discrete nor Text")

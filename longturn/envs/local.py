@@ -20,7 +20,7 @@ class LocalEnv:
     """Wraps one in-process TextEnv; `spec` (optional) says how to build it again."""
 
     def __init__(self, env: TextEnv, spec: EnvSpec | None = None):
-        self.env, self.spec, self.restarts = env, spec, 0
+        self.env, self.spec = env, spec
         self._outcome: Any = None
         self._broken: EnvFailure | None = None  # a rebuild that raised: every call fails with it
 
@@ -65,7 +65,6 @@ class LocalEnv:
             self.env.close()
         except Exception:
             pass
-        self.restarts += 1
         try:
             self.env, self._broken = self.spec.build(), None
         except Exception as err:

@@ -58,15 +58,12 @@ class Host:
                 "instructions": self.changed_instructions()}
 
     def handle(self, command: str, payload: Any) -> Any:
-        if command == "build":
-            self.env = payload.build()  # an EnvSpec
-            return self.describe()
-        if command == "load":
-            self.env = pickle.loads(payload)
+        if command in ("build", "load"):  # from an EnvSpec, or from a checkpoint's bytes
+            self.env = payload.build() if command == "build" else pickle.loads(payload)
             return self.describe()
         if command == "reset":
             obs, info = self.env.reset(seed=payload)
-            return obs, info, self.changed_instructions()
+            return (obs, info), self.changed_instructions()
         if command == "step":
             obs, reward, terminated, truncated, info = self.env.step(payload)
             return (obs, reward, terminated, truncated, info), self.changed_instructions()

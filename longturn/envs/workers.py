@@ -185,17 +185,13 @@ class WorkerEnv:
         self._submit("reset", seed)
 
     def wait_reset(self) -> tuple[Observation, dict[str, Any]]:
-        obs, info, instructions = self._wait()
-        self._instructions = instructions or self._instructions
-        return obs, info
+        return self._wait()
 
     def submit_step(self, action: str) -> None:
         self._submit("step", action)
 
     def wait_step(self) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
-        result, instructions = self._wait()
-        self._instructions = instructions or self._instructions
-        return result
+        return self._wait()
 
     def _submit(self, command: str, payload: Any) -> None:
         try:
@@ -210,10 +206,12 @@ class WorkerEnv:
             failure, self._early = self._early, None
             raise failure
         try:
-            return self._worker.reply()
+            result, instructions = self._worker.reply()
         except EnvFailure:
             self._worker, self._meta = None, None
             raise
+        self._instructions = instructions or self._instructions  # sent only when they change
+        return result
 
     # ------------------------------------------------------------------ the TextEnv interface
 

@@ -156,9 +156,8 @@ class ChatParams(Section):
     # the entry every episode talks to, by name; null: each task's interaction_kwargs.name
     # picks its own, as in verl (a task without a name: the file's only entry)
     interaction: str | None = None
-    function: str | None = None        # rollout by import path (null: the built-in one,
-                                       # longturn.rollout.conversation_rollout:conversation_rollout,
-                                       # the one a critic plays in fixed-turn batches)
+    # rollout by import path (null: the built-in one, the one a critic plays in fixed-turn batches)
+    function: str | None = None
     max_assistant_turns: int = at_most(L.CONTEXT_TOKENS, 4, ge=1)  # each reply is a token at least
     max_user_turns: int = at_most(L.CONTEXT_TOKENS, 2, ge=0)
     # token budget of what a reply is given plus the reply: the whole conversation (context
@@ -195,16 +194,10 @@ _RENAMED_ROLLOUT_KEYS = {
 
 
 class RolloutParams(Section):
-    """What the model is given for a reply and how its reply is read: two independent settings.
-
-    `context`: `window`, the episode's first messages and its last prompt.history_turns turns
-    (Verlog's history window: every reply costs about the same); `episode`, everything so far
-    (verl / slime: reply 100 costs 100 turns). `protocol`: `action`, THINK/ACTION replies parsed
-    into an action of `env.name`; `chat`, chat replies (tool calls, free text) on the tasks of
-    `env.tasks` with `rollout.chat`. The estimator decides the collection: fixed-turn batches of
-    exactly n_envs × turns_per_env turns per rank and iteration whose episodes continue across
-    updates (gae with the action protocol, a chat history window or rollout.agent), or n_envs
-    whole episodes (turns_per_env not read)."""
+    """What the model is given for a reply (`context`) and how its reply is read (`protocol`): two
+    independent settings (docs/design.md §1). The estimator decides the collection
+    (`Params.collection`): fixed-turn batches of exactly n_envs × turns_per_env turns per rank and
+    iteration, or n_envs whole episodes (turns_per_env not read)."""
 
     protocol: Literal["action", "chat"] = "action"
     context: Literal["window", "episode"] = "window"
@@ -212,22 +205,19 @@ class RolloutParams(Section):
     turns_per_env: int = at_most(L.EPISODE_TURNS, 8, ge=1)
     chat: ChatParams = ChatParams()
     # your agent, `package.module:function(task, base_url) -> reward`, plays each chat episode
-    # through the OpenAI chat API served on the loopback; each of its calls is a sample
-    # (docs/openai-endpoint.md). An agent still running this long after its rollout started is
-    # cut off: its episode is aborted (with a critic, its calls come in fixed-turn batches and
-    # the time its call is held between iterations is not counted)
+    # through the OpenAI chat API served on the loopback, each call a sample
+    # (docs/openai-endpoint.md); an agent still running agent_timeout_s after its rollout started
+    # is cut off, its episode aborted
     agent: str | None = None
     agent_timeout_s: float = at_most(L.TOOL_SECONDS, 600.0, gt=0)
-    # slime's custom generate, `package.module:generate` (`async def generate(args, sample,
-    # sampling_params) -> Sample`), plays each chat episode whole against SGLang's /generate
-    # served on the loopback (docs/openai-endpoint.md); rollout.agent_timeout_s bounds it too
+    # slime's custom generate, `package.module:generate`, plays each chat episode whole against
+    # SGLang's /generate on the loopback (docs/openai-endpoint.md), bounded by agent_timeout_s too
     slime_generate: str | None = None
 
     def can_be_cut(self) -> bool:
-        """Whether this rollout can be cut into fixed-turn batches of n_envs × turns_per_env
-        replies whose episodes continue across updates (the action protocol, an agent's calls,
-        the built-in chat rollout (rollout.chat.function null) with a history window), or plays
-        each episode whole. The estimator decides what is done with it (`Params.collection`)."""
+        """Whether this rollout can be cut into fixed-turn batches whose episodes continue across
+        updates (the action protocol, an agent's calls, the built-in chat rollout with a history
+        window), or plays each episode whole; `Params.collection` decides what is done with it."""
         if self.protocol == "action" or self.agent is not None:
             return True
         return self.context == "window" and self.chat.function is None
@@ -236,15 +226,13 @@ class RolloutParams(Section):
     def _own_rollout_plays_alone(self) -> "RolloutParams":
         """rollout.agent and rollout.slime_generate play chat episodes with their own tools and
         turns: one of them at most, and nothing of rollout.chat's own rollout beside it."""
-        named = [(key, value) for key, value in (("rollout.agent", self.agent),
-                                                 ("rollout.slime_generate", self.slime_generate))
-                 if value is not None]
+        keys = (("rollout.agent", self.agent), ("rollout.slime_generate", self.slime_generate))
+        named = [f"{key} {value!r}" for key, value in keys if value is not None]
         if len(named) > 1:
-            raise ValueError(" and ".join(f"{k} {v!r}" for k, v in named) + ": name one")
+            raise ValueError(" and ".join(named) + ": name one")
         if not named:
             return self
-        key, value = named[0]
-        plays = f"{key} {value!r}"
+        plays = named[0]
         if self.protocol != "chat":
             raise ValueError(f"{plays} plays chat episodes: set rollout.protocol: chat")
         if self.slime_generate is not None and self.context != "episode":
@@ -314,9 +302,8 @@ class PPOParams(Section):
     lora_alpha: float = Field(16.0, gt=0)
     lora_layers: int | None = at_most(L.LAYERS, None, ge=1)
     share_prefix: bool = True
-    # Actor, reference and critic share every frozen layer below the lowest trainable one (LoRA on
-    # the top layers): run those once per micro-batch and branch. Off, or full fine-tuning: each
-    # model runs whole.
+    # actor, reference and critic run the frozen layers below the lowest trainable one (LoRA on
+    # the top layers) once per micro-batch and branch; off, or full fine-tuning: each runs whole
     share_trunk: bool = True
     gradient_checkpointing: bool = False  # recompute trained layers' activations in backward
     target_kl: float | None = Field(None, gt=0)  # stop the update's epochs once approx_kl exceeds it
@@ -465,8 +452,8 @@ class Params(Section):
 
     @model_validator(mode="after")
     def _groups_fill_the_slots(self) -> "Params":
-        groups = self.collection is Collection.SEED_GROUPS
-        if groups and self.rollout.n_envs % self.algo.group_size:
+        if (self.collection is Collection.SEED_GROUPS
+                and self.rollout.n_envs % self.algo.group_size):
             raise ValueError(f"algo.advantage {self.algo.advantage} plays groups of "
                              f"algo.group_size ({self.algo.group_size}) episodes: rollout.n_envs "
                              f"({self.rollout.n_envs}) must be a multiple of it")
@@ -474,8 +461,7 @@ class Params(Section):
 
     @model_validator(mode="after")
     def _sizes_fit(self) -> "Params":
-        problem = size_problem(self)
-        if problem:
+        if problem := size_problem(self):
             raise ValueError(problem)
         return self
 

@@ -1,11 +1,9 @@
-"""The advantage estimator `algo.advantage` names, as one value, and the collection it makes of a
-rollout: the two facts every stage hinges on.
+"""The advantage estimator `algo.advantage` names, and the collection it makes of a rollout: the
+two facts every stage hinges on ("is there a critic?", "how are batches collected?").
 
-Why here, among the settings: the critic warm-up, the trainer, the collector, the critic dir the
-train stage checks, the size check, the report and the params' own group check all ask "is there
-a critic?" and "how are batches collected?". Read from this one table by `params.algo.estimator`
-and `params.collection`, they cannot disagree (a stage loading a critic the collector never
-bootstraps from, or a report drawing value curves of a run that had none).
+Read from this one table by `params.algo.estimator` and `params.collection`, the warm-up, the
+trainer, the collector, the size and group checks and the report cannot disagree (a stage loading
+a critic the collector never bootstraps from, or value curves reported for a run without one).
 """
 
 from __future__ import annotations

@@ -2,10 +2,9 @@
 and every key the stages read written out.
 
 Why: DVC tracks params.yaml key by key (`dvc params diff`, `dvc exp run -S`), so the file the
-stages read must be whole, while the profiles in configs/profiles/ stay short overlays. The
-comments say why a value is what it is; they survive the merge (a profile's own comment replaces
-the default's on the keys it sets). The first line names the profile, so a later switch can
-tell a written file from one edited by hand and refuse to drop those edits silently.
+stages read must be whole, while the profiles in configs/profiles/ stay short overlays. The first
+line names the profile, so a later switch can tell a written file from one edited by hand and
+refuse to drop those edits silently (docs/profiles.md).
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """Run profiles as overlays: a YAML file that sets only the keys where it differs from the
-profile it `extends` (default.yaml in its own folder when it names none and one is there).
+profile it `extends` (default.yaml in its own folder when it names none and one is there; the
+merge rules: docs/profiles.md).
 
 Why: the profiles a GPU campaign proves (configs/profiles/) differ from a full params file in a
 handful of keys; as overlays a reader sees exactly what each one changes, and a change to the
-base reaches every profile built on it. Mappings merge key by key, anything else (lists
-included) replaces the base's value, and so does `env.kwargs` as a whole (an env family's
-constructor arguments mean nothing to another family). `extends` is a path relative to the
-overlay's own file and may itself be an overlay; default.yaml is the one whole file.
+base reaches every profile built on it.
 """
 
 from __future__ import annotations

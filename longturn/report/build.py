@@ -75,15 +75,6 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, float]:
     return out
 
 
-def _from_summary(live: Path) -> pd.DataFrame:
-    """Fallback when the plot files are gone: the last step from metrics.json, as one row."""
-    data = read_metrics_json(live)
-    row = _strip_namespace(_flatten(data))
-    if not row:
-        return pd.DataFrame()
-    return pd.DataFrame([row], index=pd.Index([int(data.get("step", 0))], name="step"))
-
-
 def read_live_metrics(live_dir: str | Path) -> pd.DataFrame:
     """DVCLive folder -> one row per step (index `step`), one column per key minus namespace."""
     live = Path(live_dir)
@@ -93,8 +84,12 @@ def read_live_metrics(live_dir: str | Path) -> pd.DataFrame:
         series = _read_tsv(tsv)
         if series is not None:
             columns[tsv.relative_to(root).with_suffix("").as_posix()] = series
-    if not columns:
-        return _from_summary(live)
+    if not columns:  # the plot files are gone: the last step from metrics.json, as one row
+        data = read_metrics_json(live)
+        row = _strip_namespace(_flatten(data))
+        if not row:
+            return pd.DataFrame()
+        return pd.DataFrame([row], index=pd.Index([int(data.get("step", 0))], name="step"))
     df = pd.DataFrame(_strip_namespace(columns)).sort_index()
     df.index.name = "step"
     return df

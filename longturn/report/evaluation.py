@@ -145,10 +145,8 @@ def _paired_cell(o: PairedOutcome | None) -> str:
     return f"{o.lost} / {o.gained} of {o.n_pairs}, p = {format_p(o.p_value)}"
 
 
-def table_markdown(table: list[dict[str, Any]],
-                   paired: dict[str, PairedOutcome] | None = None) -> list[str]:
+def table_markdown(table: list[dict[str, Any]], paired: dict[str, PairedOutcome]) -> list[str]:
     """The per-task markdown table; the overall row is bold."""
-    paired = paired or {}
     head = ["task", "zero-shot success [95% CI]", "final success [95% CI]", "Δ",
             "paired lost / gained (exact McNemar p)", f"{EVAL_LABELS[0]} (zero-shot → final)",
             f"{EVAL_LABELS[1]} (zero-shot → final)"]
@@ -173,10 +171,9 @@ def _interval_verdict(r: dict[str, Any]) -> str:
     return f"final success is {word} (Δ {r['delta']:+.2f}) and the 95% intervals do not overlap."
 
 
-def eval_reading(table: list[dict[str, Any]], paired: dict[str, PairedOutcome] | None = None,
-                 why_unpaired: str | None = None) -> list[str]:
+def eval_reading(table: list[dict[str, Any]], paired: dict[str, PairedOutcome],
+                 why_unpaired: str | None) -> list[str]:
     """Plain-language verdict per task: the Wilson intervals, then the paired test when it ran."""
-    paired = paired or {}
     lines = []
     tasks = [r["task"] for r in table]
     for r in table + [{"task": t, "delta": None} for t in paired if t not in tasks]:

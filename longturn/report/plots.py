@@ -20,9 +20,8 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first
 from matplotlib.ticker import FormatStrFormatter, MaxNLocator  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from longturn.report.training import numeric  # noqa: E402
 from longturn.report.value_fit import (  # noqa: E402
-    KEY as EV_KEY, explained_variance_series, not_meaningful_steps,
+    KEY as EV_KEY, explained_variance_series, not_meaningful_steps, numeric,
 )
 
 # success_rate is not here: one iteration may end a single episode, so it is drawn pooled into
@@ -48,6 +47,14 @@ def save_png(fig: Any, path: str | Path) -> Path:
         plt.close(fig)
     os.replace(tmp, path)
     return path
+
+
+def save_drawn(fig: Any, path: str | Path) -> bool:
+    """Lay a report plot out and save it (save_png); True: what a plot function returns once it
+    has drawn."""
+    fig.tight_layout()
+    save_png(fig, path)
+    return True
 
 
 def present_keys(df: pd.DataFrame, keys: list[str]) -> list[str]:
@@ -114,9 +121,7 @@ def plot_learning_curves(df: pd.DataFrame, path: str | Path) -> bool:
         if i >= len(keys) - ncols:
             ax.set_xlabel("iteration", fontsize=9)
     fig.suptitle("Training curves (one point per PPO iteration)", fontsize=12)
-    fig.tight_layout()
-    save_png(fig, path)
-    return True
+    return save_drawn(fig, path)
 
 
 def _bar_errors(rows: list[dict[str, Any]], side: str) -> tuple[list[float], list[list[float]]]:
@@ -154,9 +159,7 @@ def plot_task_bars(table: list[dict[str, Any]], path: str | Path) -> bool:
     ax.set_title("Success per task: zero-shot vs final (error bars: Wilson 95% CI)", fontsize=10)
     ax.legend(loc="upper right", fontsize=8, ncols=2, frameon=False)
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    save_png(fig, path)
-    return True
+    return save_drawn(fig, path)
 
 
 def _task_label(row: dict[str, Any]) -> str:
@@ -183,9 +186,7 @@ def plot_kl(df: pd.DataFrame, path: str | Path) -> bool:
                  "(action hacking shows as action KL rising faster than think KL)", fontsize=10)
     ax.legend(fontsize=8, frameon=False)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    save_png(fig, path)
-    return True
+    return save_drawn(fig, path)
 
 
 def plot_warmup(df: pd.DataFrame, path: str | Path) -> bool:
@@ -202,6 +203,4 @@ def plot_warmup(df: pd.DataFrame, path: str | Path) -> bool:
         ax.set_xlabel("warm-up iteration")
         ax.grid(alpha=0.3)
     fig.suptitle("Critic warm-up (actor frozen)", fontsize=11)
-    fig.tight_layout()
-    save_png(fig, path)
-    return True
+    return save_drawn(fig, path)

@@ -10,7 +10,7 @@ import pandas as pd
 
 from longturn.envs.termination import PREFIX
 from longturn.report.evaluation import REASON_LABELS
-from longturn.report.value_fit import explained_variance_reading
+from longturn.report.value_fit import explained_variance_reading, numeric
 from longturn.stats import wilson_interval
 
 PHASE_KEYS = ["seconds_rollout", "seconds_scoring", "seconds_update", "seconds_sync",
@@ -20,13 +20,6 @@ ACTION_PREFIX = "action_mix/"
 COLLAPSE_SHARE = 0.8
 # KL is in nats per token. Below this gap between the two rises, "faster" is not worth a flag.
 MIN_KL_GAP = 0.01
-
-
-def numeric(df: pd.DataFrame, key: str) -> pd.Series:
-    """A column as floats with the missing steps dropped (empty when the key was never logged)."""
-    if key not in df.columns:
-        return pd.Series(dtype=float)
-    return pd.to_numeric(df[key], errors="coerce").dropna()
 
 
 # --------------------------------------------------------------------------- pooled success
@@ -50,9 +43,8 @@ def ended_counts(df: pd.DataFrame) -> pd.DataFrame:
     logged, else round(success_rate · episodes_ended), the only record of older runs). Aborted
     episodes (`episodes_aborted`, when logged) are not counted: success is over the others."""
     ended = numeric(df, "episodes_ended")
-    ended = (ended - numeric(df, "episodes_aborted").reindex(ended.index).fillna(0.0))
-    ended = ended.round().astype(int)
-    ended = ended[ended > 0]
+    ended = (ended - numeric(df, "episodes_aborted").reindex(ended.index).fillna(0.0)).round()
+    ended = ended[ended > 0].astype(int)
     from_rate = (numeric(df, "success_rate").reindex(ended.index) * ended).round()
     wins = numeric(df, "successes").reindex(ended.index).fillna(from_rate)
     keep = wins.notna()
@@ -203,15 +195,10 @@ def action_reading(df: pd.DataFrame) -> list[str]:
 
 # --------------------------------------------------------------------------- terminations
 
-def termination_totals(df: pd.DataFrame) -> dict[str, int]:
-    """Episodes per termination reason over the whole run ({} when none was logged)."""
-    return {reason: int(round(numeric(df, PREFIX + reason).sum()))
-            for reason in REASON_LABELS if PREFIX + reason in df.columns}
-
-
 def termination_reading(df: pd.DataFrame) -> list[str]:
     """How training episodes ended, and whether the env cost any (aborted: out of the loss)."""
-    totals = termination_totals(df)
+    totals = {reason: int(round(numeric(df, PREFIX + reason).sum()))
+              for reason in REASON_LABELS if PREFIX + reason in df.columns}
     if not totals:
         return []
     ended = sum(totals.values())

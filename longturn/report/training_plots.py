@@ -1,9 +1,6 @@
 """Training plots beyond the per-iteration curves: success pooled into blocks with Wilson intervals,
-where each iteration's time goes, and the mix of executed actions.
-
-Like plots.py, each function writes a PNG atomically and returns False, writing nothing, when
-the metrics it needs were not logged.
-"""
+where each iteration's time goes, and the mix of executed actions. As in plots.py, each returns
+False, writing nothing, when the metrics it needs were not logged."""
 
 from __future__ import annotations
 
@@ -16,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from longturn.report.plots import FINAL_COLOUR, present_keys, save_png  # noqa: E402
+from longturn.report.plots import FINAL_COLOUR, present_keys, save_drawn  # noqa: E402
 from longturn.report.training import PHASE_KEYS, SuccessBlock, action_mix, numeric  # noqa: E402
 
 PHASE_COLOURS = {"seconds_rollout": "#1f77b4", "seconds_scoring": "#ff7f0e",
@@ -47,9 +44,7 @@ def plot_success_blocks(blocks: list[SuccessBlock], path: str | Path) -> bool:
     ax.set_title("Training success pooled into blocks of iterations\n(vertical: Wilson 95% CI; "
                  "horizontal: iterations pooled; n: ended episodes)", fontsize=10)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    save_png(fig, path)
-    return True
+    return save_drawn(fig, path)
 
 
 def _stacked_bars(ax: plt.Axes, frame: pd.DataFrame, colours: list[str]) -> None:
@@ -91,9 +86,7 @@ def plot_timing(df: pd.DataFrame, path: str | Path) -> bool:
         low.set_ylabel("turns / s")
         low.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("iteration")
-    fig.tight_layout()
-    save_png(fig, path)
-    return True
+    return save_drawn(fig, path)
 
 
 def plot_action_mix(df: pd.DataFrame, path: str | Path) -> bool:
@@ -112,6 +105,4 @@ def plot_action_mix(df: pd.DataFrame, path: str | Path) -> bool:
     ax.set_ylabel("share of turns")
     ax.set_title("Action mix: share of turns per executed action", fontsize=10)
     ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    save_png(fig, path)
-    return True
+    return save_drawn(fig, path)

@@ -16,7 +16,8 @@ NOT_MEANINGFUL = (f"not meaningful (variance of the returns below {RETURN_VARIAN
                   "near-constant returns)")
 
 
-def _column(df: pd.DataFrame, key: str) -> pd.Series:
+def numeric(df: pd.DataFrame, key: str) -> pd.Series:
+    """Any metric column as floats, the missing steps dropped (empty when it was never logged)."""
     if key not in df.columns:
         return pd.Series(dtype=float)
     return pd.to_numeric(df[key], errors="coerce").dropna()
@@ -24,13 +25,13 @@ def _column(df: pd.DataFrame, key: str) -> pd.Series:
 
 def not_meaningful_steps(df: pd.DataFrame) -> pd.Index:
     """Steps whose logged return variance is below the floor."""
-    variance = _column(df, "return_variance")
+    variance = numeric(df, "return_variance")
     return variance.index[~variance.map(explained_variance_meaningful).astype(bool)]
 
 
 def explained_variance_series(df: pd.DataFrame) -> pd.Series:
     """Explained variance per step, the not-meaningful steps left out."""
-    return _column(df, KEY).drop(index=not_meaningful_steps(df), errors="ignore")
+    return numeric(df, KEY).drop(index=not_meaningful_steps(df), errors="ignore")
 
 
 def explained_variance_reading(df: pd.DataFrame, unit: str = "iteration(s)") -> list[str]:

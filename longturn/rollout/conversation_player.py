@@ -1,23 +1,16 @@
 """The chat protocol's `SlotPlayer` (rollout/collection.py): one conversation per slot, its
 replies handed on as samples (rollout/samples.py `samples_from_episodes`).
 
-- Fixed-turn batches (a critic and a history window, the built-in rollout): one reply per
-  running episode and lock-step (rollout/conversation_rollout.py). An episode still running when
-  the batch ends gives the batch the replies it made there, as a `cut` record whose last reply
-  bootstraps from the window its next reply will be given; it goes on in the next batch with the
-  updated policy. An episode that ends is finished at once (tool rewards, the tokenization check,
-  tools and interaction released) and its slot's next one starts. Every reply is its own sample,
-  its window as the prompt, chained by slot and lock-step (the turn grid). A checkpoint
-  keeps the running episodes with their tools' and interaction's state (`episode_state`), so a
-  resumed run goes on with them (an env's, with its env); where a plug-in cannot keep its state (a
-  verl-style one), a resumed run starts new episodes (the episode counters resume). An episode
-  opened but not yet begun is opened again on resume; if that start fails it is counted in the
-  next batch, as any failed start.
-- Whole episodes (critic-free groups; the whole episode as context, verl / slime's way; a
-  rollout function of the user's own): the run's rollout function plays every slot's episode;
-  an env's conversations (`ConversationRun.of_env`, no rollout function) are played by
-  lock-steps as an evaluation's are, each reply its own sample, the last one of an episode its
-  segment's end, nothing bootstrapped.
+- Fixed-turn batches (a critic and a history window): one reply per running episode and
+  lock-step, each reply its own sample chained by slot and lock-step (the turn grid). An episode
+  still running when the batch ends hands on its replies as a `cut` record whose last reply
+  bootstraps from its next window, and goes on in the next batch with the updated policy; one
+  that ends is finished at once and its slot's next one starts. A checkpoint keeps the running
+  episodes with their tools' and interaction's state (`episode_state`); where a plug-in cannot
+  keep it (a verl-style one), a resumed run starts new episodes (the counters resume).
+- Whole episodes (critic-free groups, or the whole episode as context): the run's rollout
+  function plays every slot's episode; an env's conversations (no rollout function) are played
+  by lock-steps, each reply its own sample, nothing bootstrapped.
 """
 
 from __future__ import annotations

@@ -1,37 +1,17 @@
 """The built-in conversation rollout (the chat protocol): a batch of tasks played as growing
-token sequences, every active episode's next reply generated in one engine call.
+token sequences, every active episode's next reply generated in one engine call (a lock-step).
 
-After each reply:
-- tool calls in it (Hermes format) are run through the ToolBox; their results, errors included,
-  are appended as `tool` messages and the model replies again (whatever parsing or running a
-  call raises, and a call past `tool_timeout_s`, is such an `Error: …` message too: model text
-  never ends the run). The calls of all episodes of a lock-step, and the interaction's answers,
-  run at the same time on the plug-in loop (tasks/plugin_loop.py) and are applied in episode
-  order, so a record does not depend on which call finished first;
-- a reply without tool calls goes to the interaction, which scores it and either ends the episode
-  (`time_limit` when it says the episode was cut by a time limit, else `done`) or answers as the
-  user; without an interaction such a reply ends the episode. An env behind the interaction
-  that fails (`EnvFailure`, tasks/env_frames.py) aborts that episode alone (`env_error` or
-  `timeout`: the reply whose step failed is out of the loss, the episode counted apart);
-- limits end it too: `max_assistant_turns`, `max_user_turns`, `max_tokens` (the token budget of
-  what a reply is given plus the reply: a reply is cut to fit, and no context is appended past
-  it).
+After each reply, its tool calls (Hermes format) run through the ToolBox and come back as `tool`
+messages (a call that cannot be read, fails or times out is an `Error: …` message: model text
+never ends the run); a reply without calls goes to the interaction, which scores it and ends the
+episode or answers as the user (without one, the episode ends). A lock-step's calls and answers
+run together on the plug-in loop (tasks/plugin_loop.py) and are applied in episode order, so a
+record does not depend on which call finished first. An env that fails behind the interaction
+aborts that episode alone. The limits, the history window (`history_turns`), image observations
+and the closing tokenization check are in docs/conversations.md.
 
-What the model is given for a reply is one setting, `history_turns`: None, the whole episode
-(verl / slime), or a number, its history window (rollout/history_window.py: the task's messages
-and the last `history_turns` turns, rendered fresh). Either way the episode's sequence grows as
-below and is checked at the end; in a window only the prompts change, and the token budget
-bounds each window and its reply instead of the whole episode.
-When an episode ends, the template's closing follows its last reply, the accumulated ids are
-checked against a full re-rendering (`tokenization_check`), and tools and interaction release it.
-
-Images: a task record's `images` (one frame per `<image>` in its messages), and an interaction
-that answers with an `Observation` carrying a frame, give image observations. The engine is then
-given each prompt's frames and where they go; it needs a vision-language model (`vision/`).
-
-It is registered as `longturn.rollout.conversation_rollout:conversation_rollout`;
-`rollout.chat.function` may name any function with the same signature and records
-(docs/conversations.md).
+Registered as `longturn.rollout.conversation_rollout:conversation_rollout`;
+`rollout.chat.function` may name any function with the same signature and records.
 """
 
 from __future__ import annotations

@@ -1,24 +1,8 @@
-"""What a batch of samples (docs/design.md §4, §5e) says, whatever played it: one metric set for
-every protocol and context, summed over ranks before dividing, and one episodes.parquet row per
-ended episode.
-
-Episodes are counted by the reply that ends them (its `termination`), by a sample with no reply
-(a conversation whose first messages filled the token budget) and by an env reset that failed
-(`aborted_resets`). Success rate and episode length are over the episodes that were not aborted.
-Rewards, response tokens and validity are per reply; tokens, model tokens, images and tool calls
-per ended episode (with a history window the tokens are what the model was given, reply by
-reply, so `mean_tokens` is what an episode cost). Frames are counted by `image_starts`, one per
-frame, so a caller may leave the PNG bytes out of the samples it passes.
-
-A reply is valid (its `action_valid`) when it parsed into one of the env's actions (the action
-protocol) or when none of its tool calls failed (a conversation; a reply without a call is
-valid): `valid_action_ratio`, over the replies whose validity the rollout recorded. A call failed
-when its result reads as an error (tasks/tools.py `is_error_text`), the one rule behind both that
-ratio and `tool_call_validity`. A ratio with nothing to count is NaN, left out of the curves: the
-tool-call keys when no sample holds a conversation that counted its calls (the action protocol;
-slime's records cannot count them), `tool_call_validity` when no call was made. Counts are
-`termination/<reason>` (every reason of envs/termination.py and rollout/conversation.py, zeros
-included) and, when samples hold conversations, `tokenization/<outcome>`.
+"""What a batch of samples says, whatever played it: one metric set for every protocol and
+context, summed over ranks before dividing, and one episodes.parquet row per ended episode. The
+rules (which episodes count, what is per reply and what per episode, when a reply is valid, which
+ratios are NaN) are docs/design.md §5e. Frames are counted by `image_starts`, one per frame, so a
+caller may leave the PNG bytes out of the samples it passes.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """Numbered checkpoint directories of the train loop, each written under a temp name and renamed
 into place only when complete, so a crash never leaves a checkpoint that looks finished.
 
-Saving is two calls, so the caller can time the heavy part and record that time in the history
-the checkpoint carries: `write` (engines, running episodes, digests; every rank writes its part) and
-`commit` (history, manifest, COMPLETE marker, rename, pruning; rank 0).
-
-A complete checkpoint can still be damaged later (a truncated copy, a bad disk). Its MANIFEST.json
-lists every file's size and sha256 and COMPLETE records the manifest's own hash, so `latest`
-verifies the newest checkpoint first, says which file of it is wrong, and falls back to the newest
-intact one instead of crashing inside torch.load.
+Saving is two calls, `write` (every rank) and `commit` (rank 0), so the caller can time the heavy
+part and record that time in the history the checkpoint carries. A complete checkpoint can still
+be damaged later (a truncated copy, a bad disk): MANIFEST.json lists every file's size and sha256
+and COMPLETE the manifest's hash, so `latest` falls back to the newest intact checkpoint, naming
+the wrong file, instead of crashing inside torch.load.
 """
 
 from __future__ import annotations

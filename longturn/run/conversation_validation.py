@@ -1,20 +1,18 @@
 """Prompt validation with the chat protocol: before training, play a few whole episodes per task
 with the base model, tools and interaction, and check that the prompts fit and the replies work.
 
-Per task it measures: the first context's length against the token budget, replies per episode, tool
-calls per episode and how many of them did not fail (`tool_call_validity`), the share of replies
-none of whose tool calls failed and, on an env's task, that named a valid action
-(`valid_action_ratio`, the training metric of the same name: a reply without a call or an action
-to read counts as valid), success, why episodes ended, and the tokenization check of each
-episode (in `strict` a mismatch stops the stage with the first differing span). A task fails the
-gate when its first context does not leave room for a reply or when `valid_action_ratio` is below
-`validation.min_valid_action_ratio`, as with the action protocol.
+A task fails the gate when its first context leaves no room for a reply, or when its
+`valid_action_ratio` (the training metric: replies none of whose tool calls failed and, on an
+env's task, that named a valid action) is below `validation.min_valid_action_ratio`. The
+tokenization check runs on each episode: in `strict` a mismatch stops the stage with the first
+differing span.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from contextlib import closing
 from typing import Any
 
 from longturn.params.config import Params
@@ -22,8 +20,7 @@ from longturn.engines.base import Engine, SamplingParams
 from longturn.rollout.conversation_episodes import packed_samples
 from longturn.rollout.sample_metrics import ending, sample_metrics
 from longturn.rollout.conversation_setup import ConversationRun
-from longturn.run.validation import TaskValidation
-from longturn.run.validation_report import fence
+from longturn.run.validation import TaskValidation, fence
 from longturn.vision.encoder import IMAGE_PLACEHOLDER
 
 
@@ -43,15 +40,12 @@ def task_metrics(samples: list[dict[str, Any]], budget: int) -> dict[str, Any]:
 def validate_conversation_tasks(engine: Engine, tokenizer: Any, params: Params,
                             sampling: SamplingParams, seeds: list[int]) -> list[TaskValidation]:
     """Play `seeds` of every eval task; one TaskValidation (episodes as samples) per task."""
-    run = ConversationRun.from_params(params, list(params.eval.tasks))
     results = []
-    try:
+    with closing(ConversationRun.from_params(params, list(params.eval.tasks))) as run:
         for task in run.tasks:
             samples = packed_samples(run, engine, tokenizer, sampling, task, seeds, "validation")
             results.append(TaskValidation(task, samples,
                                           task_metrics(samples, params.rollout.chat.max_tokens)))
-    finally:
-        run.close()
     return results
 
 

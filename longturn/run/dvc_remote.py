@@ -1,20 +1,14 @@
-"""Push the train stage's finished iterations and kept checkpoints to a DVC remote mid-run.
+"""Push the train stage's finished iterations and kept checkpoints to a DVC remote mid-run
+(docs/dvc-remote.md).
 
 Why not `dvc commit` + `dvc push` of the stage's outputs: while `dvc repro` runs the train stage it
 holds a write lock on `data/train/trajectories` and `data/train/checkpoints`, and their hashes only
 reach dvc.lock when the stage ends. So each immutable piece (one `iteration=NNNN` trajectory dir,
 one committed checkpoint dir) is sent with `dvc add --to-remote SRC -o pushed/<SRC path>`: DVC
-uploads it straight to the remote (no cache copy) and writes a small pointer,
-`pushed/<SRC path>.dvc`, outside the stage's outputs. Commit the pointers to git and another clone
-gets exactly what was pushed with `dvc pull -R pushed`. The pointers mirror the run: a pointer whose
-source is gone (a pruned checkpoint, a run started over) is removed. Files are content-addressed
-on the remote, so the final `dvc push` after the stage re-sends none of them.
-
-`train.remote` is a remote's name from the repository's DVC config, or a URL (s3://, gs://, a
-local path): a URL becomes the remote `longturn-url` in the repository's `.dvc/config.local`, so
-one param points a run at a bucket without editing the committed config. Where the run dir is
-not inside a DVC repository (a Kubeflow task's scratch dir), `init_push_repo` makes it one that
-carries the project's remotes.
+uploads it straight to the remote (no cache copy) and writes a small pointer outside the stage's
+outputs. The pointers mirror the run: one whose source is gone (a pruned checkpoint, a run started
+over) is removed. Files are content-addressed on the remote, so the final `dvc push` after the
+stage re-sends none of them.
 
 A failed push never stops training: it is logged as a warning naming the remote and the command.
 """
@@ -68,14 +62,13 @@ def iteration_dirs(root: Path, upto: int) -> list[Path]:
     return out
 
 
-def _newest_mtime(folder: Path) -> float:
-    times = [p.stat().st_mtime for p in folder.rglob("*") if p.is_file()]
-    return max(times, default=folder.stat().st_mtime)
-
-
 def _up_to_date(source: Path, pointer: Path) -> bool:
+    """The pointer was written after the newest file of `source`."""
     dvc_file = pointer.with_name(pointer.name + ".dvc")
-    return dvc_file.is_file() and dvc_file.stat().st_mtime >= _newest_mtime(source)
+    if not dvc_file.is_file():
+        return False
+    times = [p.stat().st_mtime for p in source.rglob("*") if p.is_file()]
+    return dvc_file.stat().st_mtime >= max(times, default=source.stat().st_mtime)
 
 
 def _remote_label(repo: Path, remote: str | None) -> str:
@@ -95,16 +88,11 @@ def _run_dvc(repo: Path, args: list[str]) -> subprocess.CompletedProcess[str]:
         return subprocess.CompletedProcess(args, 127, "", str(err))
 
 
-def is_url(remote: str) -> bool:
-    """A URL or a path rather than a remote's name."""
-    return "://" in remote or remote.startswith(("/", "~", "."))
-
-
 def resolve_remote(repo: Path, remote: str | None) -> str | None:
     """The remote name to push to: `remote` itself, or `longturn-url` set to it if it is a URL
     (in `.dvc/config.local`, never the committed config). None: the default remote."""
-    if remote is None or not is_url(remote):
-        return remote
+    if remote is None or not ("://" in remote or remote.startswith(("/", "~", "."))):
+        return remote  # a remote's name, not a URL or a path
     url = str(Path(remote).expanduser().resolve()) if "://" not in remote else remote
     if (repo, url) in _configured:
         return URL_REMOTE

@@ -9,10 +9,9 @@ Under `<out>/partial/`:
     part-NNNNN.episodes.parquet   their episode rows; written last, so a part without it is none
 
 Each file is written under a temp name, flushed to the disk and renamed into place. A journal
-kept under another key (other params, weights or code) is discarded with one log line; a part
-that cannot be read (a torn copy) is dropped with one log line and its episodes are played again.
-The final outputs are always assembled from the journal, so a resumed evaluation writes the same
-files as an uninterrupted one.
+kept under another key is discarded, and an unreadable part (a torn copy) dropped, with one log
+line each. The final outputs are always assembled from the journal, so a resumed evaluation writes
+the same files as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -64,7 +63,10 @@ class EvalJournal:
         return journal
 
     def _keep_only(self, key: dict[str, str]) -> None:
-        stored = _read_key(self.dir / KEY)
+        try:
+            stored = json.loads((self.dir / KEY).read_text())
+        except (OSError, ValueError):
+            stored = None
         if self.dir.exists() and stored != key:
             parts = len(list(self.dir.glob("part-*.episodes.parquet")))
             if parts:
@@ -152,10 +154,3 @@ class EvalJournal:
         """Drop the journal once the final outputs are written (a failure here costs nothing: a
         rerun would only assemble the same outputs again)."""
         shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def _read_key(path: Path) -> dict[str, str] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None

@@ -1,16 +1,11 @@
 """What an evaluation's episodes were played with, so a resumed evaluation never mixes in episodes
 of other settings, other weights or other code (its journal: `longturn/run/eval_journal.py`).
 
-The key is a few digests, each named, so a journal that does not match says what changed:
-- params: the sections the evaluation stages depend on in dvc.yaml (model.dtype, env, prompt,
-  engine, eval, rollout.protocol, rollout.context, rollout.chat, rollout.agent and
-  rollout.slime_generate, with the tools and interactions files it names)
-  and the labels stored in every row;
-- weights: each file of the model dir by path, size and modification time (cheap on any size of
-  model; a model written again, even with the same bytes, counts as other weights);
-- code: every file of the longturn package, by content;
-- agent code: the module file rollout.agent or rollout.slime_generate names, by content (its
-  import string alone stays the same while the agent's code changes).
+The key is a few digests, each named, so a journal that does not match says what changed: the
+params the evaluation stages depend on in dvc.yaml (with the tools and interactions files they
+name) and the row labels; the weights (by file size and time: cheap on any size of model, and a
+model written again counts as other weights); the code; and the module rollout.agent or
+rollout.slime_generate names, by content (its import string stays the same while its code changes).
 """
 
 from __future__ import annotations
@@ -26,7 +21,7 @@ from typing import Any
 from longturn.params.config import Params
 
 JOURNAL_VERSION = "1"  # raised when the journal's layout changes
-PACKAGE = Path(__file__).resolve().parent
+PACKAGE = Path(__file__).resolve().parents[1]  # the whole longturn package, not run/ alone
 
 
 def _digest(data: Any) -> str:

@@ -2,17 +2,11 @@
 
 Seeds are `eval.seed + i` for episode i of every task, so zero-shot and final evaluations play the
 same episodes (a paired comparison). Episodes aborted by a failing env are counted apart
-(`aborted_episodes`, `termination/<reason>`), never as failures.
+(`aborted_episodes`, `termination/<reason>`), never as failures. Episodes go to a journal as they
+finish (`eval_journal.py`), so a rerun of a killed evaluation plays only the rest.
 
-Episodes go to a journal as they finish (`eval_journal.py`): a rerun of a killed evaluation plays
-only the episodes missing from it, and the outputs are assembled from it, so they are the same
-files an uninterrupted run writes: episodes in job order (task, then seed), samples in the order
-they were played.
-
-One driver (`evaluate`) serves both ways of reading replies, and summarises both the same way
-(episode rows, then what their samples say); a protocol brings an `EvalPlan`: how its episodes
-are played and ordered (`env_plan`, `conversation_plan`). Either plays in rollout/ and gets back
-samples and episode rows only (rollout/conversation_episodes.py).
+One driver (`evaluate`) serves both protocols and summarises both the same way; a protocol brings
+an `EvalPlan`: how its episodes are played and ordered (`env_plan`, `conversation_plan`).
 """
 
 from __future__ import annotations
@@ -125,12 +119,10 @@ def describe(metrics: dict[str, Any], samples: int) -> str:
 
 @dataclass(frozen=True)
 class EvalPlan:
-    """What a protocol brings to an evaluation; `evaluate` does the rest the same way for both.
-
-    `play(jobs, journal)` plays the jobs the journal lacks and adds each finished episode (its
-    episode row and samples) to it; `order` puts the samples in the order an uninterrupted run
-    writes them; `close` lets go of what the run holds (its tools' and interaction's), played
-    or not (a rerun whose journal holds every job plays nothing)."""
+    """What a protocol brings to an evaluation: `play(jobs, journal)` plays the jobs the journal
+    lacks and adds each finished episode to it; `order` puts the samples in the order an
+    uninterrupted run writes them; `close` lets go of what the run holds, played or not (a rerun
+    whose journal holds every job plays nothing)."""
 
     meta: dict[str, Any]
     flush_every: int

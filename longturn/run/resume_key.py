@@ -1,12 +1,9 @@
 """What a persisted training run was trained from, so that a rerun resumes only its own
 checkpoints (`data/train/checkpoints` outlives a stage under DVC: `persist: true`).
 
-DVC reruns `train` when any of its inputs changed, and the stage then resumes from the
-checkpoints it finds. Resuming is right after a kill, or when `train.*` asks for more iterations;
-it is wrong when the run would mix in another start: other training params, another warm critic
-(a rerun of the warm-up: its value head is new), another base model, or edited tools or
-interactions files. Each of those is a named part of the key, so a mismatch says what changed.
-Code is not a part: a checkpoint resumes across an upgrade (docs/operations.md).
+Resuming is right after a kill, or when `train.*` asks for more iterations; it is wrong when the
+run would mix in another start (docs/operations.md, "Kill and resume"). Each part of the key is
+named, so a mismatch says what changed. Code is not a part: a checkpoint resumes across an upgrade.
 """
 
 from __future__ import annotations

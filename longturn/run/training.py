@@ -13,7 +13,7 @@ import logging
 import pickle
 import shutil
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack, closing, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -169,14 +169,13 @@ def run_training(params: Params, paths: TrainPaths, progress: bool = True,
     tokenizer = load_tokenizer(paths.base)
     trainer = PPOTrainer(paths.base, critic_dir(params, paths.critic), trainer_settings(params),
                          gae_params(params), tokenizer, progress=progress)
-    collector = make_collector(params, rank, run_id)
-    engine = None
-    try:
+    with ExitStack() as stack:  # closes the engine, then the collector, on any exit
+        collector = stack.enter_context(closing(make_collector(params, rank, run_id)))
         store = CheckpointStore(paths.checkpoints, params.train.keep_checkpoints)
         start, history = _resume(store, trainer, collector)
         _drop_unfinished(paths.trajectories, start)
         metrics_log = MetricsLog(paths.live, history, enabled=is_main_process())
-        engine = make_engine(str(paths.base), params)
+        engine = stack.enter_context(closing(make_engine(str(paths.base), params)))
         if start > 0:  # resumed: the engine starts from the base weights, the actor has moved
             push_weights(trainer, engine, paths)
         saved = True
@@ -209,10 +208,6 @@ def run_training(params: Params, paths: TrainPaths, progress: bool = True,
             log.info(describe_iteration(iteration, metrics))
         write_summary(paths, history)
         trainer.export_actor(paths.final)
-    finally:
-        if engine is not None:
-            engine.close()
-        collector.close()
     return history
 
 

@@ -1,20 +1,20 @@
-"""Prompt validation: before spending compute on RL, check prompts fit and the model can answer.
+"""Prompt validation: before spending compute on RL, check prompts fit and the model can answer;
+its gate and its markdown report.
 
-Per task: play the first reply of several seeds as training plays it (the env's conversation: its
-prompt rendered and its reply read by the rollout), check the token budget (including the worst
-case of a full history window of maximum-length replies), and measure how often the answer is a
-valid action before and after synonym translation, how it fails, and how long and how varied the
-THINK parts are. A task below the gate fails the stage. Each first reply is kept as the sample
-training's first lock-step would write, as the chat protocol's validation keeps its episodes.
+Per task: play the first reply of several seeds as training plays it, check the token budget
+(including the worst case of a full history window of maximum-length replies), and measure how
+often the answer is a valid action before and after synonym translation, how it fails, and how
+long and varied the THINK parts are. A task below the gate fails the stage.
 
 The gate is a file: `passed` (PASSED_MARKER) is written only when every task passes, and removed
-before a run starts, so a failed or interrupted validation never leaves one behind. Training
-stages depend on it in dvc.yaml, so `dvc repro train` stops at a failing gate. Its content is
-constant: a validation rerun that passes again does not rerun training.
+before a run starts, so a failed or interrupted validation never leaves one behind; training
+stages depend on it in dvc.yaml. Its content is constant, so a validation rerun that passes again
+does not rerun training.
 """
 
 from __future__ import annotations
 
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -128,14 +128,11 @@ def validate_env_task(engine: Engine, tokenizer: Any, params: Params, task: str,
     in_process = params.model_copy(update={"env": params.env.model_copy(update={"workers": False})})
     samples = first_replies(ConversationRun.of_env(in_process, [task], progress=False), engine,
                             tokenizer, sampling, task, seeds, "validation")
-    env = make_env(params.env.name, task, **params.env.kwargs)
-    try:
+    with closing(make_env(params.env.name, task, **params.env.kwargs)) as env:
         first, _ = env.reset(seed=seeds[0])
         image_token = None if first.image is None else engine_image_token(engine)
         worst = worst_case_prompt_tokens(tokenizer, env, first.text, params, image_token)
         actions = list(env.actions)
-    finally:
-        env.close()
     return TaskValidation(task, samples, task_metrics(samples, actions, tokenizer, worst,
                                                       params.prompt.max_prompt_tokens))
 
@@ -152,3 +149,51 @@ def gate_failures(results: list[TaskValidation], min_ratio: float) -> list[str]:
                 f"validation.min_valid_action_ratio {min_ratio:.2f} "
                 f"(most common failure: {worst}, {m[f'failure_{worst}']:.0%} of samples)")
     return failures
+
+
+_COLUMNS = [
+    ("valid", "valid_action_ratio", "{:.2f}"),
+    ("valid (strict)", "valid_before_translation_ratio", "{:.2f}"),
+    ("prompt tok (max)", "prompt_tokens_max", "{}"),
+    ("worst-case tok", "worst_case_prompt_tokens", "{}"),
+    ("THINK present", "think_present_ratio", "{:.2f}"),
+    ("THINK tok", "think_tokens_mean", "{:.1f}"),
+    ("THINK distinct bigrams", "think_distinct_bigram_ratio", "{:.2f}"),
+]
+
+
+def fence(text: str) -> list[str]:
+    """`text` as a markdown code block that no fence inside it can close."""
+    return ["```text", text.replace("```", "ʼʼʼ"), "```"]
+
+
+def render_report(results: list[TaskValidation], failures: list[str], gate: float,
+                  settings: dict[str, Any], examples_per_task: int = 3) -> str:
+    """Markdown: verdict, what was measured, the table, then example prompts and outputs."""
+    verdict = "FAILED" if failures else "passed"
+    lines = [f"# Prompt validation: {verdict}", ""]
+    lines += [f"Gate: every task needs a valid-action ratio (after synonym translation) of at "
+              f"least {gate:.2f}."]
+    lines += [f"- {f}" for f in failures] + [""]
+    lines += ["Settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()), ""]
+    lines += ["Columns: *valid* counts outputs whose ACTION translates to a legal action; "
+              "*strict* counts outputs whose ACTION text is already exactly an action name; "
+              "*worst-case tok* is the prompt with a full history window of maximum-length "
+              "replies (over the budget, the oldest history is dropped at run time); failure "
+              "columns are fractions of samples.", ""]
+    head = ["task"] + [c[0] for c in _COLUMNS] + [f.replace("_", " ") for f in FAILURES]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        cells = [r.task] + [fmt.format(r.metrics[key]) for _, key, fmt in _COLUMNS]
+        cells += [f"{r.metrics['failure_' + f]:.2f}" for f in FAILURES]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    for r in results:
+        lines += [f"## {r.task}", "", "First prompt, exactly as the model sees it:", ""]
+        lines += fence(r.samples[0]["prompt_text"]) + [""]
+        for s in r.samples[:examples_per_task]:
+            reply = s["replies"][0]
+            status = "valid" if reply["action_valid"] else f"invalid ({failure_kind(reply)})"
+            lines += [f"Seed {s['episode_seed']}: {status}, executed `{reply['action']}`", ""]
+            lines += fence(reply["response_text"]) + [""]
+    return "\n".join(lines)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import shutil
+from contextlib import closing
 from pathlib import Path
 
 import numpy as np
@@ -41,20 +42,14 @@ class WarmupDidNotConverge(UserError):
 def collect_frozen(params: Params, base: Path, rank: int, progress: bool) -> list[dict]:
     """warmup.batches batches of samples from the base policy, collected as training would."""
     tokenizer = load_tokenizer(base)
-    engine = make_engine(str(base), params)
-    try:  # both closed on any exit: a failed batch must not leave env workers or the engine up
-        collector = make_collector(params, rank, "warmup")
-        try:
-            sampling = sampling_from_params(params, seed=params.seed + 7919)
-            samples: list[dict] = []
-            for batch in range(params.warmup.batches):
-                samples += collector.collect(engine, tokenizer, sampling, batch,
-                                          {"run_id": "warmup", "policy_version": "base"},
-                                          progress)
-        finally:
-            collector.close()
-    finally:
-        engine.close()
+    sampling = sampling_from_params(params, seed=params.seed + 7919)
+    samples: list[dict] = []
+    # both closed on any exit: a failed batch must not leave env workers or the engine up
+    with (closing(make_engine(str(base), params)) as engine,
+          closing(make_collector(params, rank, "warmup")) as collector):
+        for batch in range(params.warmup.batches):
+            samples += collector.collect(engine, tokenizer, sampling, batch,
+                                         {"run_id": "warmup", "policy_version": "base"}, progress)
     return samples
 
 

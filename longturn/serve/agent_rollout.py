@@ -1,11 +1,10 @@
 """`rollout.agent`: episodes played by the user's own agent code through the OpenAI chat API.
 
-An agent is a function `agent(task, base_url) -> reward` (`package.module:function`): it gets a
-task record (its `messages`, `seed` and whatever the task puts there) and the base URL of an
-OpenAI-compatible endpoint serving the policy (serve/server.py), plays one episode with the
-`openai` client or any HTTP client, and returns its reward (a number; None: the task's own reward
-of the last conversation it sent). The agent never hands tokens back: the endpoint records every
-call's prompt ids, response ids and logprobs under the episode id in the URL.
+An agent is a function `agent(task, base_url) -> reward` (`package.module:function`; its contract:
+docs/openai-endpoint.md, "The agent's contract") that plays one episode against the
+OpenAI-compatible endpoint serving the policy (serve/server.py). It never hands tokens back: the
+endpoint records every call's prompt ids, response ids and logprobs under the episode id in the
+URL.
 
 Why each call is its own sample: a call's context is exactly what the agent sent, which need not
 be a prefix of the next call's (agents drop, summarise and rewrite history), so the episode is
@@ -27,14 +26,13 @@ import logging
 import time
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from tqdm.auto import tqdm
 
 from longturn.engines.base import Engine, SamplingParams
 from longturn.rollout.conversation import AGENT_ERROR, AGENT_TIMEOUT as TIMEOUT, replies_valid
-from longturn.serve.episode_reward import RewardFn, given_reward, task_reward
+from longturn.serve.episode_reward import Outcome, RewardFn, given_reward, task_reward
 from longturn.serve.recording import CallRecord
 from longturn.serve.server import serve
 from longturn.tasks.tools import is_error_text
@@ -42,14 +40,6 @@ from longturn.tasks.tools import is_error_text
 log = logging.getLogger(__name__)
 
 Agent = Callable[[dict[str, Any], str], Any]
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How an agent's episode ended: its reward, or why it was aborted."""
-
-    reward: float | None
-    aborted: str | None = None
 
 
 def agent_rollout(engine: Engine, tokenizer: Any, sampling: SamplingParams,
@@ -95,7 +85,7 @@ def _collect(futures: dict[Future, int], ids: list[str],
         if not done:  # the deadline: every agent still running is cut off
             for future in pending:
                 i = futures[future]
-                calls[i], outcomes[i] = close(ids[i]), Outcome(None, TIMEOUT)
+                calls[i], outcomes[i] = close(ids[i]), (None, TIMEOUT)
                 log.warning("agent of episode %s did not return within %g s: episode aborted",
                             ids[i], timeout_s)
             break
@@ -113,40 +103,21 @@ def _outcome(future: Future, episode_id: str) -> Outcome:
     if error is not None:
         log.warning("agent of episode %s raised, episode aborted: %s: %s", episode_id,
                     type(error).__name__, error, exc_info=error)
-        return Outcome(None, AGENT_ERROR)
-    return Outcome(*given_reward(future.result(), f"the agent of episode {episode_id}"))
-
-
-def _plain(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The messages in this project's format, as tasks read them: every content a string (an
-    OpenAI client leaves it out, or null, on a reply that is only tool calls)."""
-    return [{**m, "content": m.get("content") or ""} for m in messages]
+        return None, AGENT_ERROR
+    return given_reward(future.result(), f"the agent of episode {episode_id}")
 
 
 def _digest(ids: list[int]) -> str:
     return "prompt " + hashlib.sha256(repr(list(ids)).encode()).hexdigest()[:24]
 
 
-def _own_count(task: dict[str, Any], messages: list[dict[str, Any]],
-               counts: Callable[[dict[str, Any]], bool]) -> int:
-    """How many messages of the agent's conversation `counts` takes that are not among the
-    task's own first messages: the task's question, and a worked example's turns, are not the
+def _added(task: dict[str, Any], messages: list[dict[str, Any]]) -> Counter:
+    """(role, content) → how many such messages the agent's conversation has beyond the task's
+    own first messages: the task's question, and a worked example's turns, are not the
     episode's."""
-    own = Counter(str(m.get("content")) for m in task.get("messages") or [] if counts(m))
-    sent = Counter(str(m.get("content")) for m in messages if counts(m))
-    return sum((sent - own).values())
-
-
-def _user_turns(task: dict[str, Any], messages: list[dict[str, Any]]) -> int:
-    """The user messages the episode added (its feedback between calls)."""
-    return _own_count(task, messages, lambda m: m.get("role") == "user")
-
-
-def _tool_errors(task: dict[str, Any], messages: list[dict[str, Any]]) -> int:
-    """The agent's failed tool calls: its tool messages that read as an error, by the rule the
-    built-in rollout counts with (tasks/tools.py `is_error_text`)."""
-    return _own_count(task, messages,
-                      lambda m: m.get("role") == "tool" and is_error_text(m.get("content")))
+    def count(of: list[dict[str, Any]]) -> Counter:
+        return Counter((m.get("role"), str(m.get("content"))) for m in of)
+    return count(messages) - count(task.get("messages") or [])
 
 
 def _record(task: dict[str, Any], calls: list[CallRecord], outcome: Outcome,
@@ -157,13 +128,19 @@ def _record(task: dict[str, Any], calls: list[CallRecord], outcome: Outcome,
     `Conversation.record` writes with a history window), the k-th at lock-step `step + k`. With
     `bootstrap` (the prompt of the episode's next call) the episode goes on: the record is `cut`
     and its last reply bootstraps from that prompt."""
-    messages = _plain([*calls[-1].messages, calls[-1].reply] if calls
-                      else list(task.get("messages") or []))
-    reward = outcome.reward
-    if reward is None and outcome.aborted is None and bootstrap is None:
+    # in this project's format, as tasks read them: every content a string (an OpenAI client
+    # leaves it out, or null, on a reply that is only tool calls)
+    messages = [{**m, "content": m.get("content") or ""} for m in (
+        [*calls[-1].messages, calls[-1].reply] if calls else task.get("messages") or [])]
+    reward, aborted = outcome
+    if reward is None and aborted is None and bootstrap is None:
         reward, aborted = task_reward(reward_fn, task, messages)
-        outcome = Outcome(reward, aborted)
     tool_calls = sum(len(c.reply.get("tool_calls") or []) for c in calls)
+    added = _added(task, messages)
+    user_turns = sum(n for (role, _), n in added.items() if role == "user")
+    # failed tool calls, by the rule the built-in rollout counts with (tasks/tools.py)
+    tool_errors = sum(n for (role, text), n in added.items()
+                      if role == "tool" and is_error_text(text))
     valid = replies_valid(messages, len(calls))[first:]  # the agent ran its tools: its messages
     whole, calls = len(calls), calls[first:]
     # the context before the first reply is what the first call sent (no call answered: the
@@ -184,12 +161,11 @@ def _record(task: dict[str, Any], calls: list[CallRecord], outcome: Outcome,
         "segment_rewards": [0.0] * (n - 1) + [reward or 0.0] if n else [],
         "reply_finish_reasons": [c.finish_reason for c in calls], "reply_valid": valid,
         "reward": float(reward or 0.0),
-        "termination": None if bootstrap is not None else outcome.aborted or "done",
-        "truncated": False, "aborted": outcome.aborted is not None, "assistant_turns": whole,
-        "user_turns": _user_turns(task, messages), "tool_calls": tool_calls,
-        "tool_errors": _tool_errors(task, messages), "tokenization_check": "skipped",
-        "messages": json.dumps(messages), "metrics": json.dumps({}), "images": [],
-        "image_starts": [],
+        "termination": None if bootstrap is not None else aborted or "done",
+        "truncated": False, "aborted": aborted is not None, "assistant_turns": whole,
+        "user_turns": user_turns, "tool_calls": tool_calls, "tool_errors": tool_errors,
+        "tokenization_check": "skipped", "messages": json.dumps(messages),
+        "metrics": json.dumps({}), "images": [], "image_starts": [],
         "reply_steps": list(range(step, step + n)), "first_turn": first,
         "window_prompts": [list(c.prompt_ids) for c in calls],
         # GiGPO's anchor state of a call: exactly what it sent (a digest: prompts are long)

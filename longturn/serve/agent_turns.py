@@ -1,7 +1,7 @@
 """Fixed-turn collection for `rollout.agent` under a critic (`algo.advantage: gae`): each
 iteration takes exactly `rollout.turns_per_env` calls of each of `rollout.n_envs` agent slots,
-and episodes go on across iterations, as Verlog's fixed-turn batches do for an env's
-episodes (rollout/collection.py).
+and episodes go on across iterations, as Verlog's fixed-turn batches do for an env's episodes
+(rollout/collection.py; docs/openai-endpoint.md, "Fixed-turn batches (GAE)").
 
 Why: played whole, a long agent episode makes an update wait for its slowest episode and sizes
 each batch by episode lengths. Here an agent runs in its thread across iterations against one
@@ -10,8 +10,6 @@ Once an episode has made its quota of calls this iteration, its next call is hel
 the endpoint (serve/call_quota.py): its prompt is the bootstrap of the episode's last answered
 call (the record is `cut`), and it is answered, by the updated policy, as the slot's first call
 of the next iteration. An episode that ends starts the slot's next one (a new task) at once.
-`rollout.agent_timeout_s` counts an episode's time not held. Running agents cannot be
-checkpointed: a resumed run starts fresh episodes (state() keeps only the episode counts).
 """
 
 from __future__ import annotations
@@ -31,7 +29,8 @@ from longturn.rollout.conversation import AGENT_TIMEOUT
 from longturn.rollout.conversation_setup import ConversationRun
 from longturn.rollout.collection import next_start, restored_counters, saved_state, slot_index
 from longturn.rollout.samples import samples_from_episodes
-from longturn.serve.agent_rollout import Agent, Outcome, _outcome, _record, quiet_http_clients
+from longturn.serve.agent_rollout import Agent, _outcome, _record, quiet_http_clients
+from longturn.serve.episode_reward import Outcome
 from longturn.serve.server import OpenAIServer
 from longturn.tasks.plugins import import_class
 
@@ -137,13 +136,17 @@ class AgentTurnCollector:
                 if not slot.future.done() and left == 0 and held is not None:
                     calls = server.calls(slot.name)  # its quota made; its next call waits
                     if len(calls) > slot.taken:
-                        records.append(self._portion(i, slot, calls, Outcome(None), made[i],
+                        records.append(self._portion(i, slot, calls, (None, None), made[i],
                                                      held))
                     slot.taken, slot.spent_s = len(calls), ran
                     todo.discard(i)
                 elif slot.future.done() or ran > self.timeout_s:
-                    outcome = (_outcome(slot.future, slot.episode_id) if slot.future.done()
-                               else self._cut_off(slot))
+                    if slot.future.done():
+                        outcome = _outcome(slot.future, slot.episode_id)
+                    else:
+                        log.warning("agent of episode %s ran %g s (time held not counted): "
+                                    "episode aborted", slot.episode_id, self.timeout_s)
+                        outcome = None, AGENT_TIMEOUT
                     calls = server.close_episode(slot.name)
                     records.append(self._portion(i, slot, calls, outcome, made[i], None))
                     made[i] += max(len(calls) - slot.taken, int(not calls))  # no call: a step
@@ -154,11 +157,6 @@ class AgentTurnCollector:
         for record in records:
             record.update(extra, iteration=iteration, group_id=None)
         return sorted(records, key=lambda r: (r["env_index"], r["reply_steps"][:1]))
-
-    def _cut_off(self, slot: _Slot) -> Outcome:
-        log.warning("agent of episode %s ran %g s (time held not counted): episode aborted",
-                    slot.episode_id, self.timeout_s)
-        return Outcome(None, AGENT_TIMEOUT)
 
     def _portion(self, i: int, slot: _Slot, calls: list, outcome: Outcome, step: int,
                  bootstrap: list[int] | None) -> dict[str, Any]:

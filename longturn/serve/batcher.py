@@ -4,13 +4,9 @@ Why: 64 agents each calling the endpoint would otherwise be 64 engine calls of o
 and the GPU would idle between them. A batch is sent when every open episode has a request
 waiting (all agents are blocked on the model: waiting longer gains nothing), when `max_batch`
 requests wait, or `window_s` after its first request arrived or the last batch was answered,
-whichever is later (an agent busy with a tool does not hold the others up for longer than that),
-once no call is still being checked and rendered. Why the two last rules: 64 agents' prompts take
-longer to render than a window (without the wait the first few would go out alone), and a call
-that arrived while the engine ran a batch would otherwise go out alone right after it, just
-before the agents of that batch call again: an agent once out of step would stay out of step,
-one extra engine call every round. While the engine runs a batch, new requests queue for the next
-one. The engine is called from one worker thread, never two calls at once.
+whichever is later, once no call is still being checked and rendered (why those two last rules:
+docs/openai-endpoint.md, "Batching"). While the engine runs a batch, new requests queue for the
+next one. The engine is called from one worker thread, never two calls at once.
 
 Each request keeps its own seed and reply cap: the batch is sampled with the largest cap and each
 reply is cut back to its own (a row's tokens do not depend on the cap, so the cut reply is the
@@ -36,10 +32,6 @@ log = logging.getLogger(__name__)
 # How long past its window a batch waits at most for calls still being read and rendered (a
 # client that never finishes sending its body must not hold every agent up)
 RENDER_WAIT_S = 2.0
-
-
-class EndpointClosed(Exception):
-    """The endpoint stopped before the call was answered."""
 
 
 @dataclass
@@ -106,8 +98,8 @@ class Batcher:
                 if isinstance(self.sampling.seed, int) else None)
         try:
             return await self.generate(prompt_ids, max_new_tokens, seed), seed
-        except EndpointClosed as err:
-            raise RequestError(str(err), status=503, kind="server_error") from err
+        except RequestError:  # the endpoint stopped before the call was answered (`close`)
+            raise
         except Exception as err:
             log.exception("the engine failed on %s of episode %s", what, episode)
             raise RequestError(f"the engine failed: {type(err).__name__}: {err}", status=500,
@@ -169,6 +161,7 @@ class Batcher:
         """Fail every unanswered call (after `run` was cancelled), then wait for the engine."""
         for w in self._waiting + self._running:
             if not w.future.done():
-                w.future.set_exception(EndpointClosed("the endpoint is shutting down"))
+                w.future.set_exception(RequestError("the endpoint is shutting down", status=503,
+                                                    kind="server_error"))
         self._waiting = []
         self._worker.shutdown(wait=True)

@@ -33,15 +33,16 @@ class CallQuota:
         self._held.setdefault(episode, []).append((list(prompt_ids), future))
         await future  # set by `allow` (counted there) or failed by `drop`
 
-    def allow(self, episode: str, calls: int) -> None:
-        """Give the episode `calls` more; held calls go first, in arrival order."""
-        held = [h for h in self._held.pop(episode, []) if not h[1].done()]  # a client gone
-        while calls and held:
-            calls -= 1
-            held.pop(0)[1].set_result(None)
-        self._left[episode] = calls
-        if held:
-            self._held[episode] = held
+    def allow(self, quotas: dict[str, int]) -> None:
+        """Give each episode so many more calls; held calls go first, in arrival order."""
+        for episode, calls in quotas.items():
+            held = [h for h in self._held.pop(episode, []) if not h[1].done()]  # a client gone
+            while calls and held:
+                calls -= 1
+                held.pop(0)[1].set_result(None)
+            self._left[episode] = calls
+            if held:
+                self._held[episode] = held
 
     def state(self) -> dict[str, tuple[int, list[int] | None]]:
         """Episode → (calls it may still make, the prompt ids of its first held call or None)."""

@@ -1,4 +1,5 @@
-"""SGLang's native `POST /generate` on the endpoint, for slime-style generate functions.
+"""SGLang's native `POST /generate` on the endpoint, for slime-style generate functions (the
+fields honoured and the answer's shape: docs/openai-endpoint.md, "The engine it calls").
 
 Why a port per episode: slime's generate functions build their URL from an address alone
 (`http://{args.sglang_router_ip}:{args.sglang_router_port}/generate`), with no room for an episode
@@ -6,15 +7,10 @@ id in the path. So each episode that plays this way gets a listening port of its
 (`OpenAIServer.open_native`), and the port a request arrived on names its episode. A request on
 the main port, or on a port whose episode is over, gets 404.
 
-A request: `input_ids` (a list of token ids) or `text` (tokenized as SGLang does), and
-`sampling_params`. Of those, `max_new_tokens` (cut to the run's cap), `stop` (strings) and
-`stop_token_ids` are applied; temperature, top_p and top_k are the run's (the policy samples as
-it trains), whatever was asked is recorded. A stop is applied by cutting the sampled reply where
-the stop first shows: the tokens before it are the ones a sampler stopping there would give.
-The answer has SGLang's shape: `text`, `output_ids`, and `meta_info` with `finish_reason`
-(`{"type": "stop" | "length", "matched": ...}`), the token counts and, with `return_logprob`,
-`output_token_logprobs` as `[logprob, token_id, null]` triples. The call is recorded in its
-episode like a chat call (prompt ids, response ids, logprobs) and batched with every other call.
+Temperature, top_p and top_k are the run's (the policy samples as it trains); whatever was asked
+is recorded. A stop is applied by cutting the sampled reply where the stop first shows: the
+tokens before it are the ones a sampler stopping there would give. The call is recorded in its
+episode like a chat call and batched with every other call.
 """
 
 from __future__ import annotations
@@ -28,7 +24,7 @@ from longturn.engines.base import Completion, SamplingParams
 from longturn.serve.batcher import Batcher
 from longturn.serve.openai_request import RequestError
 from longturn.serve.recording import CallRecord, EpisodeBook, EpisodeNotOpen
-from longturn.serve.routes import error_response
+from longturn.serve.routes import read_json
 
 
 def _int_list(value: Any, where: str) -> list[int]:
@@ -118,30 +114,21 @@ class NativeGenerate:
                 if hit is not None:
                     end, matched = k, hit
                     break
-        if end == len(ids) and matched is None:
+        if matched is None:
             return completion, None
         return Completion(list(ids[:end]), list(completion.logprobs[:end]), "stop"), matched
 
     async def generate(self, request: web.Request) -> web.Response:
+        episode = self._episode(request)
+        with self.batcher.arriving():
+            body = await read_json(request)
+            ids, params, cap, stops, stop_ids = self._parse(body)
         try:
-            episode = self._episode(request)
-            with self.batcher.arriving():
-                try:
-                    body = await request.json()
-                except ValueError:
-                    raise RequestError("the request body is not valid JSON") from None
-                ids, params, cap, stops, stop_ids = self._parse(body)
             index = self.book.accept(episode)  # no await from here to the batcher's queue
-        except RequestError as err:
-            return error_response(err)
         except EpisodeNotOpen:
-            return error_response(RequestError("this port's episode is over", status=404,
-                                               kind="not_found_error"))
-        try:
-            completion, seed = await self.batcher.answer(episode, index, ids, cap,
-                                                         "a /generate call")
-        except RequestError as err:
-            return error_response(err)
+            raise RequestError("this port's episode is over", status=404,
+                               kind="not_found_error") from None
+        completion, seed = await self.batcher.answer(episode, index, ids, cap, "a /generate call")
         completion, matched = self._stopped(completion, stops, stop_ids)
         skip = params.get("skip_special_tokens", True)
         text = await asyncio.get_running_loop().run_in_executor(
@@ -158,8 +145,8 @@ class NativeGenerate:
             reply_finish_reason=completion.finish_reason, seed=seed, max_new_tokens=cap,
             requested=dict(params)), [])
         if record is None:
-            return error_response(RequestError("the episode ended while the call ran",
-                                               status=404, kind="not_found_error"))
+            raise RequestError("the episode ended while the call ran", status=404,
+                               kind="not_found_error")
         meta: dict[str, Any] = {
             "id": f"generate-{episode}-{index}", "finish_reason": finish,
             "prompt_tokens": len(ids), "completion_tokens": len(completion.token_ids)}

@@ -14,12 +14,6 @@ from typing import Any
 from longturn.tasks.tool_calls import OPEN, ToolCall, parse_tool_calls
 
 
-def call_id(request_index: int, k: int) -> str:
-    """The id of the k-th tool call of an episode's request `request_index`: unique in the
-    episode, so a later request's assistant message can be matched to the reply that made it."""
-    return f"call_{request_index}_{k}"
-
-
 def reply_message(content: str, finish_reason: str, read_tool_calls: bool,
                   request_index: int) -> tuple[dict[str, Any], str]:
     """(the assistant message, its OpenAI finish_reason) for a reply's text and the engine's
@@ -28,7 +22,9 @@ def reply_message(content: str, finish_reason: str, read_tool_calls: bool,
     if not calls or not all(isinstance(c, ToolCall) for c in calls):
         return {"role": "assistant", "content": content}, finish_reason
     before = content[:content.find(OPEN)].strip()
-    tool_calls = [{"id": call_id(request_index, k), "type": "function",
+    # ids unique in the episode, so a later request's assistant message can be matched to the
+    # reply that made it
+    tool_calls = [{"id": f"call_{request_index}_{k}", "type": "function",
                    "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
                   for k, c in enumerate(calls)]
     return {"role": "assistant", "content": before or None, "tool_calls": tool_calls}, "tool_calls"

@@ -3,20 +3,9 @@
 Why a checker of its own: an agent's request is input from code this project did not write, and a
 request the endpoint misreads would be trained on. So every field the endpoint uses is checked
 here, a bad one is refused with a 4xx naming it (the OpenAI error shape), and nothing of a
-refused request reaches the engine or the record.
-
-What is honoured, what the run decides (docs/openai-endpoint.md):
-- `messages` (system, developer (as system), user, assistant, tool; text content, or text parts)
-  and `tools` (OpenAI function schemas) are rendered by the chat template as the chat protocol
-  renders them (`ChatDeltas`: native `tools=` or the Hermes preamble in the system message);
-- `max_completion_tokens` (or the older `max_tokens`) caps the reply, at most the run's
-  `max_new_tokens`;
-- `temperature`, `top_p`, `seed` are checked but the run's sampling is used: the policy is trained
-  on its own sampling distribution, so an agent cannot change it;
-- refused: `n` other than 1, `stream`, `stop`, a `tool_choice` other than auto/none, a
-  `response_format` other than text, and image content parts (not served yet).
-An assistant message with `tool_calls` is rendered as the reply the model wrote when the endpoint
-made those calls (looked up by call id), else in the Hermes format the model writes.
+refused request reaches the engine or the record. What is honoured, recorded only or refused:
+docs/openai-endpoint.md, "What a request may ask"; `temperature`, `top_p` and `seed` are
+checked but the run's sampling is used, as the policy is trained on its own distribution.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""The HTTP side of the endpoint: `/episodes/<id>/v1/models` and `/episodes/<id>/v1/chat/completions`.
+"""The HTTP side of the endpoint: `/episodes/<id>/v1/models` and `…/v1/chat/completions`.
 
 One call: the episode must be open (404), the request is checked and rendered (4xx naming the
 field; nothing recorded), a call past its episode's quota is held (serve/call_quota.py), its
-prompt goes to the batcher with the call's own seed, the reply is
-read for tool calls, recorded, and answered in the OpenAI shape. Every error, routing ones
-included, is an OpenAI error object, so any OpenAI client raises its usual exception.
+prompt goes to the batcher with the call's own seed, the reply is read for tool calls, recorded,
+and answered in the OpenAI shape. Every error, routing ones included, is an OpenAI error object,
+so any OpenAI client raises its usual exception.
 """
 
 from __future__ import annotations
@@ -28,26 +28,33 @@ PREFIX = "/episodes/{episode}/v1"
 MAX_BODY_BYTES = 64 * 2**20  # a long agent context in JSON, with room
 
 
-def error_response(err: RequestError) -> web.Response:
-    """A refused call as the OpenAI error object with its status (every route's errors)."""
-    return web.json_response(err.body(), status=err.status)
-
-
 @web.middleware
 async def json_errors(request: web.Request,
                       handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                       ) -> web.StreamResponse:
-    """Routing errors (unknown path, wrong method, body too large) as OpenAI error objects."""
+    """Refused calls (every route's `RequestError`) and routing errors (unknown path, wrong
+    method, body too large) as OpenAI error objects with their status."""
     try:
         return await handler(request)
+    except RequestError as err:
+        return web.json_response(err.body(), status=err.status)
     except web.HTTPException as err:
         if err.status < 400:
             raise
         hint = (f"; calls go to {PREFIX.replace('{episode}', '<episode id>')}/chat/completions"
                 if err.status == 404 else "")
         kind = "not_found_error" if err.status == 404 else "invalid_request_error"
-        return error_response(RequestError(
-            f"{err.reason}: {request.method} {request.path}{hint}", status=err.status, kind=kind))
+        refused = RequestError(f"{err.reason}: {request.method} {request.path}{hint}",
+                               status=err.status, kind=kind)
+        return web.json_response(refused.body(), status=refused.status)
+
+
+async def read_json(request: web.Request) -> Any:
+    """The request's body as JSON; a body that is not JSON is refused."""
+    try:
+        return await request.json()
+    except ValueError:
+        raise RequestError("the request body is not valid JSON") from None
 
 
 class ChatEndpoint:
@@ -78,10 +85,7 @@ class ChatEndpoint:
         return episode
 
     async def models(self, request: web.Request) -> web.Response:
-        try:
-            self._episode(request)
-        except RequestError as err:
-            return error_response(err)
+        self._episode(request)
         return web.json_response({"object": "list", "data": [
             {"id": self.model_name, "object": "model", "created": 0, "owned_by": "longturn"}]})
 
@@ -100,27 +104,19 @@ class ChatEndpoint:
         return parsed, rendered, prompt_ids
 
     async def chat_completions(self, request: web.Request) -> web.Response:
+        episode = self._episode(request)
         try:
-            episode = self._episode(request)
             with self.batcher.arriving():  # a batch waits for a call still being read
-                try:
-                    body = await request.json()
-                except ValueError:
-                    raise RequestError("the request body is not valid JSON") from None
+                body = await read_json(request)
                 parsed, rendered, prompt_ids = await asyncio.get_running_loop().run_in_executor(
                     self._render_thread, self._prepare, body, episode)
             await self.quota.admit(episode, prompt_ids)  # past the episode's quota: held here
             index = self.book.accept(episode)  # no await from here to the batcher's queue
-        except RequestError as err:
-            return error_response(err)
         except EpisodeNotOpen:  # closed while it was checked
-            return error_response(RequestError(f"episode {episode!r} is over", "episode", 404,
-                                               "not_found_error"))
-        try:
-            completion, seed = await self.batcher.answer(
-                episode, index, prompt_ids, parsed.max_new_tokens, "a chat completion")
-        except RequestError as err:
-            return error_response(err)
+            raise RequestError(f"episode {episode!r} is over", "episode", 404,
+                               "not_found_error") from None
+        completion, seed = await self.batcher.answer(
+            episode, index, prompt_ids, parsed.max_new_tokens, "a chat completion")
         text = self.renderer.reply_text(completion.token_ids)
         message, finish = reply_message(text, completion.finish_reason, parsed.read_tool_calls,
                                         index)
@@ -132,8 +128,8 @@ class ChatEndpoint:
             reply_finish_reason=finish, seed=seed, max_new_tokens=parsed.max_new_tokens,
             requested=parsed.requested), [c["id"] for c in message.get("tool_calls", [])])
         if record is None:
-            return error_response(RequestError(f"episode {episode!r} ended while the call ran",
-                                               "episode", 404, "not_found_error"))
+            raise RequestError(f"episode {episode!r} ended while the call ran", "episode", 404,
+                               "not_found_error")
         return web.json_response({
             "id": f"chatcmpl-{episode}-{index}", "object": "chat.completion",
             "created": int(time.time()), "model": self.model_name,

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import socket
 import threading
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from aiohttp import web
 
@@ -57,7 +57,7 @@ class OpenAIServer:
         self.port: int | None = None
         self.tokenizer = tokenizer
         self._episode_of_port: dict[int, str] = {}  # a native episode's own port (open_native)
-        self._native_sites: dict[str, web.BaseSite] = {}
+        self._native_sites: dict[str, tuple[web.BaseSite, int]] = {}  # episode → (site, port)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
@@ -163,53 +163,43 @@ class OpenAIServer:
         port = sock.getsockname()[1]
         site = web.SockSite(self._runner, sock)
         await site.start()
-        self._native_sites[episode_id] = site
+        self._native_sites[episode_id] = site, port
         self._episode_of_port[port] = episode_id
         return port
 
     async def _unlisten(self, episode_id: str) -> None:
-        site = self._native_sites.pop(episode_id, None)
-        if site is not None:
-            for port, episode in list(self._episode_of_port.items()):
-                if episode == episode_id:
-                    del self._episode_of_port[port]
-            await site.stop()
+        site, port = self._native_sites.pop(episode_id)
+        del self._episode_of_port[port]
+        await site.stop()
 
     def close_episode(self, episode_id: str) -> list[CallRecord]:
         """The episode's calls in answer order; its later calls get 404 (and its own port, if
         it has one, closes)."""
         calls = self.book.close(episode_id)
-        self._call(self._drop(episode_id), START_TIMEOUT_S)
+        self._on_loop(self.quota.drop, episode_id, RequestError(
+            f"episode {episode_id!r} is over", "episode", 404, "not_found_error"))
         if episode_id in self._native_sites:
             self._call(self._unlisten(episode_id), START_TIMEOUT_S)
         return calls
 
-    async def _drop(self, episode_id: str) -> None:
-        self.quota.drop(episode_id, RequestError(f"episode {episode_id!r} is over", "episode",
-                                                 404, "not_found_error"))
-
     def allow(self, quotas: dict[str, int]) -> None:
         """Give these episodes so many more calls each (serve/call_quota.py: beyond them a
         call is held unanswered), all at once."""
-        async def give() -> None:
-            for episode_id, calls in quotas.items():
-                self.quota.allow(episode_id, calls)
-        self._call(give(), START_TIMEOUT_S)
+        self._on_loop(self.quota.allow, quotas)
 
     def quotas(self) -> dict[str, tuple[int, list[int] | None]]:
         """Episode → (calls it may still make, the prompt ids of its held call or None)."""
-        async def read() -> dict[str, tuple[int, list[int] | None]]:
-            return self.quota.state()
-        return self._call(read(), START_TIMEOUT_S)
+        return self._on_loop(self.quota.state)
+
+    def _on_loop(self, function: Callable[..., Any], *args: Any) -> Any:
+        """`function(*args)` run on the server's loop, where the quota lives (no lock)."""
+        async def run() -> Any:
+            return function(*args)
+        return self._call(run(), START_TIMEOUT_S)
 
     def calls(self, episode_id: str) -> list[CallRecord]:
         """The calls answered so far of an open episode."""
         return self.book.calls(episode_id)
-
-    @property
-    def batch_sizes(self) -> list[int]:
-        """The size of every engine call so far."""
-        return list(self.batcher.batch_sizes)
 
 
 @contextlib.contextmanager

@@ -1,18 +1,12 @@
 """`rollout.slime_generate`: episodes played by a slime custom generate function,
 `async def generate(args, sample, sampling_params) -> Sample`, unchanged but for its imports
-(serve/slime_api.py).
+(serve/slime_api.py). What it is given, and how the Sample it returns becomes one conversation
+record of the whole episode: docs/openai-endpoint.md, "slime's generate function".
 
-Each task becomes a slime `Sample` (prompt: the task's messages rendered by the chat template
-with the generation prompt, as slime's `--apply-chat-template` does; label: the task's answer;
-metadata: the task record) and an `args` whose router address is that episode's own port on the
-endpoint (serve/native_generate.py: SGLang's `/generate`, recorded and batched). Every task's
-coroutine runs at once on one event loop in a thread; one still running `timeout_s` after the
-rollout started is cancelled and its episode aborted, one that raises is aborted.
-
-The returned Sample becomes one conversation record of the whole episode (context `episode`):
-`tokens` as its ids, the response's loss-mask runs of 1 as its replies, the reward on the last
-reply (`sample.reward`, else the task's own reward of the decoded response), and the status as
-its end: COMPLETED (or PENDING) done, TRUNCATED the token budget, ABORTED or FAILED aborted.
+Each episode's `args` names its own port on the endpoint (serve/native_generate.py: SGLang's
+`/generate`, recorded and batched). Every task's coroutine runs at once on one event loop in a
+thread; one still running `timeout_s` after the rollout started is cancelled and its episode
+aborted, one that raises is aborted.
 """
 
 from __future__ import annotations
@@ -124,14 +118,14 @@ def _sample(i: int, task: dict[str, Any], tokenizer: Any) -> Sample:
                   label=None if answer is None else str(answer), metadata=dict(task))
 
 
-def _replies(mask: list[int], offset: int) -> tuple[list[int], list[int]]:
-    """The runs of 1 in a response's loss mask, as (starts, ends) in the whole sequence."""
+def _replies(mask: list[int]) -> tuple[list[int], list[int]]:
+    """The runs of 1 in a loss mask, as (starts, ends)."""
     starts, ends = [], []
     for k, bit in enumerate(mask):
         if bit and (k == 0 or not mask[k - 1]):
-            starts.append(offset + k)
+            starts.append(k)
         if bit and (k == len(mask) - 1 or not mask[k + 1]):
-            ends.append(offset + k + 1)
+            ends.append(k + 1)
     return starts, ends
 
 
@@ -163,25 +157,18 @@ def _matched_calls(ids: list[int], starts: list[int], ends: list[int],
     return out
 
 
-def _logprobs(sample: Sample, ids: list[int], matched: list[tuple[int, CallRecord]]
+def _logprobs(ids: list[int], own: list[float] | None, matched: list[tuple[int, CallRecord]]
               ) -> list[float]:
-    """The engine's logprob of each token: the Sample's own, else those of the recorded calls
-    whose response ids make up the replies (`_matched_calls`); 0 where none matches."""
-    n = sample.response_length
+    """The engine's logprob of each token: `own` (the Sample's, over its response), else those
+    of the recorded calls whose response ids make up the replies (`_matched_calls`); 0 where
+    none matches."""
     out = [0.0] * len(ids)
-    if sample.rollout_log_probs is not None and len(sample.rollout_log_probs) == n:
-        out[len(ids) - n:] = [float(v) for v in sample.rollout_log_probs]
+    if own is not None:
+        out[len(ids) - len(own):] = [float(v) for v in own]
         return out
     for pos, call in matched:
         out[pos:pos + len(call.response_ids)] = call.logprobs
     return out
-
-
-def _finish_reasons(ends: list[int], matched: list[tuple[int, CallRecord]]) -> list[str | None]:
-    """Per reply, the engine's finish reason (stop or length) of the matched call that ends it;
-    None for a reply whose end no call's response ids account for."""
-    ending = {pos + len(call.response_ids): call.finish_reason for pos, call in matched}
-    return [ending.get(end) for end in ends]
 
 
 def _record(task: dict[str, Any], sample: Sample | None, aborted: str | None,
@@ -196,30 +183,34 @@ def _record(task: dict[str, Any], sample: Sample | None, aborted: str | None,
         aborted = AGENT_ERROR
     first = list(task.get("messages") or [])
     if aborted is not None or sample is None:
-        ids, mask, starts, ends = server.renderer.render(first, [])[1], None, [], []
-        response = ""
+        ids, response, own = server.renderer.render(first, [])[1], "", None
+        mask = [0] * len(ids)
     else:
         ids, n = list(sample.tokens), sample.response_length
-        mask = list(sample.loss_mask) if sample.loss_mask is not None else [1] * n
-        starts, ends = _replies(mask, len(ids) - n)
+        replies = sample.loss_mask if sample.loss_mask is not None else [1] * n
+        mask = [0] * (len(ids) - n) + [int(bool(b)) for b in replies]
+        own = sample.rollout_log_probs
+        own = own if own is not None and len(own) == n else None
         response = sample.response or server.tokenizer.decode(ids[len(ids) - n:],
                                                               skip_special_tokens=True)
+    starts, ends = _replies(mask)
     messages = first + ([{"role": "assistant", "content": response}] if response else [])
     reward = None
-    if aborted is None:
-        reward, aborted = _reward(sample, task, messages, reward_fn)
+    if aborted is None:  # sample.reward when the function set one, else the task's reward
+        reward, aborted = given_reward(sample.reward, "slime generate")
+        if reward is None and aborted is None:
+            reward, aborted = task_reward(reward_fn, task, messages)
     truncated = aborted is None and status is Sample.Status.TRUNCATED
-    record_mask = ([0] * (len(ids) - len(mask)) + [int(bool(b)) for b in mask]
-                   if mask is not None else [0] * len(ids))
     nreplies = len(starts)
     matched = _matched_calls(ids, starts, ends, calls)
+    # per reply, the engine's finish reason of the matched call that ends it (None: no call's
+    # response ids account for its end)
+    ending = {pos + len(call.response_ids): call.finish_reason for pos, call in matched}
     return {
-        "input_ids": ids, "loss_mask": record_mask,
-        "engine_logprobs": (_logprobs(sample, ids, matched)
-                            if sample is not None and mask is not None else [0.0] * len(ids)),
+        "input_ids": ids, "loss_mask": mask, "engine_logprobs": _logprobs(ids, own, matched),
         "segment_starts": starts, "segment_ends": ends,
         "segment_rewards": [0.0] * (nreplies - 1) + [reward or 0.0] if nreplies else [],
-        "reply_finish_reasons": _finish_reasons(ends, matched),
+        "reply_finish_reasons": [ending.get(end) for end in ends],
         "reward": float(reward or 0.0),
         "termination": aborted or (TOKEN_BUDGET if truncated else DONE),
         "truncated": truncated, "aborted": aborted is not None, "assistant_turns": nreplies,
@@ -229,12 +220,3 @@ def _record(task: dict[str, Any], sample: Sample | None, aborted: str | None,
         "tokenization_check": "skipped", "messages": json.dumps(messages),
         "metrics": json.dumps({"engine_calls": len(calls)}), "images": [], "image_starts": [],
     }
-
-
-def _reward(sample: Sample, task: dict[str, Any], messages: list[dict[str, Any]],
-            reward_fn: Any) -> tuple[float | None, str | None]:
-    """sample.reward when the function set one; else the task's reward of the response."""
-    reward, aborted = given_reward(sample.reward, "slime generate")
-    if reward is None and aborted is None:
-        return task_reward(reward_fn, task, messages)
-    return reward, aborted

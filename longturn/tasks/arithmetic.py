@@ -29,14 +29,16 @@ class Problem:
     expression: str  # the computation, for audits
 
 
-def _stories(r: random.Random) -> list[Problem]:
-    """One problem per story template, numbers drawn from `r`."""
+def make_problem(seed: int) -> Problem:
+    """The problem of one seed (the same on every machine: `random.Random(seed)`): one story
+    template, its numbers drawn first."""
+    r = random.Random(seed)
     name = r.choice(["Maya", "Omar", "Lena", "Ravi", "Ines", "Tariq", "Yuki", "Bram"])
     a, b, c = r.randint(12, 480), r.randint(3, 29), r.randint(11, 99)
     d = r.randint(2, 9)
     per, groups = r.randint(12, 96), r.randint(3, 24)
     total = per * groups
-    return [
+    return r.choice([
         Problem(f"{name} has {a} stamps and buys {b} packs of {c} stamps each. How many stamps "
                 f"does {name} have now?", a + b * c, f"{a} + {b} * {c}"),
         Problem(f"A library had {a + b * c} books and lent out {b} boxes of {c} books each. How "
@@ -49,13 +51,7 @@ def _stories(r: random.Random) -> list[Problem]:
                 f"{b} * {c} - {a % (b * c) or 1}"),
         Problem(f"{name} saves {c} coins a week for {b} weeks, then spends {a % (b * c)} coins. "
                 "How many coins are left?", b * c - a % (b * c), f"{c} * {b} - {a % (b * c)}"),
-    ]
-
-
-def make_problem(seed: int) -> Problem:
-    """The problem of one seed (the same on every machine: `random.Random(seed)`)."""
-    r = random.Random(seed)
-    return r.choice(_stories(r))
+    ])
 
 
 # A worked exchange shown before the problem: one calculator call, its result, the answer line.

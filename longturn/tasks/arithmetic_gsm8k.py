@@ -4,11 +4,9 @@ per-row kwargs: the built-in task on which verl's own GSM8K tool and interaction
 run with no dataset download.
 
 A record carries what a row of verl's GSM8K multi-turn data carries (its
-`examples/data_preprocess/gsm8k_multiturn_w_tool.py`): the ground truth as text,
-`tools_kwargs: {calc_gsm8k_reward: {create_kwargs: {ground_truth}}}` for the tool named as in
-verl's tool config, and `interaction_kwargs: {name: gsm8k, query, ground_truth}` for verl's
-interaction. The model is asked to end with `#### <number>`; the reward without an interaction
-is verl's strict GSM8K score of the last reply.
+`examples/data_preprocess/gsm8k_multiturn_w_tool.py`; docs/conversations.md shows one). The model
+is asked to end with `#### <number>`; the reward without an interaction is verl's strict GSM8K
+score of the last reply.
 """
 
 from __future__ import annotations

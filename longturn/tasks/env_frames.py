@@ -4,25 +4,15 @@ protocol (`configs/env_interactions.yaml`).
 
 The episode is one conversation: the system prompt lists the env's actions, each user turn is an
 observation (an `<image>` line for the frame, then the env's text and the answer format), each
-reply's `ACTION:` is one env step. Everything about the env happens in `EnvInteraction`, in the
-env's worker process with `env.workers`:
-- it resets the env and opens the episode with the system prompt and the first observation
-  (`opening`); the task record only says which env, task and seed;
-- it steps the env with each reply's action and answers with the next observation
-  (`envs.base.Observation`, whose frame the rollout buffers), ending the episode when the env
-  does (on the env's time limit, or env.max_turns, as truncated: bootstrapped); an unreadable
-  action runs the env's default action and costs `env.invalid_action_penalty`;
-- it says whether the episode succeeded (`succeeded`: the env's `success` on its last step);
-- an env that raises, dies or hangs costs its episode alone (the reply whose step failed is
-  aborted); a reset that fails means the episode never begins (`start` raises the
-  `EnvFailure`; `env.workers`, `env.step_timeout_s`, `env.max_retries`).
-So an env task is played by the built-in rollout with this interaction
-(`configs/env_interactions.yaml`); elsewhere (an agent, no interaction) it stops with one line.
+reply's `ACTION:` is one env step. Everything about the env happens in `EnvInteraction` (in the
+env's worker process with `env.workers`): the task record only says which env, task and seed, so
+no env is built in the trainer's process. Played without this interaction (an agent, no
+interaction) an env task stops with one line.
 
 Built in: `babyai_goto_frames` (BabyAI goto with frames) and `babyai_goto_text` (the same task,
 text only). Any other env and task: `EnvTask("crafter", "default")` in a module of yours, named
 in `env.tasks` as `package.module:OBJECT`. Needs a vision-language model when `image` is on
-(docs/image-observations.md).
+(docs/image-observations.md; the env's settings and failures: docs/environments.md).
 """
 
 from __future__ import annotations
@@ -87,19 +77,15 @@ class EnvInteraction(BaseInteraction):
     """Resets the episode's env, opens the episode with its first observation, steps it with
     each reply's action and says whether the episode succeeded.
 
-    Its settings are env.*'s (a run loaded from params gets them there:
-    `use_env_settings`; built directly, from `config`, the defaults in brackets):
-    `invalid_action_penalty` (0.1), subtracted when a reply names no valid action; `max_turns`
-    (none): the env steps after which the episode is cut as a time limit (`truncated`); `workers`
-    (false): each env in a worker process of its own; `step_timeout_s` (30, with workers; under
-    `rollout.chat.tool_timeout_s`, which bounds the whole call): a reset or step that takes
-    longer is cut off; `max_retries` (3). An env that raises, dies or hangs aborts its episode
-    alone: `generate_response` raises the `EnvFailure`, the rollout ends the
-    episode as aborted (the reply whose step failed out of the loss, counted by its reason) and
-    the env is restarted; more than `max_retries` failures of one env in a row (a reset that
-    works does not clear them, a step does) stop the stage (`EnvGaveUp`). An env is kept when
-    its episode ends and reset for a later one of the same env and task, so a worker process is
-    started once per running episode, not once per episode."""
+    Its settings are env.*'s (`use_env_settings`; built directly, from `config`, the defaults in
+    brackets; docs/environments.md): `invalid_action_penalty` (0.1), for a reply that names no
+    valid action; `max_turns` (none), the steps after which the episode is cut as a time limit;
+    `workers` (false); `step_timeout_s` (30, with workers); `max_retries` (3). An env that
+    raises, dies or hangs aborts its episode alone (`start` or `generate_response` raises the
+    `EnvFailure` once the env is restarted); more than `max_retries` failures of one env in a
+    row (a reset that works does not clear them, a step does) stop the stage (`EnvGaveUp`). An
+    env is kept when its episode ends and reset for a later one of the same env and task, so a
+    worker process is started once per running episode, not once per episode."""
 
     def __init__(self, config: dict[str, Any], name: str):
         super().__init__(config, name)
@@ -119,10 +105,6 @@ class EnvInteraction(BaseInteraction):
                                f"the run's env.{', env.'.join(settings)}: give it `config: {{}}`")
         self.config.update(settings)
         self._settings_are = "env."
-
-    def _spec(self, kwargs: dict[str, Any]) -> EnvSpec:
-        image = {"image": True} if kwargs.get("image", True) else {}
-        return EnvSpec(kwargs["env"], kwargs["task"], {**(kwargs.get("env_kwargs") or {}), **image})
 
     def _take(self, spec: EnvSpec) -> Any:
         """An idle env of this spec, or a new one (in a worker process with `workers`)."""
@@ -149,7 +131,9 @@ class EnvInteraction(BaseInteraction):
         """Reset an env for the episode (in its worker process with `workers`). A reset that
         fails raises its `EnvFailure` once the env is restarted (the episode does not begin and
         is counted as an aborted reset), or past `max_retries` failures in a row `EnvGaveUp`."""
-        spec, seed = self._spec(kwargs), int(kwargs["seed"])
+        image, seed = bool(kwargs.get("image", True)), int(kwargs["seed"])
+        spec = EnvSpec(kwargs["env"], kwargs["task"],
+                       {**(kwargs.get("env_kwargs") or {}), **({"image": True} if image else {})})
         env = self._take(spec)
         try:
             env.submit_reset(seed)
@@ -158,7 +142,6 @@ class EnvInteraction(BaseInteraction):
             self._failed(env, failure, "reset", seed, 0)
             self._give_back(spec, env)
             raise
-        image = bool(kwargs.get("image", True))
         if image and observation.image is None:
             raise SettingError(f"env {spec.name!r} task {spec.task!r} returned no frame with "
                                "image on")

@@ -8,30 +8,12 @@ that calls no tool, and able to end the episode. Declared in YAML like tools:
 
 verl's layout loads too (a top-level `interaction:` list, entries with `class_name`), and a
 class may be this project's synchronous `BaseInteraction` below or a verl-style async one
-(`longturn.tasks.verl_api.BaseInteraction`: `start_interaction`, `generate_response`,
-`finalize_interaction`); the rollout runs either through `start_all` / `respond` /
-`finalize_all`, every episode of a lock-step at once, each with its own interaction
-(`interaction_of`: a file's entries are picked per task by `interaction_kwargs["name"]`, as
-verl does). The protocol is verl's: `start` per
-episode, `generate_response` per reply → (should_terminate, text for the user message, score,
-metrics), `finalize` at the end. Six additions:
-- `opening`: an interaction whose episode begins from its own state (an env it has just reset)
-  gives the episode's first messages, after the task record's own;
-- `truncated`: an interaction that ended the episode on a time limit (an env's gymnasium
-  `truncated`) says so, and the episode is bootstrapped like one cut by the turn limits;
-- `succeeded`: an interaction that knows whether the episode succeeded (an env's `success`)
-  says so when the episode ends, so the task's `success` need not work it out again from the
-  messages (for an env that would mean replaying every step);
-- `read_action`: an interaction that reads each reply as an env's action (THINK/ACTION) says what
-  it read, so the reply's sample carries the action columns (raw action,
-  action executed, validity and why not) and a reply that named no valid action counts invalid;
-- `action_view`: an interaction that plays an env gives the episode as the action prompt shows
-  it (its instructions, past steps and current observation), so a conversation of an env can be
-  given the action protocol's prompts;
-- `action_names`: an interaction that plays envs names every action they know, so a collection
-  of its episodes reports the action mix;
-- `close`: an interaction that holds envs closes them (their worker processes) when its run
-  is done (`close_all`).
+(`longturn.tasks.verl_api.BaseInteraction`). The protocol is verl's: `start` per episode,
+`generate_response` per reply → (should_terminate, text for the user message, score, metrics),
+`finalize` at the end; `BaseInteraction`'s other methods, and `close` (`close_all`), are optional
+hooks of this project's own (docs/design.md §5c). The rollout runs either kind through
+`start_all` / `respond` / `finalize_all`, every episode of a lock-step at once, each with its own
+interaction (`interaction_of`).
 """
 
 from __future__ import annotations
@@ -85,8 +67,8 @@ class BaseInteraction(EpisodeInstances):
 
     def read_action(self, instance_id: str) -> ParsedAction | None:
         """What the episode's last reply was read as, asked after each `generate_response`: the
-        env action it named (or the default action it fell back to). None: replies are not
-        actions."""
+        env action it named (or the default action it fell back to), for the reply's action
+        columns and validity. None: replies are not actions."""
         return None
 
     def action_view(self, instance_id: str) -> ActionView | None:
@@ -106,13 +88,6 @@ class BaseInteraction(EpisodeInstances):
 
 # an interactions entry's keys: verl's name → this project's
 _INTERACTION_KEYS = {"class_name": "class", "name": "name", "config": "config"}
-
-
-def _verl_default_name(target: str) -> str:
-    """verl's name for an entry without one: the class name without an `Interaction` suffix,
-    lowercased."""
-    simple = target.replace(":", ".").rpartition(".")[2]
-    return (simple.removesuffix("Interaction") or simple).lower()
 
 
 def load_interactions(path: str | Path) -> dict[str, Any]:
@@ -135,8 +110,11 @@ def load_interactions(path: str | Path) -> dict[str, Any]:
                                "interaction with its import changed to `from "
                                "longturn.tasks.verl_api import BaseInteraction`")
         name = entry.get("name")
-        if not name:
-            name = _verl_default_name(entry["class"]) if "class_name" in raw else cls.__name__
+        if not name and "class_name" in raw:  # verl's: the class less `Interaction`, lowercased
+            simple = entry["class"].replace(":", ".").rpartition(".")[2]
+            name = (simple.removesuffix("Interaction") or simple).lower()
+        elif not name:
+            name = cls.__name__
         if name in out:
             raise SettingError(f"{where}: the name {name!r} is used twice")
         if issubclass(cls, verl_api.BaseInteraction):

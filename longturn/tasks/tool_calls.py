@@ -117,10 +117,7 @@ def _one_call(raw: str) -> ToolCall | BadToolCall:
 
 def parse_tool_calls(text: str) -> list[ToolCall | BadToolCall]:
     """Every `<tool_call>` block of a reply, in order; an opening tag without its closing tag is
-    a BadToolCall too (the first such tag: no closing tag follows it, so none follows later ones).
-
-    One pass: each search starts where the previous one ended, so every character is looked at
-    a bounded number of times."""
+    a BadToolCall too (the first such tag: no closing tag follows it, nor any later one)."""
     calls: list[ToolCall | BadToolCall] = []
     pos = 0
     while (start := text.find(OPEN, pos)) != -1:

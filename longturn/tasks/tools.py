@@ -10,12 +10,8 @@
 verl's spelling loads too (`class_name`, `config` with `type: native`, `tool_schema`), and a
 class may be this project's synchronous `BaseTool` below or a verl-style async one
 (`longturn.tasks.verl_api.BaseTool`). The protocol is verl's: `create` when an episode starts,
-`execute` per call (result text or ToolResponse, a step reward, metrics), `calc_reward` at the
-end, `release` after. `ToolBox` runs the calls of many episodes at once, each cut off after
-`rollout.chat.tool_timeout_s`, and turns every mistake of the model (unknown tool, bad JSON,
-arguments that break the schema), every exception or hang of a tool and every return value that
-breaks the protocol (text not a str, a reward that is not a finite number) into an error message
-as the tool's result.
+`execute` per call, `calc_reward` at the end, `release` after. `ToolBox` runs the calls of many
+episodes at once and turns every mistake of the model or of a tool into an `Error: …` result.
 """
 
 from __future__ import annotations
@@ -115,9 +111,10 @@ _TOOL_KEYS = {"class_name": "class", "tool_schema": "schema", "config": "config"
 
 def _build_tool(cls: type, config: dict[str, Any], schema: dict[str, Any] | None, where: str,
                 verl_spelled: bool) -> Any:
-    """The tool of one entry. A verl-style class gets what verl gives it (the whole config, the
-    schema as an OpenAIFunctionToolSchema, keyword arguments); this project's gets the config
-    without verl's `type` and the schema as a dict."""
+    """The tool of one entry, its schema checked already (None: a verl-spelled entry gave none).
+    A verl-style class gets what verl gives it (the whole config, the schema as an
+    OpenAIFunctionToolSchema, keyword arguments); this project's gets the config without verl's
+    `type` and the schema as a dict."""
     if issubclass(cls, verl_api.BaseTool):
         if schema is not None:
             try:
@@ -129,9 +126,11 @@ def _build_tool(cls: type, config: dict[str, Any], schema: dict[str, Any] | None
         tool = cls(config=config, tool_schema=schema)
         _check_schema(schema_of(tool), where)
         return tool
+    if schema is None:  # only a verl-style class makes its own
+        _check_schema(schema, where)  # refuses it
     if verl_spelled:
         config = {k: v for k, v in config.items() if k != "type"}
-    return cls(config, _check_schema(schema, where))  # None: a verl-spelled entry without one
+    return cls(config, schema)
 
 
 def load_tools(path: str | Path) -> list[Any]:
@@ -152,8 +151,9 @@ def load_tools(path: str | Path) -> list[Any]:
         if verl_spelled and config.get("type", "native") != "native":
             raise SettingError(f"{where}: config.type {config['type']!r} is not supported; tools "
                                "here are classes (verl's 'native')")
-        schema = (None if entry.get("schema") is None and verl_spelled
-                  else _check_schema(entry.get("schema"), where))
+        schema = entry.get("schema")
+        if schema is not None or not verl_spelled:  # verl's spelling may leave it to the class
+            _check_schema(schema, where)
         cls = import_class(entry.get("class"), where)
         if not (isinstance(cls, type) and issubclass(cls, (BaseTool, verl_api.BaseTool))):
             raise SettingError(f"{where}: {entry['class']!r} is not a tool class: subclass "

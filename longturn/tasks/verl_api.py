@@ -10,14 +10,11 @@ here after changing only its imports:
                                          OpenAIFunctionToolSchema, ToolResponse, rollout_trace_op)
     from longturn.tasks.verl_api import gsm8k                               # here
 
-(`gsm8k`: verl's GSM8K scorer, `compute_score` / `extract_solution`, tasks/gsm8k_score.py; the
-one scorer verl's GSM8K tool and interaction import besides the base classes.)
-
 The names, signatures, `async` methods and return shapes are verl's (verl/tools/base_tool.py,
-verl/tools/schemas.py, verl/interactions/base.py); the code is this project's. `ToolBox`
-(tasks/tools.py) and the conversation rollout run these classes on one event loop
-(tasks/plugin_loop.py), each call under `rollout.chat.tool_timeout_s`, many episodes at once.
-What they return is data: text, images, numbers; nothing of it is executed.
+verl/tools/schemas.py, verl/interactions/base.py; `gsm8k`, the scorer verl's GSM8K tool and
+interaction import: tasks/gsm8k_score.py); the code is this project's, run by `ToolBox`
+(tasks/tools.py) and the conversation rollout. What they return is data: text, images, numbers;
+nothing of it is executed.
 
 The schema models keep every key they are given (`extra="allow"`), so a parameter schema with
 `items`, `anyOf` or `minimum` reaches the chat template and the argument check whole, where

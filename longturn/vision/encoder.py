@@ -34,7 +34,7 @@ class VisionEncoder:
         if not isinstance(self.feature_layer, int):
             raise ValueError("vision_feature_layer must be one layer index (a list of layers is "
                              "not supported)")
-        self.image_token_id = int(image_token_id(config))
+        self.image_token_id = image_token_id(config)
         # measured, not derived from the config: towers differ in whether they have a CLS token
         self.tokens_per_image = 0
         self.tokens_per_image = len(self.encode([np.zeros((8, 8, 3), dtype=np.uint8)]))
@@ -43,11 +43,6 @@ class VisionEncoder:
     def placeholder(self) -> tuple[int, int]:
         """(image token id, tokens per image): how ChatDeltas expands each image token."""
         return self.image_token_id, self.tokens_per_image
-
-    def to(self, device: torch.device | str, dtype: torch.dtype = torch.float32) -> "VisionEncoder":
-        self.tower.to(device=device, dtype=dtype)
-        self.projector.to(device=device, dtype=dtype)
-        return self
 
     @torch.no_grad()
     def encode(self, frames: Sequence[np.ndarray]) -> torch.Tensor:
@@ -69,20 +64,6 @@ class VisionEncoder:
                              "image processor to resize them")
         return features.reshape(-1, features.shape[-1])
 
-    @classmethod
-    def load(cls, directory: str | Path) -> "VisionEncoder":
-        from safetensors.torch import load_file
-        from transformers import AutoImageProcessor, AutoModel, LlavaConfig
-        from transformers.models.llava.modeling_llava import LlavaMultiModalProjector
-
-        directory = Path(directory)
-        config = LlavaConfig.from_pretrained(directory)
-        tower = AutoModel.from_pretrained(directory / TOWER_DIR, dtype=torch.float32)
-        projector = LlavaMultiModalProjector(config)
-        projector.load_state_dict(load_file(directory / PROJECTOR_FILE), strict=True)
-        processor = AutoImageProcessor.from_pretrained(directory)
-        return cls(tower, projector, processor, config)
-
 
 def image_token_id(config: Any) -> int:
     """The placeholder id of a LLaVA config (transformers names it either way)."""
@@ -100,4 +81,15 @@ def load_vision(model_dir: str | Path, device: torch.device | str = "cpu",
     vision = Path(model_dir) / VISION_DIR
     if not (vision / "config.json").is_file():
         return None
-    return VisionEncoder.load(vision).to(device, dtype)
+    from safetensors.torch import load_file
+    from transformers import AutoImageProcessor, AutoModel, LlavaConfig
+    from transformers.models.llava.modeling_llava import LlavaMultiModalProjector
+
+    config = LlavaConfig.from_pretrained(vision)
+    tower = AutoModel.from_pretrained(vision / TOWER_DIR, dtype=torch.float32)
+    projector = LlavaMultiModalProjector(config)
+    projector.load_state_dict(load_file(vision / PROJECTOR_FILE), strict=True)
+    encoder = VisionEncoder(tower, projector, AutoImageProcessor.from_pretrained(vision), config)
+    encoder.tower.to(device=device, dtype=dtype)
+    encoder.projector.to(device=device, dtype=dtype)
+    return encoder

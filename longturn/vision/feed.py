@@ -45,18 +45,6 @@ def attach(model: nn.Module) -> None:
         raise ValueError(f"{type(model).__name__} has no embed_tokens to feed images into")
 
 
-def placement_mask(input_ids: torch.Tensor, offsets: Sequence[int],
-                   starts: Sequence[Sequence[int]], tokens_per_image: int) -> torch.Tensor:
-    """[B, T] True at every image's placeholder columns: row i's image k covers
-    `offsets[i] + starts[i][k]` and the `tokens_per_image - 1` columns after it (`offsets`: the
-    left padding before a row's first token)."""
-    mask = torch.zeros_like(input_ids, dtype=torch.bool)
-    for row, (offset, row_starts) in enumerate(zip(offsets, starts)):
-        for start in row_starts:
-            mask[row, offset + start: offset + start + tokens_per_image] = True
-    return mask
-
-
 RowImages = Sequence[tuple[int, Any]]  # one row's (placeholder start, RGB frame) pairs
 
 
@@ -81,8 +69,10 @@ def images_context(vision: Any, input_ids: torch.Tensor, attention_mask: torch.T
     if attention_mask.shape != input_ids.shape:
         raise ValueError("a batch with images cannot share a prompt prefix: pack it without one")
     offsets = attention_mask.long().argmax(dim=1).tolist()  # the first real column of each row
-    mask = placement_mask(input_ids, offsets, [[s for s, _ in row] for row in images],
-                          vision.tokens_per_image)
+    mask = torch.zeros_like(input_ids, dtype=torch.bool)  # True at every image's placeholders
+    for i, (offset, row) in enumerate(zip(offsets, images)):
+        for start, _ in row:
+            mask[i, offset + start: offset + start + vision.tokens_per_image] = True
     features = vision.encode([frame for row in images for _, frame in row])
     if int(mask.sum()) != features.shape[0]:
         raise ValueError(f"{int(mask.sum())} image positions but {features.shape[0]} features")

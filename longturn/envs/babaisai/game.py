@@ -35,14 +35,6 @@ class BabaGame:
         self.steps = 0
         self.rules: RuleSet = parse_rules(grid)
 
-    def copy(self) -> BabaGame:
-        twin = BabaGame.__new__(BabaGame)
-        twin.grid = self.grid.copy()
-        twin.max_steps = self.max_steps
-        twin.steps = self.steps
-        twin.rules = self.rules
-        return twin
-
     def step(self, action: int) -> StepOutcome:
         """Apply action 0 idle, 1 up, 2 right, 3 down, 4 left."""
         if action != IDLE and action not in DIRECTIONS:

@@ -61,7 +61,3 @@ class Grid:
         twin = Grid(self.width, self.height)
         twin._cells = [[o.copy() for o in cell] for cell in self._cells]
         return twin
-
-    def key(self) -> tuple[tuple[str, ...], ...]:
-        """Hashable contents (kinds and names only), e.g. for search visited sets."""
-        return tuple(tuple(o.key for o in cell) for cell in self._cells)

@@ -8,8 +8,9 @@ from functools import partial
 import numpy as np
 
 from longturn.envs.babaisai.level_one_room import OneRoomOptions, generate_one_room
-from longturn.envs.babaisai.level_two_room import TwoRoomOptions, generate_two_room
-from longturn.envs.babaisai.level_two_room_special import generate_make_wall_win, generate_make_you
+from longturn.envs.babaisai.level_two_room import (
+    TwoRoomOptions, generate_make_wall_win, generate_make_you, generate_two_room,
+)
 from longturn.envs.babaisai.placement import Level
 
 Generator = Callable[[str, np.random.Generator], Level]  # (task, rng) -> a new level of the task

@@ -86,8 +86,8 @@ def see_block(window: np.ndarray, variant: str = "V") -> str:
     return "You see:\n" + "\n".join(lines) if lines else SEE_NOTHING
 
 
-def front_id(window: np.ndarray, facing: tuple[int, int], variant: str = "V") -> int | None:
-    """Id of the cell the player faces, or None when the wrapper reports 'nothing'.
+def face_line(window: np.ndarray, facing: tuple[int, int], variant: str = "V") -> str:
+    """`You face {name} at your front.`, or 'nothing' when the wrapper reports nothing.
 
     V compares the x index with the window's y-size and vice versa (a quirk that only matters at
     the south-east border); where that lets an index past the window through (V crashes there) we
@@ -96,14 +96,8 @@ def front_id(window: np.ndarray, facing: tuple[int, int], variant: str = "V") ->
     size_x, size_y = window.shape
     limit_x, limit_y = (size_y, size_x) if variant == "V" else (size_x, size_y)
     if not (0 <= x < min(limit_x, size_x) and 0 <= y < min(limit_y, size_y)):
-        return None
-    return int(window[x, y])
-
-
-def face_line(window: np.ndarray, facing: tuple[int, int], variant: str = "V") -> str:
-    """`You face {name} at your front.`"""
-    kind = front_id(window, facing, variant)
-    return FACE_NOTHING if kind is None else f"You face {ID_NAMES[kind]} at your front."
+        return FACE_NOTHING
+    return f"You face {ID_NAMES[int(window[x, y])]} at your front."
 
 
 def long_term_context(frame: Frame, variant: str = "V") -> str:
@@ -126,12 +120,7 @@ def short_term_context(inventory: Mapping[str, int]) -> str:
     return status + "\n\n" + held
 
 
-def compose_observation(short_term: str, long_term: str) -> str:
-    """Status and inventory, then the view: the observation as the reference prompt shows it."""
-    return short_term + "\n" + long_term
-
-
 def observation_text(frame: Frame, variant: str = "V") -> str:
-    """The current observation of one frame (inventory, then the view)."""
-    return compose_observation(short_term_context(frame.inventory),
-                               long_term_context(frame, variant))
+    """The current observation of one frame as the reference prompt shows it: status and
+    inventory, then the view."""
+    return short_term_context(frame.inventory) + "\n" + long_term_context(frame, variant)

@@ -13,13 +13,11 @@ import numpy as np
 
 from longturn.envs.base import Instructions, Observation
 from longturn.envs.crafter.describe import (
-    VARIANTS, Frame, compose_observation, long_term_context, short_term_context,
+    VARIANTS, Frame, long_term_context, short_term_context,
 )
-from longturn.envs.crafter.game import LENGTH, make_game
+from longturn.envs.crafter.game import ReproducibleCrafter
 from longturn.envs.crafter.instructions import crafter_instructions
-from longturn.envs.crafter.vocabulary import (
-    ACHIEVEMENTS, ACTIONS, DEFAULT_ACTION, unlocked_count,
-)
+from longturn.envs.crafter.vocabulary import ACHIEVEMENTS, ACTIONS, DEFAULT_ACTION
 from longturn.envs.synonyms import load_synonyms
 from longturn.errors import SettingError
 
@@ -44,7 +42,7 @@ class CrafterTextEnv:
         variant: str = "V",
         max_steps: int | None = None,
         image: bool = False,
-        length: int = LENGTH,
+        length: int = 10000,
     ) -> None:
         if task not in TASKS:
             raise SettingError(f"unknown Crafter task {task!r}; valid tasks: {', '.join(TASKS)}")
@@ -56,7 +54,10 @@ class CrafterTextEnv:
         self.image = image
         self.actions: list[str] = list(ACTIONS)
         self.synonyms: dict[str, str] = dict(load_synonyms(__package__))
-        self._game = make_game(seed, length=length)
+        # the reference wrappers' construction (SPEC §1; `length` is crafter's default): 256x256
+        # frames matter, as rendering after nightfall draws from the world RNG
+        self._game = ReproducibleCrafter(area=(64, 64), view=(9, 9), size=(256, 256), reward=True,
+                                         length=length, seed=seed)
         self._sleep_rng = np.random.RandomState(0)
         self._achievements: dict[str, int] | None = None
         self._turns = 0
@@ -111,17 +112,6 @@ class CrafterTextEnv:
     def close(self) -> None:
         self._over = True
 
-    def _frame(self, crafter_info: dict[str, Any]) -> Frame:
-        player = self._game.player
-        return Frame(
-            semantic=crafter_info["semantic"],
-            player_pos=(int(crafter_info["player_pos"][0]), int(crafter_info["player_pos"][1])),
-            facing=(int(player.facing[0]), int(player.facing[1])),
-            inventory=crafter_info["inventory"],
-            sleeping=bool(player.sleeping),
-            dead=bool(player.health <= 0),
-        )
-
     def _observe(
         self, crafter_info: dict[str, Any], newly_unlocked: list[str], sleep_steps: int,
     ) -> tuple[Observation, dict[str, Any]]:
@@ -130,9 +120,19 @@ class CrafterTextEnv:
         The 256x256 render happens every time, as in the reference wrappers: after nightfall it
         draws from the world RNG, so skipping it would change the game."""
         frame_image = self._game.render()
-        frame = self._frame(crafter_info)
+        player = self._game.player
+        frame = Frame(
+            semantic=crafter_info["semantic"],
+            player_pos=(int(crafter_info["player_pos"][0]), int(crafter_info["player_pos"][1])),
+            facing=(int(player.facing[0]), int(player.facing[1])),
+            inventory=crafter_info["inventory"],
+            sleeping=bool(player.sleeping),
+            dead=bool(player.health <= 0),
+        )
         achievements = dict(crafter_info["achievements"])
-        score = unlocked_count(achievements) if self._achievements is not None else 0
+        # BALROG's score: how many achievements have been unlocked at least once (0..22)
+        score = (sum(1 for count in achievements.values() if count > 0)
+                 if self._achievements is not None else 0)
         long_term = long_term_context(frame, self.variant)
         short_term = short_term_context(frame.inventory)
         info = {
@@ -153,5 +153,5 @@ class CrafterTextEnv:
             "max_steps": self.max_steps,
             "variant": self.variant,
         }
-        text = compose_observation(short_term, long_term)  # computed once, for info and text
+        text = short_term + "\n" + long_term  # describe.observation_text, computed once
         return Observation(text=text, image=frame_image if self.image else None), info

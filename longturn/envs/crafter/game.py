@@ -12,12 +12,6 @@ from typing import Any
 
 import crafter
 
-# The reference wrappers' construction (SPEC §1); `length` stays crafter's default.
-AREA = (64, 64)
-VIEW = (9, 9)
-IMAGE_SIZE = (256, 256)
-LENGTH = 10000
-
 
 class ReproducibleCrafter(crafter.Env):
     """crafter.Env whose object balancing does not depend on memory addresses."""
@@ -48,10 +42,3 @@ class ReproducibleCrafter(crafter.Env):
     @property
     def step_count(self) -> int:
         return int(self._step)
-
-
-def make_game(seed: int | None, length: int = LENGTH) -> ReproducibleCrafter:
-    """The game with the reference wrappers' settings (256x256 frames matter: rendering after
-    nightfall draws from the world RNG)."""
-    return ReproducibleCrafter(area=AREA, view=VIEW, size=IMAGE_SIZE, reward=True,
-                               length=length, seed=seed)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from longturn.envs.base import Instructions
-from longturn.envs.crafter.vocabulary import ACHIEVEMENTS, achievement_title
+from longturn.envs.crafter.vocabulary import ACHIEVEMENTS
 
 ACTION_DESCRIPTIONS: dict[str, str] = {
     "Noop": "do nothing",
@@ -63,12 +63,13 @@ PLANNING_TIP = (
 
 def goal_text(achievements: Mapping[str, int] | None) -> str:
     """Unlock as much as possible: the numbered list of what is still locked, in prompt order
-    (all 22 before the first step)."""
+    (all 22 before the first step), each titled as the prompt spells it (`Make Wood Pickaxe`)."""
     remaining = [name for name in ACHIEVEMENTS
                  if achievements is None or achievements.get(name, 0) == 0]
     if not remaining:
         return "survive: you have unlocked every achievement"
-    listed = ",\n".join(f"{n}. {achievement_title(a)}" for n, a in enumerate(remaining, start=1))
+    listed = ",\n".join(f"{n}. {name.replace('_', ' ').title()}"
+                        for n, name in enumerate(remaining, start=1))
     return ("progress as much as possible in Crafter by unlocking these achievements you have "
             f"not unlocked yet:\n{listed}")
 

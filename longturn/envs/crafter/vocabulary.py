@@ -45,13 +45,3 @@ ACHIEVEMENTS: tuple[str, ...] = (
     "wake_up", "place_furnace", "collect_coal", "collect_iron", "make_iron_pickaxe",
     "make_iron_sword", "collect_diamond",
 )
-
-
-def achievement_title(achievement_id: str) -> str:
-    """`make_wood_pickaxe` -> `Make Wood Pickaxe` (the prompt's spelling)."""
-    return achievement_id.replace("_", " ").title()
-
-
-def unlocked_count(achievements: dict[str, int]) -> int:
-    """BALROG's score: how many achievements have been unlocked at least once (0..22)."""
-    return sum(1 for count in achievements.values() if count > 0)
