@@ -6,7 +6,9 @@ goes out only because it is full)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
@@ -16,6 +18,7 @@ from transformers import AutoTokenizer
 from endpoint_engines import CountingEngine
 from longturn.engines.base import SamplingParams
 from longturn.serve.batcher import Batcher
+from longturn.serve.openai_request import RequestError
 from longturn.serve.server import serve
 
 SAMPLING = SamplingParams(max_new_tokens=16, temperature=1.0, top_p=1.0, top_k=0, seed=3)
@@ -149,3 +152,40 @@ def test_a_call_that_arrived_during_a_batch_waits_for_that_batchs_agents_to_call
 
     asyncio.run(main())
     assert engine.batch_sizes == [2, 3]  # c went out with a's and b's next calls, not alone
+
+
+class HeldEngine(CountingEngine):
+    """Holds its batch until `released()` says so (the endpoint has answered its calls)."""
+
+    def __init__(self, reply_ids: list[int]):
+        super().__init__(reply_ids)
+        self.entered = threading.Event()
+        self.released = lambda: False  # the test says when
+
+    def generate(self, prompt_ids, sampling):
+        self.entered.set()
+        while not self.released():
+            time.sleep(0.01)
+        return super().generate(prompt_ids, sampling)
+
+
+def test_a_call_inside_the_engine_when_the_endpoint_stops_is_refused_with_a_503(tokenizer):
+    engine = HeldEngine(tokenizer.encode("ok<|im_end|>", add_special_tokens=False))
+
+    async def stop_while_the_engine_runs() -> RequestError:
+        batcher = Batcher(engine, SAMPLING, max_batch=1, window_s=0.0, open_episodes=lambda: 1)
+        running = asyncio.create_task(batcher.run())
+        call = asyncio.create_task(batcher.answer("ep", 0, [1, 2, 3], 4, "a call"))
+        await asyncio.to_thread(engine.entered.wait, 60)
+        engine.released = lambda: all(w.future.done() for w in batcher._running)
+        running.cancel()  # as the server stops: the batcher first, then close
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+        batcher.close()  # fails the running call, then waits for the engine
+        with pytest.raises(RequestError) as refused:
+            await call
+        return refused.value
+
+    refused = asyncio.run(stop_while_the_engine_runs())
+    assert (refused.status, refused.body()["error"]["type"]) == (503, "server_error")
+    assert "shutting down" in str(refused) and engine.batch_sizes == [1]

@@ -1,18 +1,14 @@
-"""The train loop's two ways of collecting a batch, for either protocol; the estimator picks one
-(params/estimator.py), and what a protocol plays in a slot is its `SlotPlayer`.
+"""The train loop's two ways of collecting a batch, for either protocol (docs/design.md §1); the
+estimator picks one (params/estimator.py), and what a protocol plays in a slot is its `SlotPlayer`.
 
-- `FixedTurnBatches` (a critic): Verlog's fixed-turn batches. n_envs slots × turns_per_env
-  lock-steps per iteration; episodes are not reset between iterations, so an update always sees
-  the same number of replies however long episodes are. An episode that ends starts the slot's
-  next one at once, with a new seed and id; one still running when the batch ends is cut there
-  and bootstrapped from what its next reply will be given (a critic values it).
+- `FixedTurnBatches` (a critic): Verlog's fixed-turn batches, n_envs slots × turns_per_env
+  lock-steps per iteration, episodes going on across iterations and cut ones bootstrapped.
 - `EpisodeGroups` (critic-free, or whole episodes as context): each iteration plays every slot's
-  episode from its start to its end; slots form groups of `group_size` that reset from one seed
-  (the episodes of a group differ only by sampling, which is what a group baseline compares).
+  episode to its end; slots form groups of `group_size` that reset from one seed (the episodes
+  of a group differ only by sampling, which is what a group baseline compares).
 
 Seeds and ids follow from (seed, rank, slot, count) or (seed, rank, group, iteration) alone, so
-a resumed run plays what the uninterrupted one would have. Outside the train loop,
-rollout/episode_jobs.py plays an evaluation's list of episodes in a player's slots.
+a resumed run plays what the uninterrupted one would have.
 """
 
 from __future__ import annotations
