@@ -120,7 +120,12 @@ def short_term_context(inventory: Mapping[str, int]) -> str:
     return status + "\n\n" + held
 
 
+def compose_observation(short_term: str, long_term: str) -> str:
+    """Status and inventory, then the view: the observation as the reference prompt shows it."""
+    return short_term + "\n" + long_term
+
+
 def observation_text(frame: Frame, variant: str = "V") -> str:
-    """The current observation of one frame as the reference prompt shows it: status and
-    inventory, then the view."""
-    return short_term_context(frame.inventory) + "\n" + long_term_context(frame, variant)
+    """The current observation of one frame (`compose_observation` of its two parts)."""
+    return compose_observation(short_term_context(frame.inventory),
+                               long_term_context(frame, variant))

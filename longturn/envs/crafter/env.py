@@ -13,7 +13,7 @@ import numpy as np
 
 from longturn.envs.base import Instructions, Observation
 from longturn.envs.crafter.describe import (
-    VARIANTS, Frame, long_term_context, short_term_context,
+    VARIANTS, Frame, compose_observation, long_term_context, short_term_context,
 )
 from longturn.envs.crafter.game import ReproducibleCrafter
 from longturn.envs.crafter.instructions import crafter_instructions
@@ -153,5 +153,5 @@ class CrafterTextEnv:
             "max_steps": self.max_steps,
             "variant": self.variant,
         }
-        text = short_term + "\n" + long_term  # describe.observation_text, computed once
+        text = compose_observation(short_term, long_term)  # computed once, for info and text
         return Observation(text=text, image=frame_image if self.image else None), info
