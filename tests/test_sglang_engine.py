@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM
 
 from conftest import free_port
 from longturn.params.config import SGLangParams
+from longturn.engines import sglang as sglang_module
 from longturn.engines.row_seeds import row_seed
 from longturn.engines.sglang import (
     SGLangEngine, make_sglang_engine, model_stop_ids, parse_completion, request_body)
@@ -80,6 +81,28 @@ def test_parse_completion_keeps_a_trimmed_stop_token():
 def test_parse_completion_names_what_is_wrong(item, message):
     with pytest.raises(SGLangError, match=message):
         parse_completion(item)
+
+
+def test_each_rank_launches_its_own_server_at_port_plus_local_rank_on_its_own_gpus(
+        tiny_model_dir, tmp_path, monkeypatch):
+    """Under torchrun every rank starts a server of its own: at `port` + LOCAL_RANK, on the
+    tp_size GPUs from LOCAL_RANK x tp_size (rank 1 with tp_size 2: GPUs 2 and 3)."""
+    launched = []
+
+    class Recorder:  # what the rank would start, not started
+        def __init__(self, cmd, host, port, *_):
+            launched.append(cmd)
+            self.url = f"http://{host}:{port}"
+
+        def start(self):
+            return self
+
+    monkeypatch.setattr(sglang_module, "SGLangServer", Recorder)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    engine = make_sglang_engine(tiny_model_dir, settings(tmp_path, port=30000, tp_size=2))
+    (cmd,) = launched
+    assert engine.base_url == "http://127.0.0.1:30001"
+    assert cmd[cmd.index("--port") + 1] == "30001" and cmd[cmd.index("--base-gpu-id") + 1] == "2"
 
 
 def test_launched_server_generates_untempered_logprobs_and_reloads_weights(

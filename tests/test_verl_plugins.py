@@ -148,6 +148,8 @@ def test_verl_tokenization_sanity_check_modes_are_accepted():
      "from longturn.tasks.verl_api import BaseTool"),
     (ANSWER_TOOL.replace('name: "submit_answer"', 'name: "submit_answer"\n        strict: "maybe"'),
      "tools[0]: tool_schema function.strict: Input should be a valid boolean"),
+    (VERL_CALCULATOR.split("    tool_schema:")[0],
+     "tools[0]: no 'tool_schema': CalculatorTool is this project's tool class"),
 ])
 def test_a_bad_verl_tool_entry_is_one_line_naming_file_and_entry(tmp_path, text, message):
     path = write(tmp_path, "tools.yaml", text)

@@ -13,12 +13,12 @@ The server runs with SGLANG_RETURN_ORIGINAL_LOGPROB=1, so logprobs are of the un
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import requests
 
+from longturn.device import local_rank
 from longturn.params.config import SGLangParams
 from longturn.errors import SettingError
 from longturn.engines.base import Completion, SamplingParams
@@ -139,10 +139,10 @@ def make_sglang_engine(model_dir: str, settings: SGLangParams) -> SGLangEngine:
     stop_ids = model_stop_ids(model_dir)
     if settings.url:
         return SGLangEngine(settings.url, stop_ids, settings.request_timeout_s)
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    port = settings.port + local_rank
+    rank = local_rank()
+    port = settings.port + rank
     cmd = launch_command(settings.python, str(Path(model_dir).resolve()), settings.host, port,
-                         settings.tp_size, local_rank * settings.tp_size,
+                         settings.tp_size, rank * settings.tp_size,
                          settings.mem_fraction_static, settings.extra_args)
     server = SGLangServer(cmd, settings.host, port, settings.startup_timeout_s,
                           settings.log_dir).start()

@@ -126,8 +126,9 @@ def _build_tool(cls: type, config: dict[str, Any], schema: dict[str, Any] | None
         tool = cls(config=config, tool_schema=schema)
         _check_schema(schema_of(tool), where)
         return tool
-    if schema is None:  # only a verl-style class makes its own
-        _check_schema(schema, where)  # refuses it
+    if schema is None:
+        raise SettingError(f"{where}: no 'tool_schema': {cls.__name__} is this project's tool "
+                           "class, which is given its schema; only a verl-style class makes one")
     if verl_spelled:
         config = {k: v for k, v in config.items() if k != "type"}
     return cls(config, schema)
