@@ -102,7 +102,8 @@ def test_each_rank_launches_its_own_server_at_port_plus_local_rank_on_its_own_gp
     engine = make_sglang_engine(tiny_model_dir, settings(tmp_path, port=30000, tp_size=2))
     (cmd,) = launched
     assert engine.base_url == "http://127.0.0.1:30001"
-    assert cmd[cmd.index("--port") + 1] == "30001" and cmd[cmd.index("--base-gpu-id") + 1] == "2"
+    flags = {flag: cmd[cmd.index(flag) + 1] for flag in ("--port", "--base-gpu-id", "--tp-size")}
+    assert flags == {"--port": "30001", "--base-gpu-id": "2", "--tp-size": "2"}
 
 
 def test_launched_server_generates_untempered_logprobs_and_reloads_weights(
