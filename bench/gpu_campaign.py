@@ -61,7 +61,8 @@ from longturn.params.config import parse_params  # noqa: E402
 PROFILES = ROOT / "configs" / "profiles"
 # The profiles sized for one GPU within the lease budget (their headers give the sizing); the
 # others in the folder (default, gpu, tools, vision) are not campaign runs.
-CAMPAIGN_PROFILES = ("gpu1", "lease15", "babyai5", "grpo", "gigpo", "calculator", "babaisai")
+CAMPAIGN_PROFILES = ("gpu1", "lease15", "babyai5", "grpo", "gigpo", "calculator",
+                     "calculator_window_gpu", "babaisai")
 # Parts a short lease can leave out (--skip): the learning run is the one thing it must not.
 SKIPPABLE = ("engine_throughput", "profile")
 PROFILED_ITERATION = 1  # the second: the first pays for allocations and CUDA-graph captures

@@ -23,7 +23,8 @@ from longturn.params.config import ParamsError, parse_params
 from longturn.params.profiles import load_profile, merge, resolve_profile
 
 ROOT = Path(__file__).resolve().parents[1]
-CAMPAIGN_PROFILES = ("gpu1", "lease15", "babyai5", "grpo", "gigpo", "calculator", "babaisai")
+CAMPAIGN_PROFILES = ("gpu1", "lease15", "babyai5", "grpo", "gigpo", "calculator",
+                     "calculator_window_gpu", "babaisai")
 PROFILES = [ROOT / "configs" / "profiles" / f"{name}.yaml" for name in CAMPAIGN_PROFILES]
 sys.path.insert(0, str(ROOT / "bench"))
 
